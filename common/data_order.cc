@@ -1,0 +1,77 @@
+// Global data order as a pure function of (seed, epoch, step, rank).
+#include "common/data_order.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_format.h"
+#include "common/random.h"
+#include "common/status_macros.h"
+
+namespace dp {
+namespace {
+// Stream id space for epoch permutations, apart from the parameter-init streams.
+constexpr uint64_t kOrderStream = 0x0de0'0000'0000'0000ULL;
+}  // namespace
+
+int64_t Schedule::total_steps() const {
+  const int64_t all = int64_t{epochs} * steps_per_epoch();
+  return max_steps > 0 ? std::min(all, max_steps) : all;
+}
+
+bool Schedule::ends_epoch(int64_t step) const {
+  return (step + 1) % steps_per_epoch() == 0 || step + 1 == total_steps();
+}
+
+absl::Status ValidateSchedule(const Schedule& s) {
+  if (s.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("workers must be >= 1, got %d", s.world_size));
+  }
+  if (s.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("batch_size must be >= 1, got %d", s.batch_size));
+  }
+  if (s.epochs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("epochs must be >= 1, got %d", s.epochs));
+  }
+  if (s.max_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_steps must be >= 0, got %d", s.max_steps));
+  }
+  if (s.num_samples < s.global_batch()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the data set has %d samples, fewer than one global batch of %d "
+        "(workers %d x batch_size %d)",
+        s.num_samples, s.global_batch(), s.world_size, s.batch_size));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int32_t> EpochOrder(uint64_t seed, int64_t epoch, int64_t n,
+                                bool shuffle) {
+  if (!shuffle) {
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    return order;
+  }
+  Rng rng(seed, kOrderStream + static_cast<uint64_t>(epoch));
+  return RandomPermutation(rng, n);
+}
+
+BatchSampler::BatchSampler(Schedule schedule) : s_(schedule) {}
+
+absl::Span<const int32_t> BatchSampler::Indices(int64_t step, int rank) {
+  DP_CHECK(rank >= 0 && rank < s_.world_size && step >= 0);
+  const int64_t epoch = s_.epoch_of(step);
+  if (epoch != cached_epoch_) {
+    order_ = EpochOrder(s_.seed, epoch, s_.num_samples, s_.shuffle);
+    cached_epoch_ = epoch;
+  }
+  const int64_t g = step % s_.steps_per_epoch();
+  const int64_t begin = g * s_.global_batch() + int64_t{rank} * s_.batch_size;
+  return absl::MakeConstSpan(order_).subspan(begin, s_.batch_size);
+}
+
+}  // namespace dp

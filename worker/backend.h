@@ -1,0 +1,65 @@
+// The compute interface of a worker: forward, backward and evaluation of an
+// MLP (ModelLayout) with ReLU between layers and mean cross-entropy loss.
+// Implementations: CpuBackend (the reference, OpenBLAS) and CudaBackend.
+// No device headers here, so the trainer and tests stay device-agnostic.
+#ifndef DP_WORKER_BACKEND_H_
+#define DP_WORKER_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/model_layout.h"
+
+namespace dp {
+
+struct EvalResult {
+  int64_t correct = 0;     // argmax(logits) == label
+  double loss_sum = 0.0;   // sum over samples of the cross-entropy
+  int64_t count = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "cuda (NVIDIA H200)", ...
+  virtual std::string Name() const = 0;
+
+  // Replaces the weights; params has layout.num_params() floats in the flat
+  // layout of ModelLayout.
+  [[nodiscard]] virtual absl::Status SetWeights(absl::Span<const float> params) = 0;
+
+  // x is (batch, input_dim) row-major, labels (batch) in [0, num_classes).
+  // Writes the gradient of the mean cross-entropy over the batch w.r.t. every
+  // parameter into grad (num_params floats, flat layout) and returns the mean
+  // loss. batch may be anything from 1 to the max_batch given at creation.
+  virtual absl::StatusOr<float> ForwardBackward(absl::Span<const float> x,
+                                                absl::Span<const int32_t> labels,
+                                                absl::Span<float> grad) = 0;
+
+  // Forward only, over any number of samples (processed in chunks).
+  virtual absl::StatusOr<EvalResult> Evaluate(absl::Span<const float> x,
+                                              absl::Span<const int32_t> labels) = 0;
+};
+
+struct BackendOptions {
+  int max_batch = 512;     // largest batch ForwardBackward will be given
+  int cpu_threads = 1;     // BLAS threads of the CPU backend
+  bool tf32 = false;       // CUDA: allow TF32 tensor-core math
+};
+
+// name: "cpu" | "cuda" | "auto" (cuda when a GPU is usable, else cpu).
+// "cuda" without a usable GPU (or in a build without CUDA) is
+// FAILED_PRECONDITION with the reason; unknown names INVALID_ARGUMENT.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
+    absl::string_view name, const ModelLayout& layout,
+    const BackendOptions& options);
+
+}  // namespace dp
+
+#endif  // DP_WORKER_BACKEND_H_
