@@ -1,0 +1,187 @@
+// Flags with DP_<NAME> environment fallback.
+#include "common/flags.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+#include "common/status_macros.h"
+
+namespace dp {
+
+Flags::Flags(std::string program, std::string summary)
+    : program_(std::move(program)), summary_(std::move(summary)) {}
+
+void Flags::Add(const char* name, Type type, void* value, const char* help,
+                std::vector<std::string> extra_env) {
+  Flag f{name, type, value, help, {}, ""};
+  f.env.push_back("DP_" + absl::AsciiStrToUpper(name));
+  for (auto& e : extra_env) f.env.push_back(std::move(e));
+  f.default_text = ValueText(f);
+  flags_.push_back(std::move(f));
+}
+
+void Flags::AddString(const char* name, std::string* value, const char* help,
+                      std::vector<std::string> extra_env) {
+  Add(name, Type::kString, value, help, std::move(extra_env));
+}
+void Flags::AddInt(const char* name, int64_t* value, const char* help,
+                   std::vector<std::string> extra_env) {
+  Add(name, Type::kInt64, value, help, std::move(extra_env));
+}
+void Flags::AddInt(const char* name, int* value, const char* help,
+                   std::vector<std::string> extra_env) {
+  Add(name, Type::kInt32, value, help, std::move(extra_env));
+}
+void Flags::AddDouble(const char* name, double* value, const char* help) {
+  Add(name, Type::kDouble, value, help, {});
+}
+void Flags::AddBool(const char* name, bool* value, const char* help) {
+  Add(name, Type::kBool, value, help, {});
+}
+
+Flags::Flag* Flags::Find(const std::string& name) {
+  for (Flag& f : flags_) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+absl::Status Flags::Set(const Flag& flag, const std::string& text,
+                        const std::string& source) {
+  bool ok = true;
+  switch (flag.type) {
+    case Type::kString:
+      *static_cast<std::string*>(flag.value) = text;
+      break;
+    case Type::kInt64:
+      ok = absl::SimpleAtoi(text, static_cast<int64_t*>(flag.value));
+      break;
+    case Type::kInt32:
+      ok = absl::SimpleAtoi(text, static_cast<int*>(flag.value));
+      break;
+    case Type::kDouble:
+      ok = absl::SimpleAtod(text, static_cast<double*>(flag.value));
+      break;
+    case Type::kBool:
+      ok = absl::SimpleAtob(text, static_cast<bool*>(flag.value));
+      break;
+  }
+  if (!ok) {
+    static constexpr const char* kTypeNames[] = {"a string", "an integer",
+                                                 "an integer", "a number",
+                                                 "true or false"};
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: invalid value '%s' for %s (expected %s)", program_, text, source,
+        kTypeNames[static_cast<int>(flag.type)]));
+  }
+  return absl::OkStatus();
+}
+
+std::string Flags::ValueText(const Flag& f) const {
+  switch (f.type) {
+    case Type::kString:
+      return *static_cast<const std::string*>(f.value);
+    case Type::kInt64:
+      return absl::StrCat(*static_cast<const int64_t*>(f.value));
+    case Type::kInt32:
+      return absl::StrCat(*static_cast<const int*>(f.value));
+    case Type::kDouble:
+      return absl::StrCat(*static_cast<const double*>(f.value));
+    case Type::kBool:
+      return *static_cast<const bool*>(f.value) ? "true" : "false";
+  }
+  return "";
+}
+
+absl::StatusOr<Flags::Action> Flags::Parse(int argc, char** argv) {
+  // The environment first, so that flags parsed afterwards win.
+  for (const Flag& f : flags_) {
+    for (const std::string& var : f.env) {
+      const char* v = std::getenv(var.c_str());
+      if (v != nullptr && *v != '\0') {
+        RETURN_IF_ERROR(Set(f, v, "environment variable " + var));
+        break;
+      }
+    }
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(Usage().c_str(), stdout);
+      return Action::kExit;
+    }
+    if (arg == "--version") {
+      std::printf("%s %s\n", program_.c_str(), DP_VERSION);
+      return Action::kExit;
+    }
+    if (!absl::StartsWith(arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: unexpected argument '%s' (flags are --name=value; see --help)",
+          program_, arg));
+    }
+    std::string body = arg.substr(2);
+    std::string name = body, value;
+    bool has_value = false;
+    if (size_t eq = body.find('='); eq != std::string::npos) {
+      name = body.substr(0, eq);
+      value = body.substr(eq + 1);
+      has_value = true;
+    }
+    Flag* f = Find(name);
+    if (f == nullptr && !has_value && absl::StartsWith(name, "no")) {
+      Flag* negated = Find(name.substr(2));
+      if (negated != nullptr && negated->type == Type::kBool) {
+        *static_cast<bool*>(negated->value) = false;
+        continue;
+      }
+    }
+    if (f == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: unknown flag --%s (see --help)", program_, name));
+    }
+    if (!has_value) {
+      if (f->type == Type::kBool) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: flag --%s needs a value", program_, name));
+      }
+    }
+    RETURN_IF_ERROR(Set(*f, value, "--" + name));
+  }
+  return Action::kRun;
+}
+
+std::string Flags::Effective() const {
+  std::vector<std::string> parts;
+  for (const Flag& f : flags_) {
+    parts.push_back(absl::StrCat("--", f.name, "=", ValueText(f)));
+  }
+  return absl::StrJoin(parts, " ");
+}
+
+std::string Flags::Usage() const {
+  std::string out = absl::StrCat("Usage: ", program_, " [--flag=value ...]\n",
+                                 summary_, "\n\nFlags (environment DP_<FLAG> "
+                                 "is used when a flag is absent):\n");
+  for (const Flag& f : flags_) {
+    absl::StrAppend(&out, "  --", f.name, "  ", f.help, " (default: '",
+                    f.default_text, "'");
+    if (f.env.size() > 1) {
+      absl::StrAppend(&out, "; env ", absl::StrJoin(f.env, ", "));
+    }
+    absl::StrAppend(&out, ")\n");
+  }
+  absl::StrAppend(&out, "  --help, --version\n");
+  return out;
+}
+
+}  // namespace dp

@@ -1,0 +1,70 @@
+// Command-line flags with an environment fallback, as DESIGN.md specifies:
+// `--name=value` or `--name value` on the command line; otherwise DP_<NAME>
+// (upper case) from the environment, or extra environment names given per
+// flag (e.g. RANK, JOB_COMPLETION_INDEX); flags win over the environment.
+// Booleans also take `--name` and `--noname`.
+#ifndef DP_COMMON_FLAGS_H_
+#define DP_COMMON_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dp {
+
+// Process exit codes shared by dp-ps and dp-worker (documented in README).
+inline constexpr int kExitOk = 0;            // training finished
+inline constexpr int kExitFailure = 1;       // runtime failure
+inline constexpr int kExitConfigError = 2;   // bad flags or configuration
+inline constexpr int kExitInterrupted = 3;   // stopped by a signal before the end
+
+class Flags {
+ public:
+  Flags(std::string program, std::string summary);
+
+  void AddString(const char* name, std::string* value, const char* help,
+                 std::vector<std::string> extra_env = {});
+  void AddInt(const char* name, int64_t* value, const char* help,
+              std::vector<std::string> extra_env = {});
+  void AddInt(const char* name, int* value, const char* help,
+              std::vector<std::string> extra_env = {});
+  void AddDouble(const char* name, double* value, const char* help);
+  void AddBool(const char* name, bool* value, const char* help);
+
+  enum class Action { kRun, kExit };
+  // Applies the environment, then argv. Returns kExit after printing --help
+  // or --version to stdout; INVALID_ARGUMENT naming the flag and the value
+  // for unknown flags, malformed values or positional arguments.
+  absl::StatusOr<Action> Parse(int argc, char** argv);
+
+  // "--a=1 --b=x ..." with every flag's effective value, for the start log.
+  std::string Effective() const;
+  std::string Usage() const;
+
+ private:
+  enum class Type { kString, kInt64, kInt32, kDouble, kBool };
+  struct Flag {
+    std::string name;
+    Type type;
+    void* value;
+    std::string help;
+    std::vector<std::string> env;  // looked up in this order
+    std::string default_text;
+  };
+  void Add(const char* name, Type type, void* value, const char* help,
+           std::vector<std::string> extra_env);
+  absl::Status Set(const Flag& flag, const std::string& text,
+                   const std::string& source);
+  std::string ValueText(const Flag& flag) const;
+  Flag* Find(const std::string& name);
+
+  std::string program_;
+  std::string summary_;
+  std::vector<Flag> flags_;
+};
+
+}  // namespace dp
+
+#endif  // DP_COMMON_FLAGS_H_

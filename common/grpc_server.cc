@@ -1,0 +1,42 @@
+// gRPC server start-up and matching client channel arguments.
+#include "common/grpc_server.h"
+
+#include "absl/strings/str_format.h"
+
+namespace dp {
+
+absl::StatusOr<RunningServer> StartGrpcServer(
+    const GrpcServerOptions& options,
+    const std::vector<grpc::Service*>& services) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  auto creds = options.credentials ? options.credentials
+                                   : grpc::InsecureServerCredentials();
+  builder.AddListeningPort(options.address, creds, &port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  RunningServer running;
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot listen on %s: the port is in use or the address is invalid",
+        options.address));
+  }
+  running.port = port;
+  return running;
+}
+
+grpc::ChannelArguments ClientChannelArguments(int max_message_bytes) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(max_message_bytes);
+  args.SetMaxSendMessageSize(max_message_bytes);
+  return args;
+}
+
+int MessageBytesFor(int64_t num_floats) {
+  return static_cast<int>(num_floats * 4 + (64 << 10));
+}
+
+}  // namespace dp

@@ -1,0 +1,33 @@
+// Gradient averaging fused with one torch.optim.Adam step.
+#ifndef DP_SERVER_ADAM_H_
+#define DP_SERVER_ADAM_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+
+namespace dp {
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// Averages `grads` (each n floats) in the order given - rank order, so the
+// result never depends on arrival order - and applies Adam step `t` (1-based)
+// to params, m and v (n floats each), exactly as torch.optim.Adam's
+// single-tensor path:
+//   g = (grads[0] + grads[1] + ...) / N  (+ weight_decay * p)
+//   m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
+//   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// Each buffer is read and written once.
+void AverageAndAdamStep(const AdamOptions& options, int64_t t,
+                        absl::Span<const float* const> grads, int64_t n,
+                        float* params, float* m, float* v);
+
+}  // namespace dp
+
+#endif  // DP_SERVER_ADAM_H_

@@ -1,0 +1,199 @@
+// dp.v1.ParameterServer over a StepCoordinator; no math here.
+#include "server/ps_service.h"
+
+#include <atomic>
+#include <utility>
+
+#include "common/grpc_status.h"
+
+namespace dp {
+namespace {
+
+using grpc::CallbackServerContext;
+using grpc::ServerUnaryReactor;
+
+// Finishes a unary call with the status of a synchronous operation.
+ServerUnaryReactor* Done(CallbackServerContext* ctx, const absl::Status& s) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+// A call that completes when the coordinator applies a step. The barrier
+// callback and a client cancellation race; whoever wins finishes the call,
+// exactly once. Two references keep the reactor alive: gRPC's (dropped in
+// OnDone) and Start's, since the step may be applied on another thread, and
+// the call finished, before Start returns.
+class StepWaitReactor final : public ServerUnaryReactor {
+ public:
+  // on_applied runs before Finish, with the new step, to fill the response.
+  StepWaitReactor(StepCoordinator* coordinator,
+                  std::function<absl::Status(int64_t)> on_applied)
+      : coordinator_(coordinator), on_applied_(std::move(on_applied)) {}
+
+  void Start(int rank, int64_t step) {
+    auto ticket = coordinator_->WaitForStep(
+        rank, step, [this](const absl::Status& s, int64_t new_step) {
+          FinishOnce(s.ok() ? on_applied_(new_step) : s);
+        });
+    if (!ticket.ok()) {
+      FinishOnce(ticket.status());
+    } else if (ticket->ready) {
+      FinishOnce(on_applied_(ticket->step));
+    } else {
+      wait_id_.store(ticket->id);
+      // A cancellation that came before the id was known could not remove
+      // the wait; honour it now.
+      if (cancelled_.load() && coordinator_->CancelWait(ticket->id)) {
+        FinishOnce(absl::CancelledError("the client cancelled the wait"));
+      }
+    }
+    Unref();
+  }
+
+  void OnCancel() override {
+    cancelled_.store(true);
+    const int64_t id = wait_id_.load();
+    if (id > 0 && coordinator_->CancelWait(id)) {
+      FinishOnce(absl::CancelledError("the client cancelled the wait"));
+    }
+  }
+  void OnDone() override { Unref(); }
+
+ private:
+  void FinishOnce(const absl::Status& s) {
+    if (!finished_.exchange(true)) Finish(ToGrpcStatus(s));
+  }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  StepCoordinator* const coordinator_;
+  const std::function<absl::Status(int64_t)> on_applied_;
+  std::atomic<int> refs_{2};
+  std::atomic<int64_t> wait_id_{0};
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+};
+
+}  // namespace
+
+void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
+  const Schedule& s = config.schedule;
+  out->set_world_size(s.world_size);
+  out->set_batch_size(s.batch_size);
+  out->set_epochs(s.epochs);
+  out->set_lr(config.adam.lr);
+  out->set_seed(s.seed);
+  out->set_shuffle(s.shuffle);
+  out->set_dataset(config.dataset);
+  out->set_max_steps(s.max_steps);
+}
+
+PsService::PsService(StepCoordinator* coordinator)
+    : coordinator_(coordinator) {}
+
+ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
+                                        const dp::v1::RegisterRequest* request,
+                                        dp::v1::RegisterResponse* response) {
+  DataFingerprint data{request->data().num_samples(), request->data().hash()};
+  auto reg = coordinator_->Register(request->rank(),
+                                    request->model_fingerprint(), data);
+  if (!reg.ok()) return Done(ctx, reg.status());
+  ToProto(reg->config, response->mutable_config());
+  response->set_step(reg->step);
+  response->set_total_steps(reg->config.schedule.total_steps());
+  response->set_steps_per_epoch(reg->config.schedule.steps_per_epoch());
+  response->set_num_params(coordinator_->layout().num_params());
+  return Done(ctx, absl::OkStatus());
+}
+
+ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
+                                    const dp::v1::PullRequest* request,
+                                    dp::v1::PullResponse* response) {
+  auto step = coordinator_->Pull(request->rank(), request->offset(),
+                                 request->length(),
+                                 response->mutable_params());
+  if (!step.ok()) return Done(ctx, step.status());
+  response->set_step(*step);
+  response->set_offset(request->offset());
+  response->set_done(coordinator_->done());
+  return Done(ctx, absl::OkStatus());
+}
+
+ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
+                                    const dp::v1::PushRequest* request,
+                                    dp::v1::PushResponse* response) {
+  auto result =
+      coordinator_->Push(request->rank(), request->step(), request->offset(),
+                         request->gradient(), request->loss());
+  if (!result.ok()) return Done(ctx, result.status());
+  response->set_step(result->step);
+  response->set_duplicate(result->duplicate);
+  return Done(ctx, absl::OkStatus());
+}
+
+ServerUnaryReactor* PsService::Barrier(CallbackServerContext* /*ctx*/,
+                                       const dp::v1::BarrierRequest* request,
+                                       dp::v1::BarrierResponse* response) {
+  StepCoordinator* coordinator = coordinator_;
+  auto* reactor = new StepWaitReactor(
+      coordinator_, [response, coordinator](int64_t step) {
+        response->set_step(step);
+        response->set_done(coordinator->done());
+        return absl::OkStatus();
+      });
+  reactor->Start(request->rank(), request->step());
+  return reactor;
+}
+
+ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
+                                        const dp::v1::PushRequest* request,
+                                        dp::v1::PullResponse* response) {
+  auto pushed =
+      coordinator_->Push(request->rank(), request->step(), request->offset(),
+                         request->gradient(), request->loss());
+  if (!pushed.ok()) return Done(ctx, pushed.status());
+  StepCoordinator* coordinator = coordinator_;
+  const int rank = request->rank();
+  auto* reactor = new StepWaitReactor(
+      coordinator_, [response, coordinator, rank](int64_t) -> absl::Status {
+        auto version =
+            coordinator->Pull(rank, 0, 0, response->mutable_params());
+        if (!version.ok()) return version.status();
+        response->set_step(*version);
+        response->set_done(coordinator->done());
+        return absl::OkStatus();
+      });
+  reactor->Start(rank, request->step());
+  return reactor;
+}
+
+ServerUnaryReactor* PsService::ReportEval(
+    CallbackServerContext* ctx, const dp::v1::ReportEvalRequest* request,
+    dp::v1::ReportEvalResponse* /*response*/) {
+  EvalReport r{request->step(),     request->epoch(),
+               request->accuracy(), request->loss(),
+               request->num_samples(), request->final()};
+  return Done(ctx, coordinator_->RecordEval(request->rank(), r));
+}
+
+ServerUnaryReactor* PsService::GetStatus(
+    CallbackServerContext* ctx, const dp::v1::GetStatusRequest* /*request*/,
+    dp::v1::GetStatusResponse* response) {
+  CoordinatorStatus s = coordinator_->Status();
+  ToProto(s.config, response->mutable_config());
+  response->set_step(s.step);
+  response->set_total_steps(s.total_steps);
+  if (s.total_steps > 0) {
+    response->set_epoch(s.config.schedule.epoch_of(s.step));
+  }
+  for (int r : s.registered_ranks) response->add_registered_ranks(r);
+  for (int r : s.pushed_ranks) response->add_pushed_ranks(r);
+  response->set_done(s.done);
+  response->set_last_test_accuracy(s.last_eval.accuracy);
+  response->set_last_loss(s.last_loss);
+  return Done(ctx, absl::OkStatus());
+}
+
+}  // namespace dp

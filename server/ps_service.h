@@ -1,0 +1,49 @@
+// The gRPC face of dp-ps: maps dp.v1.ParameterServer requests onto a
+// StepCoordinator. Uses the callback API so that requests waiting at the
+// barrier hold no thread.
+#ifndef DP_SERVER_PS_SERVICE_H_
+#define DP_SERVER_PS_SERVICE_H_
+
+#include "proto/dp.grpc.pb.h"
+#include "server/step_coordinator.h"
+
+namespace dp {
+
+class PsService final : public dp::v1::ParameterServer::CallbackService {
+ public:
+  explicit PsService(StepCoordinator* coordinator);
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const dp::v1::RegisterRequest* request,
+                                     dp::v1::RegisterResponse* response) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
+                                 const dp::v1::PullRequest* request,
+                                 dp::v1::PullResponse* response) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx,
+                                 const dp::v1::PushRequest* request,
+                                 dp::v1::PushResponse* response) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
+                                    const dp::v1::BarrierRequest* request,
+                                    dp::v1::BarrierResponse* response) override;
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* ctx,
+                                     const dp::v1::PushRequest* request,
+                                     dp::v1::PullResponse* response) override;
+  grpc::ServerUnaryReactor* ReportEval(
+      grpc::CallbackServerContext* ctx,
+      const dp::v1::ReportEvalRequest* request,
+      dp::v1::ReportEvalResponse* response) override;
+  grpc::ServerUnaryReactor* GetStatus(
+      grpc::CallbackServerContext* ctx,
+      const dp::v1::GetStatusRequest* request,
+      dp::v1::GetStatusResponse* response) override;
+
+ private:
+  StepCoordinator* const coordinator_;
+};
+
+// Wire form of the job configuration.
+void ToProto(const JobConfig& config, dp::v1::JobConfig* out);
+
+}  // namespace dp
+
+#endif  // DP_SERVER_PS_SERVICE_H_

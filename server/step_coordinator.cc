@@ -1,0 +1,328 @@
+// Synchronous step protocol: push, rank-ordered average, Adam, publish.
+#include "server/step_coordinator.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+
+namespace dp {
+namespace {
+
+absl::Status Unavailable() {
+  return absl::UnavailableError("dp-ps is shutting down");
+}
+
+// Index of the first non-finite value, or -1.
+int64_t FirstNonFinite(const float* x, int64_t n) {
+  // An all-ones exponent marks NaN and Inf. The integer OR-reduction
+  // vectorises; only when it fires do we look for the position.
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  if (any == 0) return -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return i;
+  }
+  return -1;
+}
+
+}  // namespace
+
+StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
+                                 TrainingState state)
+    : layout_(std::move(layout)),
+      config_(std::move(config)),
+      state_(std::move(state)) {
+  const int64_t n = layout_.num_params();
+  DP_CHECK(static_cast<int64_t>(state_.params.size()) == n);
+  if (state_.m.empty()) state_.m.assign(n, 0.0f);
+  if (state_.v.empty()) state_.v.assign(n, 0.0f);
+  DP_CHECK(static_cast<int64_t>(state_.m.size()) == n &&
+           static_cast<int64_t>(state_.v.size()) == n);
+  const int world = config_.schedule.world_size;
+  DP_CHECK(world >= 1);
+  registered_.assign(world, false);
+  pending_.assign(world, std::vector<float>(n));
+  received_.assign(world, false);
+  losses_.assign(world, 0.0f);
+}
+
+absl::Status StepCoordinator::CheckRank(int rank) const {
+  if (rank < 0 || rank >= config_.schedule.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d is out of range: this job has %d workers "
+                        "(ranks 0..%d)",
+                        rank, config_.schedule.world_size,
+                        config_.schedule.world_size - 1));
+  }
+  return absl::OkStatus();
+}
+
+int64_t StepCoordinator::TotalStepsLocked() const {
+  return have_data_ ? config_.schedule.total_steps() : 0;
+}
+
+absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
+    int rank, uint64_t model_fingerprint, const DataFingerprint& data) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return Unavailable();
+  RETURN_IF_ERROR(CheckRank(rank));
+  if (model_fingerprint != layout_.Fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d runs a different model (fingerprint %016x, dp-ps has "
+        "%016x)",
+        rank, model_fingerprint, layout_.Fingerprint()));
+  }
+  if (have_data_ && !(data == data_)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d has different data (%d samples, hash %016x) from the job's "
+        "(%d samples, hash %016x): check --data_dir",
+        rank, data.num_samples, data.hash, data_.num_samples, data_.hash));
+  }
+  if (!have_data_) {
+    Schedule schedule = config_.schedule;
+    schedule.num_samples = data.num_samples;
+    if (absl::Status s = ValidateSchedule(schedule); !s.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("rank %d's data cannot run this job: %s", rank,
+                          s.message()));
+    }
+    config_.schedule = schedule;
+    data_ = data;
+    have_data_ = true;
+  }
+  if (!registered_[rank]) {
+    Log("rank %d registered at step %d", rank, state_.step);
+  } else {
+    Log("rank %d registered again at step %d", rank, state_.step);
+  }
+  registered_[rank] = true;
+  return Registration{config_, state_.step};
+}
+
+absl::StatusOr<int64_t> StepCoordinator::Pull(int rank, int64_t offset,
+                                              int64_t length,
+                                              std::string* out) const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (shutdown_) return Unavailable();
+  RETURN_IF_ERROR(CheckRank(rank));
+  const int64_t n = layout_.num_params();
+  if (length == 0 && offset >= 0 && offset <= n) length = n - offset;
+  if (offset < 0 || length < 0 || offset + length > n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pull range [%d, %d) is outside the parameter vector [0, %d)", offset,
+        offset + length, n));
+  }
+  out->resize(length * sizeof(float));
+  std::memcpy(out->data(), state_.params.data() + offset,
+              length * sizeof(float));
+  return state_.step;
+}
+
+absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
+    int rank, int64_t step, int64_t offset, absl::string_view gradient,
+    float loss) {
+  std::vector<WaitCallback> to_notify;
+  PushResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return Unavailable();
+    RETURN_IF_ERROR(CheckRank(rank));
+    if (!registered_[rank]) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("rank %d has not registered", rank));
+    }
+    const int64_t n = layout_.num_params();
+    if (offset != 0 || gradient.size() != n * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "gradient from rank %d covers %d bytes at offset %d; this dp-ps "
+          "owns [0, %d) and expects %d bytes (%d float32)",
+          rank, gradient.size(), offset, n, n * sizeof(float), n));
+    }
+    const int64_t current = state_.step;
+    // The step just applied: a retry whose answer was lost. Acknowledge it.
+    if (step == current - 1 || (step == current && received_[rank])) {
+      return PushResult{current, true};
+    }
+    if (step != current) {
+      return absl::AbortedError(absl::StrFormat(
+          "rank %d pushed step %d but the job is at step %d (%s step): "
+          "re-sync",
+          rank, step, current, step < current ? "stale" : "future"));
+    }
+    if (step >= TotalStepsLocked()) {
+      return absl::AbortedError(absl::StrFormat(
+          "rank %d pushed step %d but the job finished at step %d", rank,
+          step, current));
+    }
+    // Check before copying so that a rejected push leaves no trace.
+    const float* g = reinterpret_cast<const float*>(gradient.data());
+    if (int64_t bad = FirstNonFinite(g, n); bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "gradient from rank %d for step %d has a non-finite value (%f) at "
+          "index %d",
+          rank, step, g[bad], bad));
+    }
+    if (!std::isfinite(loss)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "loss from rank %d for step %d is not finite (%f)", rank, step,
+          loss));
+    }
+    std::memcpy(pending_[rank].data(), gradient.data(), gradient.size());
+    received_[rank] = true;
+    losses_[rank] = loss;
+    bool all = true;
+    for (bool r : received_) all = all && r;
+    if (all) to_notify = ApplyLocked();
+    result.step = state_.step;
+  }
+  for (WaitCallback& cb : to_notify) cb(absl::OkStatus(), result.step);
+  return result;
+}
+
+std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
+  std::vector<const float*> grads;
+  grads.reserve(pending_.size());
+  float loss_sum = 0.0f;
+  for (size_t r = 0; r < pending_.size(); ++r) {  // rank order
+    grads.push_back(pending_[r].data());
+    loss_sum += losses_[r];
+  }
+  AverageAndAdamStep(config_.adam, state_.step + 1, grads,
+                     layout_.num_params(), state_.params.data(),
+                     state_.m.data(), state_.v.data());
+  last_loss_ = loss_sum / static_cast<float>(losses_.size());
+  ++state_.step;
+  received_.assign(received_.size(), false);
+  std::vector<WaitCallback> ready;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->second.step < state_.step) {
+      ready.push_back(std::move(it->second.done));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ready;
+}
+
+absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
+    int rank, int64_t step, WaitCallback done) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return Unavailable();
+  RETURN_IF_ERROR(CheckRank(rank));
+  if (!registered_[rank]) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("rank %d has not registered", rank));
+  }
+  const int64_t current = state_.step;
+  if (step > current) {
+    return absl::AbortedError(absl::StrFormat(
+        "rank %d waits for step %d but the job is at step %d (future step): "
+        "re-sync",
+        rank, step, current));
+  }
+  if (step < current) return WaitTicket{true, current, 0};
+  if (!received_[rank]) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d waits at the barrier of step %d without having pushed its "
+        "gradient",
+        rank, step));
+  }
+  const int64_t id = next_wait_id_++;
+  waiters_.emplace(id, Waiter{step, std::move(done)});
+  return WaitTicket{false, current, id};
+}
+
+bool StepCoordinator::CancelWait(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  return waiters_.erase(id) > 0;
+}
+
+absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return Unavailable();
+  RETURN_IF_ERROR(CheckRank(rank));
+  if (!std::isfinite(r.accuracy) || r.accuracy < 0.0 || r.accuracy > 1.0 ||
+      !std::isfinite(r.loss) || r.num_samples < 0 || r.step < 0 ||
+      r.step > state_.step) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "evaluation report from rank %d is invalid (accuracy %f, loss %f, "
+        "%d samples, step %d of %d)",
+        rank, r.accuracy, r.loss, r.num_samples, r.step, state_.step));
+  }
+  last_eval_ = r;
+  has_eval_ = true;
+  if (r.final) final_eval_ = true;
+  Log("%s test accuracy %.4f, loss %.4f (%d images, weights of step %d, "
+      "epoch %d)",
+      r.final ? "final" : "epoch", r.accuracy, r.loss, r.num_samples, r.step,
+      r.epoch);
+  return absl::OkStatus();
+}
+
+bool StepCoordinator::done() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return have_data_ && state_.step >= TotalStepsLocked();
+}
+
+bool StepCoordinator::AwaitDone(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return shutdown_ || (have_data_ && state_.step >= TotalStepsLocked());
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout) && !shutdown_;
+}
+
+bool StepCoordinator::AwaitFinalEval(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return shutdown_ || final_eval_;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) &&
+         final_eval_;
+}
+
+void StepCoordinator::Shutdown() {
+  std::vector<WaitCallback> to_fail;
+  int64_t step;
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    step = state_.step;
+    for (auto& [id, w] : waiters_) to_fail.push_back(std::move(w.done));
+    waiters_.clear();
+  }
+  for (WaitCallback& cb : to_fail) cb(Unavailable(), step);
+}
+
+TrainingState StepCoordinator::Snapshot() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return state_;
+}
+
+CoordinatorStatus StepCoordinator::Status() const {
+  absl::ReaderMutexLock lock(&mu_);
+  CoordinatorStatus s;
+  s.config = config_;
+  s.step = state_.step;
+  s.total_steps = TotalStepsLocked();
+  for (int r = 0; r < config_.schedule.world_size; ++r) {
+    if (registered_[r]) s.registered_ranks.push_back(r);
+    if (received_[r]) s.pushed_ranks.push_back(r);
+  }
+  s.done = have_data_ && state_.step >= s.total_steps;
+  s.last_loss = last_loss_;
+  s.has_eval = has_eval_;
+  s.last_eval = last_eval_;
+  return s;
+}
+
+}  // namespace dp

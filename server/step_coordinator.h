@@ -1,0 +1,166 @@
+// The parameter store and the synchronous step protocol of dp-ps: collects
+// the N pushes of step t, averages them in rank order, applies one Adam
+// update and publishes version t+1. No gRPC types here; ps_service.cc maps
+// requests onto these calls.
+//
+// Every method validates its request completely before touching state, so a
+// rejected request changes nothing. Status codes follow DESIGN.md:
+// INVALID_ARGUMENT (sizes, non-finite values, rank), FAILED_PRECONDITION
+// (fingerprints, not registered), ABORTED (stale or future step),
+// UNAVAILABLE (shutting down).
+#ifndef DP_SERVER_STEP_COORDINATOR_H_
+#define DP_SERVER_STEP_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/data_order.h"
+#include "common/dataset.h"
+#include "common/model_layout.h"
+#include "server/adam.h"
+
+namespace dp {
+
+// The job's hyper-parameters, owned by dp-ps and handed to workers.
+// schedule.num_samples is learnt from the first worker that registers.
+struct JobConfig {
+  Schedule schedule;
+  std::string dataset = "fashion-mnist";
+  AdamOptions adam;
+};
+
+// The optimiser state: what a checkpoint holds.
+struct TrainingState {
+  int64_t step = 0;            // number of updates applied = weights version
+  std::vector<float> params;
+  std::vector<float> m, v;     // Adam moments
+};
+
+struct EvalReport {
+  int64_t step = 0;
+  int epoch = 0;
+  double accuracy = 0.0;
+  double loss = 0.0;
+  int64_t num_samples = 0;
+  bool final = false;
+};
+
+struct CoordinatorStatus {
+  JobConfig config;
+  int64_t step = 0;
+  int64_t total_steps = 0;     // 0 until the data set size is known
+  std::vector<int> registered_ranks;
+  std::vector<int> pushed_ranks;
+  bool done = false;
+  float last_loss = 0.0f;      // mean of the ranks' losses of the last step
+  bool has_eval = false;
+  EvalReport last_eval;
+};
+
+class StepCoordinator {
+ public:
+  StepCoordinator(ModelLayout layout, JobConfig config, TrainingState state);
+
+  const ModelLayout& layout() const { return layout_; }
+
+  struct Registration {
+    JobConfig config;
+    int64_t step = 0;
+  };
+  // Admits `rank` (again, after a restart). The first registration fixes the
+  // data fingerprint of the job; later ones must match it.
+  absl::StatusOr<Registration> Register(int rank, uint64_t model_fingerprint,
+                                        const DataFingerprint& data);
+
+  // Copies params[offset, offset+length) as little-endian float32 into *out
+  // and returns their version. length 0 means "to the end".
+  absl::StatusOr<int64_t> Pull(int rank, int64_t offset, int64_t length,
+                               std::string* out) const;
+
+  struct PushResult {
+    int64_t step = 0;        // the job's step after this push
+    bool duplicate = false;  // retry of an already received or applied push
+  };
+  // Receives the gradient (little-endian float32 bytes over the whole vector)
+  // of `rank` for `step`. The last of the N pushes applies the update. A
+  // retry for the current step or the one just applied is acknowledged and
+  // not counted twice.
+  absl::StatusOr<PushResult> Push(int rank, int64_t step, int64_t offset,
+                                  absl::string_view gradient, float loss);
+
+  using WaitCallback = std::function<void(const absl::Status&, int64_t step)>;
+  struct WaitTicket {
+    bool ready = false;   // `step` is already applied; `done` is dropped
+    int64_t step = 0;     // the job's step when ready
+    int64_t id = 0;       // for CancelWait when !ready
+  };
+  // Waits for `step` to be applied. Invalid requests fail at once. When the
+  // step is already applied the ticket is ready and `done` is never called.
+  // Otherwise done(status, new_step) is called exactly once, from the thread
+  // that applies the step, or with UNAVAILABLE at Shutdown(), unless
+  // CancelWait(ticket.id) returns true first.
+  absl::StatusOr<WaitTicket> WaitForStep(int rank, int64_t step,
+                                         WaitCallback done);
+  // True when the wait was removed before its callback ran: the callback will
+  // then never run. False when it ran or is running.
+  bool CancelWait(int64_t id);
+
+  // INVALID_ARGUMENT for a bad rank or values that are not finite or not in
+  // [0, 1]; nothing is recorded then.
+  absl::Status RecordEval(int rank, const EvalReport& report);
+  // Every step is applied.
+  bool done() const;
+
+  // Blocks until every step is applied, or `timeout` passes; true if done.
+  bool AwaitDone(absl::Duration timeout) const;
+  // Blocks until the final evaluation is reported or `timeout` passes.
+  bool AwaitFinalEval(absl::Duration timeout) const;
+  // Rejects further requests with UNAVAILABLE and fails pending waits.
+  void Shutdown();
+
+  TrainingState Snapshot() const;
+  CoordinatorStatus Status() const;
+
+ private:
+  struct Waiter {
+    int64_t step;
+    WaitCallback done;
+  };
+  absl::Status CheckRank(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Averages the pushes, applies Adam, publishes the next version; returns
+  // the waiters to call once the lock is released.
+  std::vector<WaitCallback> ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t TotalStepsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const ModelLayout layout_;
+  mutable absl::Mutex mu_;
+  JobConfig config_ ABSL_GUARDED_BY(mu_);
+  TrainingState state_ ABSL_GUARDED_BY(mu_);
+  bool have_data_ ABSL_GUARDED_BY(mu_) = false;
+  DataFingerprint data_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);
+  // Gradients of the current step, one preallocated buffer per rank.
+  std::vector<std::vector<float>> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> losses_ ABSL_GUARDED_BY(mu_);
+  float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
+  std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  int64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool has_eval_ ABSL_GUARDED_BY(mu_) = false;
+  bool final_eval_ ABSL_GUARDED_BY(mu_) = false;
+  EvalReport last_eval_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace dp
+
+#endif  // DP_SERVER_STEP_COORDINATOR_H_

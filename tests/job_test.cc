@@ -1,0 +1,224 @@
+// Whole jobs with real processes over real loopback gRPC: dp-ps and
+// dp-worker binaries, Fashion-MNIST from Debian's dataset-fashion-mnist.
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/dataset.h"
+#include "common/file_util.h"
+#include "common/flags.h"
+#include "common/model_layout.h"
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "tests/subprocess.h"
+
+namespace dp {
+namespace {
+
+const absl::Duration kJobTimeout = absl::Minutes(5);
+
+// Starts dp-ps on a free loopback port; returns it once it listens.
+std::unique_ptr<Subprocess> StartServer(std::vector<std::string> args,
+                                        int* port) {
+  std::vector<std::string> argv = {DP_PS_BINARY, "--host=127.0.0.1",
+                                   "--port=0"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto ps = std::make_unique<Subprocess>(argv);
+  EXPECT_TRUE(ps->WaitForOutput(" for ", absl::Seconds(30))) << ps->output();
+  auto field = ps->Field("listening on 127.0.0.1:");
+  *port = 0;
+  if (field.has_value()) {
+    EXPECT_TRUE(absl::SimpleAtoi(field->substr(0, field->find(' ')), port));
+  }
+  return ps;
+}
+
+std::unique_ptr<Subprocess> StartWorker(int port, int rank,
+                                        std::vector<std::string> args = {}) {
+  std::vector<std::string> argv = {
+      DP_WORKER_BINARY, absl::StrCat("--ps=127.0.0.1:", port),
+      absl::StrCat("--rank=", rank), "--backend=cpu"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return std::make_unique<Subprocess>(argv);
+}
+
+struct JobResult {
+  int ps_exit = -1;
+  std::vector<int> worker_exits;
+  std::string ps_output;
+};
+
+// dp-ps with `ps_args` and `workers` dp-workers; waits for all to exit.
+JobResult RunJob(std::vector<std::string> ps_args, int workers,
+                 std::vector<std::string> worker_args = {}) {
+  ps_args.push_back(absl::StrCat("--workers=", workers));
+  int port = 0;
+  auto ps = StartServer(ps_args, &port);
+  std::vector<std::unique_ptr<Subprocess>> ws;
+  for (int r = 0; r < workers; ++r) ws.push_back(StartWorker(port, r, worker_args));
+  JobResult result;
+  for (auto& w : ws) {
+    result.worker_exits.push_back(w->Wait(kJobTimeout).value_or(-1));
+    if (result.worker_exits.back() != 0) ADD_FAILURE() << w->output();
+  }
+  result.ps_exit = ps->Wait(kJobTimeout).value_or(-1);
+  result.ps_output = ps->output();
+  return result;
+}
+
+TEST(JobTest, TwoWorkersOneEpochOfFashionMnistReachTestAccuracy084) {
+  TempDir dir;
+  const std::string model = dir.File("model.safetensors");
+  JobResult r = RunJob({"--epochs=1", "--batch_size=64", "--seed=1",
+                        "--dataset=fashion-mnist", "--save_model=" + model},
+                       2);
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  EXPECT_EQ(r.worker_exits, (std::vector<int>{0, 0}));
+  const size_t at = r.ps_output.find("final test accuracy: ");
+  ASSERT_NE(at, std::string::npos) << r.ps_output;
+  double accuracy = 0;
+  ASSERT_TRUE(absl::SimpleAtod(
+      r.ps_output.substr(at + 21, r.ps_output.find('\n', at) - at - 21),
+      &accuracy));
+  std::printf("test accuracy after 1 epoch: %.4f\n", accuracy);
+  EXPECT_GE(accuracy, 0.84);
+
+  // The saved model: safetensors header with PyTorch names, shapes, offsets.
+  auto bytes = ReadFile(model);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ASSERT_GE(bytes->size(), 8u);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes->data(), 8);
+  ASSERT_LE(8 + header_len, bytes->size());
+  const std::string header = bytes->substr(8, header_len);
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  for (const TensorInfo& t : layout.tensors()) {
+    std::string shape;
+    for (int64_t d : t.shape) absl::StrAppend(&shape, shape.empty() ? "" : ",", d);
+    const std::string expected = absl::StrCat(
+        "\"", t.name, "\":{\"dtype\":\"F32\",\"shape\":[", shape,
+        "],\"data_offsets\":[", t.offset * 4, ",", (t.offset + t.size) * 4,
+        "]}");
+    EXPECT_NE(header.find(expected), std::string::npos)
+        << expected << " not in " << header;
+  }
+  EXPECT_EQ(bytes->size(), 8 + header_len + layout.num_params() * 4);
+  EXPECT_TRUE(DecodeSafetensors(layout, *bytes).ok());
+}
+
+TEST(JobTest, SameJobTwiceSavesByteIdenticalModels) {
+  TempDir dir;
+  std::string files[3];
+  // Runs 1 and 2: the fused protocol; run 3: plain Push + Barrier + Pull.
+  for (int run = 0; run < 3; ++run) {
+    files[run] = dir.File(absl::StrCat("model", run, ".safetensors"));
+    std::vector<std::string> worker_args;
+    if (run == 2) worker_args.push_back("--protocol=plain");
+    JobResult r = RunJob({"--max_steps=40", "--batch_size=32", "--seed=5",
+                          "--save_model=" + files[run]},
+                         2, worker_args);
+    ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  }
+  auto a = ReadFile(files[0]), b = ReadFile(files[1]), c = ReadFile(files[2]);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_TRUE(*a == *b) << "two identical fused runs differ";
+  EXPECT_TRUE(*a == *c) << "plain and fused protocols differ";
+  // And training moved the weights away from the initialisation.
+  auto params = DecodeSafetensors(ModelLayout::SimpleNet(), *a);
+  ASSERT_TRUE(params.ok());
+  EXPECT_NE(*params, InitParams(ModelLayout::SimpleNet(), 5));
+}
+
+TEST(JobTest, UnknownFlagIsAConfigurationErrorNamingTheFlag) {
+  Subprocess ps({DP_PS_BINARY, "--bogus_flag=1"});
+  EXPECT_EQ(ps.Wait(absl::Seconds(30)), kExitConfigError);
+  EXPECT_NE(ps.output().find("--bogus_flag"), std::string::npos) << ps.output();
+  Subprocess w({DP_WORKER_BINARY, "--rank=zero"});
+  EXPECT_EQ(w.Wait(absl::Seconds(30)), kExitConfigError);
+  EXPECT_NE(w.output().find("'zero'"), std::string::npos) << w.output();
+}
+
+TEST(JobTest, HelpAndVersionExitZero) {
+  for (const char* bin : {DP_PS_BINARY, DP_WORKER_BINARY}) {
+    Subprocess help({bin, "--help"});
+    EXPECT_EQ(help.Wait(absl::Seconds(30)), 0);
+    EXPECT_NE(help.output().find("Usage: "), std::string::npos)
+        << help.output();
+    Subprocess version({bin, "--version"});
+    EXPECT_EQ(version.Wait(absl::Seconds(30)), 0);
+    EXPECT_NE(version.output().find(DP_VERSION), std::string::npos);
+  }
+}
+
+TEST(JobTest, BusyPortIsAClearErrorAndTheFirstServerKeepsServing) {
+  int port = 0;
+  auto first = StartServer({"--workers=1"}, &port);
+  ASSERT_GT(port, 0);
+  Subprocess second({DP_PS_BINARY, "--host=127.0.0.1",
+                     absl::StrCat("--port=", port)});
+  EXPECT_EQ(second.Wait(absl::Seconds(30)), kExitFailure);
+  EXPECT_NE(second.output().find(absl::StrCat("127.0.0.1:", port)),
+            std::string::npos)
+      << second.output();
+  EXPECT_NE(second.output().find("in use"), std::string::npos);
+  // The first still trains a whole (short) job.
+  auto w = StartWorker(port, 0);
+  EXPECT_EQ(w->Wait(kJobTimeout), 0) << w->output();
+  first->Signal(SIGTERM);
+  first->Wait(kJobTimeout);
+}
+
+TEST(JobTest, WorkerWithMissingDataDirExitsWithTheDirectoryNamed) {
+  int port = 0;
+  auto ps = StartServer({"--workers=1"}, &port);
+  auto w = StartWorker(port, 0, {"--data_dir=/nonexistent/dp-data"});
+  EXPECT_EQ(w->Wait(kJobTimeout), kExitConfigError);
+  EXPECT_NE(w->output().find("/nonexistent/dp-data"), std::string::npos)
+      << w->output();
+  ps->Signal(SIGTERM);
+  EXPECT_EQ(ps->Wait(kJobTimeout), kExitInterrupted);
+}
+
+TEST(JobTest, WorkerWithGarbageIdxFileExitsNamingTheFile) {
+  TempDir dir;
+  for (const char* name :
+       {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    ASSERT_TRUE(WriteFileAtomic(dir.File(name), "this is not an IDX file").ok());
+  }
+  int port = 0;
+  auto ps = StartServer({"--workers=1"}, &port);
+  auto w = StartWorker(port, 0, {"--data_dir=" + dir.path()});
+  EXPECT_EQ(w->Wait(kJobTimeout), kExitConfigError);
+  EXPECT_NE(w->output().find("train-images-idx3-ubyte"), std::string::npos)
+      << w->output();
+  ps->Signal(SIGTERM);
+  ps->Wait(kJobTimeout);
+}
+
+TEST(JobTest, WorkerWithRankOutOfRangeIsRefused) {
+  int port = 0;
+  auto ps = StartServer({"--workers=2"}, &port);
+  auto w = StartWorker(port, 2);
+  EXPECT_EQ(w->Wait(kJobTimeout), kExitConfigError);
+  EXPECT_NE(w->output().find("rank 2 is out of range"), std::string::npos)
+      << w->output();
+  ps->Signal(SIGTERM);
+  ps->Wait(kJobTimeout);
+}
+
+TEST(JobTest, RankComesFromJobCompletionIndexAndFlagsWinOverEnvironment) {
+  int port = 0;
+  auto ps = StartServer({"--workers=1", "--max_steps=3"}, &port);
+  // DP_BACKEND=bogus would fail; the flag --backend=cpu wins over it.
+  Subprocess w({DP_WORKER_BINARY, absl::StrCat("--ps=127.0.0.1:", port),
+                "--backend=cpu"},
+               {"JOB_COMPLETION_INDEX=0", "DP_BACKEND=bogus"});
+  EXPECT_EQ(w.Wait(kJobTimeout), 0) << w.output();
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+}
+
+}  // namespace
+}  // namespace dp

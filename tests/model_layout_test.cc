@@ -1,0 +1,76 @@
+// SimpleNet layout and PyTorch-default initialisation.
+#include "common/model_layout.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+TEST(ModelLayoutTest, SimpleNetHasPyTorchStateDictLayout) {
+  const ModelLayout l = ModelLayout::SimpleNet();
+  EXPECT_EQ(l.num_params(), 235146);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"fc1.weight", {256, 784}}, {"fc1.bias", {256}},
+      {"fc2.weight", {128, 256}}, {"fc2.bias", {128}},
+      {"fc3.weight", {10, 128}},  {"fc3.bias", {10}}};
+  ASSERT_EQ(l.tensors().size(), expected.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(l.tensors()[i].name, expected[i].first);
+    EXPECT_EQ(l.tensors()[i].shape, expected[i].second);
+    EXPECT_EQ(l.tensors()[i].offset, offset) << l.tensors()[i].name;
+    offset += l.tensors()[i].size;
+  }
+  EXPECT_EQ(offset, l.num_params());
+}
+
+TEST(ModelLayoutTest, FingerprintDiffersBetweenArchitectures) {
+  EXPECT_EQ(ModelLayout::SimpleNet().Fingerprint(),
+            ModelLayout::Mlp({784, 256, 128, 10}).Fingerprint());
+  EXPECT_NE(ModelLayout::SimpleNet().Fingerprint(),
+            ModelLayout::Mlp({784, 128, 256, 10}).Fingerprint());
+}
+
+TEST(InitParamsTest, SameSeedGivesIdenticalBytesOtherSeedDiffers) {
+  const ModelLayout l = ModelLayout::SimpleNet();
+  const std::vector<float> a = InitParams(l, 7), b = InitParams(l, 7),
+                           c = InitParams(l, 8);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  EXPECT_NE(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
+}
+
+TEST(InitParamsTest, EveryTensorIsUniformWithinOneOverSqrtFanIn) {
+  const ModelLayout l = ModelLayout::SimpleNet();
+  const std::vector<float> p = InitParams(l, 42);
+  for (int layer = 0; layer < l.num_layers(); ++layer) {
+    const double bound = 1.0 / std::sqrt(double(l.dims()[layer]));
+    for (const TensorInfo* t : {&l.weight(layer), &l.bias(layer)}) {
+      double sum = 0, sum_sq = 0, lo = 1e9, hi = -1e9;
+      for (int64_t i = 0; i < t->size; ++i) {
+        const double x = p[t->offset + i];
+        ASSERT_LE(std::fabs(x), bound) << t->name << "[" << i << "]";
+        sum += x;
+        sum_sq += x * x;
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+      }
+      const double n = t->size, mean = sum / n, var = sum_sq / n - mean * mean;
+      // U(-b, b): mean 0, variance b^2/3; loose 6-sigma-ish bounds.
+      EXPECT_NEAR(mean, 0.0, 6 * bound / std::sqrt(3 * n)) << t->name;
+      // The sample variance of U(-b, b) has a relative spread of sqrt(0.8/n).
+      EXPECT_NEAR(var, bound * bound / 3,
+                  5 * std::sqrt(0.8 / n) * bound * bound / 3)
+          << t->name;
+      if (t->size >= 100) {  // the extremes come close to the bound
+        EXPECT_GT(hi, 0.9 * bound) << t->name;
+        EXPECT_LT(lo, -0.9 * bound) << t->name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dp

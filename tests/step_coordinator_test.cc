@@ -1,0 +1,263 @@
+// The step protocol of dp-ps without the network: rank-ordered averaging,
+// idempotent pushes, rejected requests leave no trace.
+#include "server/step_coordinator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+constexpr int kWorld = 3;
+
+JobConfig SmallJob() {
+  JobConfig c;
+  c.schedule.world_size = kWorld;
+  c.schedule.batch_size = 4;
+  c.schedule.epochs = 1;
+  c.dataset = "synthetic";
+  return c;
+}
+
+const DataFingerprint kData{1000, 0x1234};
+
+std::unique_ptr<StepCoordinator> MakeCoordinator(const ModelLayout& layout) {
+  TrainingState s;
+  s.params = InitParams(layout, 1);
+  auto c = std::make_unique<StepCoordinator>(layout, SmallJob(), s);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(c->Register(r, layout.Fingerprint(), kData).ok());
+  }
+  return c;
+}
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()),
+                     v.size() * sizeof(float));
+}
+
+// Gradients whose rank-ordered float sum differs from other orders: large
+// and small magnitudes mixed, so (a+b)+c != (a+c)+b in float.
+std::vector<float> Gradient(const ModelLayout& l, int rank, int step) {
+  std::vector<float> g(l.num_params());
+  for (int64_t i = 0; i < l.num_params(); ++i) {
+    const float scale = rank == 0 ? 1e8f : 1.0f;
+    g[i] = scale * std::sin(0.37f * i + rank * 1.3f + step * 0.11f) + rank;
+  }
+  return g;
+}
+
+bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+bool SameState(const TrainingState& a, const TrainingState& b) {
+  return a.step == b.step && SameBytes(a.params, b.params) &&
+         SameBytes(a.m, b.m) && SameBytes(a.v, b.v);
+}
+
+TEST(StepCoordinatorTest, AveragingIsIndependentOfArrivalOrder) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  std::vector<int> order = {0, 1, 2};
+  std::vector<TrainingState> results;
+  do {
+    auto c = MakeCoordinator(l);
+    for (int step = 0; step < 2; ++step) {
+      for (int r : order) {
+        ASSERT_TRUE(c->Push(r, step, 0, Bytes(Gradient(l, r, step)), 1.0f).ok());
+      }
+    }
+    results.push_back(c->Snapshot());
+  } while (std::next_permutation(order.begin(), order.end()));
+  ASSERT_EQ(results.size(), 6u);
+  EXPECT_EQ(results[0].step, 2);
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_TRUE(SameState(results[0], results[i])) << "permutation " << i;
+  }
+}
+
+TEST(StepCoordinatorTest, StepIsAppliedOnlyWhenAllRanksPushed) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  const TrainingState before = c->Snapshot();
+  ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
+  ASSERT_TRUE(c->Push(2, 0, 0, Bytes(Gradient(l, 2, 0)), 1.0f).ok());
+  EXPECT_TRUE(SameState(before, c->Snapshot()));
+  EXPECT_EQ(c->Status().pushed_ranks, (std::vector<int>{0, 2}));
+  auto last = c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->step, 1);
+  EXPECT_FALSE(SameBytes(before.params, c->Snapshot().params));
+}
+
+TEST(StepCoordinatorTest, DuplicatePushIsAcknowledgedAndCountedOnce) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto once = MakeCoordinator(l);
+  auto twice = MakeCoordinator(l);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(once->Push(r, 0, 0, Bytes(Gradient(l, r, 0)), 1.0f).ok());
+    auto first = twice->Push(r, 0, 0, Bytes(Gradient(l, r, 0)), 1.0f);
+    ASSERT_TRUE(first.ok());
+    EXPECT_FALSE(first->duplicate);
+    // A retry, even one carrying other numbers, does not replace the first.
+    auto retry = twice->Push(r, 0, 0, Bytes(Gradient(l, r, 9)), 1.0f);
+    ASSERT_TRUE(retry.ok());
+    EXPECT_TRUE(retry->duplicate);
+  }
+  EXPECT_TRUE(SameState(once->Snapshot(), twice->Snapshot()));
+  // A retry of the step just applied (its answer was lost) is acknowledged.
+  auto late = twice->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f);
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->duplicate);
+  EXPECT_EQ(late->step, 1);
+  EXPECT_TRUE(SameState(once->Snapshot(), twice->Snapshot()));
+}
+
+TEST(StepCoordinatorTest, WaitCompletesWhenTheStepIsApplied) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
+  int calls = 0;
+  int64_t seen = -1;
+  auto ticket = c->WaitForStep(0, 0, [&](const absl::Status& s, int64_t step) {
+    EXPECT_TRUE(s.ok());
+    ++calls;
+    seen = step;
+  });
+  ASSERT_TRUE(ticket.ok());
+  EXPECT_FALSE(ticket->ready);
+  EXPECT_EQ(calls, 0);
+  ASSERT_TRUE(c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).ok());
+  EXPECT_EQ(calls, 0);
+  ASSERT_TRUE(c->Push(2, 0, 0, Bytes(Gradient(l, 2, 0)), 1.0f).ok());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen, 1);
+  // Waiting for an applied step is ready at once, without a callback.
+  auto again = c->WaitForStep(0, 0, [&](const absl::Status&, int64_t) { ++calls; });
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->ready);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(StepCoordinatorTest, CancelledWaitIsNeverCalledAndShutdownFailsWaits) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
+  ASSERT_TRUE(c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).ok());
+  int cancelled_calls = 0;
+  absl::Status shutdown_status;
+  auto a = c->WaitForStep(0, 0, [&](const absl::Status&, int64_t) {
+    ++cancelled_calls;
+  });
+  auto b = c->WaitForStep(1, 0, [&](const absl::Status& s, int64_t) {
+    shutdown_status = s;
+  });
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(c->CancelWait(a->id));
+  EXPECT_FALSE(c->CancelWait(a->id));
+  c->Shutdown();
+  EXPECT_EQ(cancelled_calls, 0);
+  EXPECT_EQ(shutdown_status.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  // Reach step 2 with rank 0 already pushed for step 2.
+  for (int step = 0; step < 2; ++step) {
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(c->Push(r, step, 0, Bytes(Gradient(l, r, step)), 1.0f).ok());
+    }
+  }
+  ASSERT_TRUE(c->Push(0, 2, 0, Bytes(Gradient(l, 0, 2)), 1.0f).ok());
+  const TrainingState before = c->Snapshot();
+  const CoordinatorStatus status_before = c->Status();
+
+  std::vector<float> nan_grad = Gradient(l, 1, 2);
+  nan_grad[3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> inf_grad = Gradient(l, 1, 2);
+  inf_grad.back() = std::numeric_limits<float>::infinity();
+  std::vector<float> short_grad(l.num_params() - 1, 0.0f);
+  const std::string ok = Bytes(Gradient(l, 1, 2));
+  struct Case {
+    const char* what;
+    absl::Status status;
+    absl::StatusCode code;
+  };
+  const Case cases[] = {
+      {"wrong length", c->Push(1, 2, 0, Bytes(short_grad), 1.0f).status(),
+       absl::StatusCode::kInvalidArgument},
+      {"offset", c->Push(1, 2, 4, ok, 1.0f).status(),
+       absl::StatusCode::kInvalidArgument},
+      {"NaN", c->Push(1, 2, 0, Bytes(nan_grad), 1.0f).status(),
+       absl::StatusCode::kInvalidArgument},
+      {"Inf", c->Push(1, 2, 0, Bytes(inf_grad), 1.0f).status(),
+       absl::StatusCode::kInvalidArgument},
+      {"NaN loss",
+       c->Push(1, 2, 0, ok, std::numeric_limits<float>::quiet_NaN()).status(),
+       absl::StatusCode::kInvalidArgument},
+      {"rank too large", c->Push(kWorld, 2, 0, ok, 1.0f).status(),
+       absl::StatusCode::kInvalidArgument},
+      {"negative rank", c->Push(-1, 2, 0, ok, 1.0f).status(),
+       absl::StatusCode::kInvalidArgument},
+      {"stale step", c->Push(1, 0, 0, ok, 1.0f).status(),
+       absl::StatusCode::kAborted},
+      {"future step", c->Push(1, 3, 0, ok, 1.0f).status(),
+       absl::StatusCode::kAborted},
+      {"future barrier",
+       c->WaitForStep(1, 3, [](const absl::Status&, int64_t) {}).status(),
+       absl::StatusCode::kAborted},
+      {"barrier before push",
+       c->WaitForStep(1, 2, [](const absl::Status&, int64_t) {}).status(),
+       absl::StatusCode::kFailedPrecondition},
+      {"wrong model",
+       c->Register(1, l.Fingerprint() + 1, kData).status(),
+       absl::StatusCode::kFailedPrecondition},
+      {"other data",
+       c->Register(1, l.Fingerprint(), DataFingerprint{1000, 0x999}).status(),
+       absl::StatusCode::kFailedPrecondition},
+      {"bad eval", c->RecordEval(0, EvalReport{1, 1, 1.5, 0.1, 10, false}),
+       absl::StatusCode::kInvalidArgument},
+  };
+  for (const Case& k : cases) {
+    EXPECT_EQ(k.status.code(), k.code) << k.what << ": " << k.status;
+    EXPECT_FALSE(k.status.message().empty()) << k.what;
+  }
+  EXPECT_TRUE(SameState(before, c->Snapshot()));
+  EXPECT_EQ(c->Status().pushed_ranks, status_before.pushed_ranks);
+  // The step still completes normally with the valid pushes.
+  ASSERT_TRUE(c->Push(1, 2, 0, ok, 1.0f).ok());
+  ASSERT_TRUE(c->Push(2, 2, 0, Bytes(Gradient(l, 2, 2)), 1.0f).ok());
+  EXPECT_EQ(c->Snapshot().step, 3);
+}
+
+TEST(StepCoordinatorTest, UnregisteredRankIsFailedPrecondition) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  TrainingState s;
+  s.params = InitParams(l, 1);
+  StepCoordinator c(l, SmallJob(), s);
+  ASSERT_TRUE(c.Register(0, l.Fingerprint(), kData).ok());
+  auto pushed = c.Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f);
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(pushed.status().message().find("rank 1"), std::string::npos);
+}
+
+TEST(StepCoordinatorTest, DataTooSmallForOneGlobalBatchIsRefusedAtRegister) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  TrainingState s;
+  s.params = InitParams(l, 1);
+  StepCoordinator c(l, SmallJob(), s);
+  auto r = c.Register(0, l.Fingerprint(), DataFingerprint{5, 1});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  // A later worker with enough data can still define the job.
+  EXPECT_TRUE(c.Register(0, l.Fingerprint(), kData).ok());
+  EXPECT_EQ(c.Status().total_steps, 1000 / (kWorld * 4));
+}
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,181 @@
+// Worker loop: pull -> compute -> push -> barrier, with re-sync on ABORTED.
+#include "worker/trainer.h"
+
+#include <cstring>
+#include <optional>
+#include <unistd.h>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/data_order.h"
+#include "common/dataset.h"
+#include "common/log.h"
+#include "common/model_layout.h"
+#include "common/status_macros.h"
+
+namespace dp {
+namespace {
+
+absl::Span<const float> AsFloats(const std::string& bytes) {
+  return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()),
+                                 bytes.size() / sizeof(float));
+}
+
+// Copies the rows `indices` of the data set into x (B,dim) and y (B).
+void Gather(const Dataset& data, absl::Span<const int32_t> indices,
+            std::vector<float>* x, std::vector<int32_t>* y) {
+  for (size_t i = 0; i < indices.size(); ++i) {
+    const int64_t row = indices[i];
+    std::memcpy(x->data() + i * data.dim, data.x.data() + row * data.dim,
+                data.dim * sizeof(float));
+    (*y)[i] = data.labels[row];
+  }
+}
+
+}  // namespace
+
+Trainer::Trainer(PsClient* client, TrainerOptions options)
+    : client_(client), options_(std::move(options)) {}
+
+absl::Status Trainer::Run() {
+  const int rank = options_.rank;
+  // The job's configuration lives in dp-ps: ask before loading any data.
+  ASSIGN_OR_RETURN(dp::v1::GetStatusResponse job, client_->GetStatus());
+  const dp::v1::JobConfig& cfg = job.config();
+  if (rank < 0 || rank >= cfg.world_size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d is out of range: the job has %d workers", rank,
+        cfg.world_size()));
+  }
+  ASSIGN_OR_RETURN(Dataset train, LoadDataset(cfg.dataset(), options_.data_dir,
+                                              cfg.seed(), Split::kTrain));
+  std::optional<Dataset> test;
+  if (rank == 0) {
+    ASSIGN_OR_RETURN(test, LoadDataset(cfg.dataset(), options_.data_dir,
+                                       cfg.seed(), Split::kTest));
+  }
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  BackendOptions backend_options;
+  backend_options.max_batch = std::max(cfg.batch_size(), 1000);
+  backend_options.cpu_threads = options_.cpu_threads;
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                   CreateBackend(options_.backend, layout, backend_options));
+  Log("rank %d: %d training samples of %s, backend %s", rank,
+      train.num_samples, cfg.dataset(), backend->Name());
+
+  dp::v1::RegisterRequest reg_request;
+  reg_request.set_rank(rank);
+  reg_request.set_model_fingerprint(layout.Fingerprint());
+  reg_request.mutable_data()->set_num_samples(train.fingerprint.num_samples);
+  reg_request.mutable_data()->set_hash(train.fingerprint.hash);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  reg_request.set_worker_id(absl::StrFormat("%s/%d", host, getpid()));
+
+  Schedule schedule;
+  int64_t step = 0;
+  dp::v1::PullResponse weights;
+  // (Re-)joins the job: registers, learns its step, pulls the weights of
+  // that version. The data position follows from the step alone.
+  auto sync = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(dp::v1::RegisterResponse reg,
+                     client_->Register(reg_request));
+    const dp::v1::JobConfig& c = reg.config();
+    schedule.num_samples = train.num_samples;
+    schedule.world_size = c.world_size();
+    schedule.batch_size = c.batch_size();
+    schedule.epochs = c.epochs();
+    schedule.max_steps = c.max_steps();
+    schedule.seed = c.seed();
+    schedule.shuffle = c.shuffle();
+    RETURN_IF_ERROR(client_->Pull(rank, &weights));
+    step = weights.step();
+    return backend->SetWeights(AsFloats(weights.params()));
+  };
+  RETURN_IF_ERROR(sync());
+  BatchSampler sampler(schedule);
+  const int64_t total = schedule.total_steps();
+  Log("rank %d: joined at step %d of %d (%d per epoch)", rank, step, total,
+      schedule.steps_per_epoch());
+
+  std::vector<float> x(int64_t{schedule.batch_size} * layout.input_dim());
+  std::vector<int32_t> y(schedule.batch_size);
+  dp::v1::PushRequest push;
+  push.set_rank(rank);
+  push.set_num_samples(schedule.batch_size);
+  // The backend writes the gradient straight into the request's buffer.
+  std::string* grad_bytes = push.mutable_gradient();
+  grad_bytes->resize(layout.num_params() * sizeof(float));
+  absl::Span<float> grad(reinterpret_cast<float*>(grad_bytes->data()),
+                         layout.num_params());
+
+  while (step < total) {
+    const absl::Time t0 = absl::Now();
+    Gather(train, sampler.Indices(step, rank), &x, &y);
+    ASSIGN_OR_RETURN(float loss, backend->ForwardBackward(x, y, grad));
+    const absl::Time t1 = absl::Now();
+    push.set_step(step);
+    push.set_loss(loss);
+    absl::Status exchanged;
+    if (options_.fused) {
+      exchanged = client_->PushPull(push, &weights);
+    } else {
+      exchanged = client_->Push(push).status();
+      if (exchanged.ok()) exchanged = client_->Barrier(rank, step).status();
+      if (exchanged.ok()) exchanged = client_->Pull(rank, &weights);
+    }
+    if (exchanged.code() == absl::StatusCode::kDeadlineExceeded) {
+      auto st = client_->GetStatus();
+      std::vector<int> missing;
+      if (st.ok()) {
+        std::vector<bool> pushed(cfg.world_size(), false);
+        for (int r : st->pushed_ranks()) pushed[r] = true;
+        for (int r = 0; r < cfg.world_size(); ++r) {
+          if (!pushed[r]) missing.push_back(r);
+        }
+      }
+      Log("rank %d: still waiting at step %d for rank(s) %s", rank, step,
+          absl::StrJoin(missing, ","));
+      continue;  // the push is recorded; a retry is acknowledged, not counted
+    }
+    if (exchanged.code() == absl::StatusCode::kAborted ||
+        (exchanged.ok() && weights.step() != step + 1)) {
+      Log("rank %d: re-syncing at step %d: %s", rank, step,
+          exchanged.ok() ? "unexpected version" : exchanged.message());
+      ++stats_.resyncs;
+      RETURN_IF_ERROR(sync());
+      continue;
+    }
+    RETURN_IF_ERROR(exchanged);
+    RETURN_IF_ERROR(backend->SetWeights(AsFloats(weights.params())));
+    stats_.compute_seconds += absl::ToDoubleSeconds(t1 - t0);
+    stats_.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - t1);
+    ++stats_.steps;
+    const int64_t finished = step;
+    step = weights.step();
+    if (rank == 0 && schedule.ends_epoch(finished)) {
+      ASSIGN_OR_RETURN(EvalResult eval, backend->Evaluate(test->x, test->labels));
+      dp::v1::ReportEvalRequest report;
+      report.set_rank(rank);
+      report.set_step(step);
+      report.set_epoch(static_cast<int>((step - 1) / schedule.steps_per_epoch()) + 1);
+      report.set_accuracy(static_cast<double>(eval.correct) / eval.count);
+      report.set_loss(eval.loss_sum / eval.count);
+      report.set_num_samples(eval.count);
+      report.set_final(step == total);
+      Log("rank 0: test accuracy %.4f after epoch %d", report.accuracy(),
+          report.epoch());
+      RETURN_IF_ERROR(client_->ReportEval(report));
+    }
+  }
+  Log("rank %d: finished at step %d: %d steps here, %.3f ms compute + %.3f "
+      "ms exchange per step, %d re-syncs",
+      rank, step, stats_.steps,
+      stats_.steps ? 1e3 * stats_.compute_seconds / stats_.steps : 0.0,
+      stats_.steps ? 1e3 * stats_.exchange_seconds / stats_.steps : 0.0,
+      stats_.resyncs);
+  return absl::OkStatus();
+}
+
+}  // namespace dp

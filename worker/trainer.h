@@ -1,0 +1,47 @@
+// The worker loop: learn the job from dp-ps, load the data it names, register,
+// then per step: gradient of the local batch -> push -> barrier -> new weights.
+// Rank 0 also evaluates the test set at the end of every epoch.
+#ifndef DP_WORKER_TRAINER_H_
+#define DP_WORKER_TRAINER_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "worker/backend.h"
+#include "worker/ps_client.h"
+
+namespace dp {
+
+struct TrainerOptions {
+  int rank = 0;
+  std::string data_dir;         // empty: the data set's default location
+  std::string backend = "auto";
+  int cpu_threads = 1;
+  bool fused = true;            // PushPull instead of Push + Barrier + Pull
+};
+
+struct TrainerStats {
+  int64_t steps = 0;            // steps computed by this process
+  int64_t resyncs = 0;          // ABORTED answers that made it re-register
+  double compute_seconds = 0;   // forward + backward
+  double exchange_seconds = 0;  // push, barrier wait, pull
+};
+
+class Trainer {
+ public:
+  Trainer(PsClient* client, TrainerOptions options);
+
+  // OK when every step of the job is applied. FAILED_PRECONDITION and
+  // INVALID_ARGUMENT mean a configuration problem (data, rank, fingerprint).
+  absl::Status Run();
+  const TrainerStats& stats() const { return stats_; }
+
+ private:
+  PsClient* const client_;
+  const TrainerOptions options_;
+  TrainerStats stats_;
+};
+
+}  // namespace dp
+
+#endif  // DP_WORKER_TRAINER_H_
