@@ -1,0 +1,351 @@
+// IDX readers (Fashion-MNIST, MNIST; gzipped or plain) and the synthetic
+// seed workload.
+#include "common/dataset.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/random.h"
+#include "common/status_macros.h"
+
+namespace dp {
+namespace {
+
+constexpr uint32_t kImagesMagic = 0x00000803;  // unsigned byte, 3 dims
+constexpr uint32_t kLabelsMagic = 0x00000801;  // unsigned byte, 1 dim
+constexpr size_t kImagesHeaderBytes = 16;      // magic, count, rows, cols
+constexpr size_t kLabelsHeaderBytes = 8;       // magic, count
+
+// Rng stream ids for the synthetic data, apart from the parameter-init
+// streams (tensor offsets) and the epoch-order streams (0x0de0...).
+constexpr uint64_t kSyntheticStream = 0x5e70'0000'0000'0000ULL;
+constexpr uint64_t kTrainFeatures = kSyntheticStream + 0;
+constexpr uint64_t kTrainLabels = kSyntheticStream + 1;
+constexpr uint64_t kTestFeatures = kSyntheticStream + 2;
+constexpr uint64_t kTestLabels = kSyntheticStream + 3;
+
+// FNV-1a 64-bit, fed incrementally.
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
+constexpr uint64_t kFnvPrime = 0x100000001b3ULL;
+
+uint64_t Fnv1a(uint64_t h, const unsigned char* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= kFnvPrime;
+  }
+  return h;
+}
+
+uint32_t BigEndian32(const unsigned char* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) |
+         (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+bool Exists(const std::string& path, bool* is_dir) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return false;
+  if (is_dir != nullptr) *is_dir = S_ISDIR(st.st_mode);
+  return true;
+}
+
+// `<dir>/<base>.gz` when present, else `<dir>/<base>`; NOT_FOUND naming both.
+absl::StatusOr<std::string> FindIdxFile(const std::string& dir,
+                                        const std::string& base) {
+  const std::string plain = absl::StrCat(dir, "/", base);
+  const std::string gz = absl::StrCat(plain, ".gz");
+  if (Exists(gz, nullptr)) return gz;
+  if (Exists(plain, nullptr)) return plain;
+  return absl::NotFoundError(
+      absl::StrFormat("data file %s not found (nor %s)", gz, plain));
+}
+
+// A file's bytes in an uninitialised buffer: zero-filling tens of MB only
+// to overwrite them is a visible part of the load time.
+struct RawBytes {
+  std::unique_ptr<unsigned char[]> data;
+  size_t size = 0;
+};
+
+// The decompressed size of `path` when cheaply known (st_size, or the gzip
+// trailer's ISIZE clamped to deflate's maximum ratio), else 0. Only a hint
+// for the buffer: the reader still grows the buffer as needed.
+size_t SizeHint(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  size_t hint = 0;
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+    const size_t file_size = static_cast<size_t>(st.st_size);
+    hint = file_size;
+    unsigned char magic[2], isize[4];
+    if (file_size >= 18 && ::pread(fd, magic, 2, 0) == 2 && magic[0] == 0x1f &&
+        magic[1] == 0x8b && ::pread(fd, isize, 4, st.st_size - 4) == 4) {
+      const size_t n = size_t{isize[0]} | size_t{isize[1]} << 8 |
+                       size_t{isize[2]} << 16 | size_t{isize[3]} << 24;
+      hint = std::min(n, file_size * 1032);
+    }
+  }
+  ::close(fd);
+  return hint;
+}
+
+// The decompressed contents of `path`; gzread passes plain files through
+// unchanged, so one reader serves both. A gzip stream that ends early is not
+// an error here: `*stream_truncated` is set and the caller's length check
+// reports the bytes expected against those read.
+absl::StatusOr<RawBytes> ReadMaybeGzipped(const std::string& path,
+                                          bool* stream_truncated) {
+  *stream_truncated = false;
+  errno = 0;
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    const int err = errno;
+    const std::string msg =
+        absl::StrFormat("cannot open %s: %s", path,
+                        err != 0 ? std::strerror(err) : "out of memory");
+    if (err == ENOENT) return absl::NotFoundError(msg);
+    if (err == EACCES) return absl::PermissionDeniedError(msg);
+    return absl::UnavailableError(msg);
+  }
+  gzbuffer(f, 1 << 20);
+  // One spare byte so that the read which sees end of file needs no growth.
+  size_t capacity = std::max(SizeHint(path), size_t{1} << 16) + 1;
+  RawBytes out{std::unique_ptr<unsigned char[]>(new unsigned char[capacity]),
+               0};
+  for (;;) {
+    if (out.size == capacity) {
+      capacity *= 2;
+      std::unique_ptr<unsigned char[]> bigger(new unsigned char[capacity]);
+      std::memcpy(bigger.get(), out.data.get(), out.size);
+      out.data = std::move(bigger);
+    }
+    const size_t want = std::min(capacity - out.size, size_t{1} << 30);
+    const int got =
+        gzread(f, out.data.get() + out.size, static_cast<unsigned>(want));
+    if (got < 0) {
+      int errnum = 0;
+      const std::string what = gzerror(f, &errnum);
+      const std::string msg = absl::StrFormat(
+          "reading %s failed after %d bytes: %s", path, out.size,
+          errnum == Z_ERRNO ? std::string(std::strerror(errno)) : what);
+      gzclose(f);
+      if (errnum == Z_ERRNO) return absl::UnavailableError(msg);
+      return absl::DataLossError(msg);  // Z_DATA_ERROR: corrupt gzip data
+    }
+    if (got == 0) break;
+    out.size += static_cast<size_t>(got);
+  }
+  // gzread reports a gzip stream that ends early (Z_BUF_ERROR) only here.
+  const int close_rc = gzclose(f);
+  if (close_rc == Z_BUF_ERROR) {
+    *stream_truncated = true;
+  } else if (close_rc != Z_OK) {
+    return absl::DataLossError(
+        absl::StrFormat("reading %s failed: zlib error %d", path, close_rc));
+  }
+  return out;
+}
+
+// Reads an IDX file of unsigned bytes with magic `magic` (0x0800 | number of
+// dimensions) and checks that its length is exactly the header plus the
+// product of its dimensions. Returns the whole file, header included.
+absl::StatusOr<RawBytes> ReadIdxFile(const std::string& path, uint32_t magic) {
+  bool stream_truncated = false;
+  ASSIGN_OR_RETURN(RawBytes data, ReadMaybeGzipped(path, &stream_truncated));
+  const char* const gz_note =
+      stream_truncated ? " (the gzip stream ends early)" : "";
+  const int num_dims = static_cast<int>(magic & 0xff);
+  const size_t header_bytes = 4 + 4 * size_t(num_dims);
+  if (data.size < header_bytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s is truncated: expected at least a %d-byte IDX header, read %d "
+        "bytes%s",
+        path, header_bytes, data.size, gz_note));
+  }
+  const unsigned char* p = data.data.get();
+  const uint32_t got_magic = BigEndian32(p);
+  if (got_magic != magic) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s has magic number 0x%08x, expected 0x%08x (IDX, unsigned bytes, "
+        "%d dimensions)",
+        path, got_magic, magic, num_dims));
+  }
+  // At most 3 dimensions of < 2^32 each: the product fits only if checked.
+  uint64_t payload = 1;
+  for (int d = 0; d < num_dims; ++d) {
+    const uint64_t dim = BigEndian32(p + 4 + 4 * d);
+    if (dim != 0 && payload > UINT64_MAX / 4 / dim) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: header dimensions are implausibly large", path));
+    }
+    payload *= dim;
+  }
+  const uint64_t expected = header_bytes + payload;
+  if (data.size < expected) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s is truncated: its header describes %d bytes, read only %d%s", path,
+        expected, data.size, gz_note));
+  }
+  if (data.size > expected) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s has %d trailing bytes after the %d bytes its header describes",
+        path, data.size - expected, expected));
+  }
+  if (stream_truncated) {  // length right, yet the gzip trailer is missing
+    return absl::DataLossError(
+        absl::StrFormat("%s is truncated: the gzip stream ends early", path));
+  }
+  return data;
+}
+
+const char* SplitPrefix(Split split) {
+  return split == Split::kTrain ? "train" : "t10k";
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> LoadIdx(const std::string& dir, Split split) {
+  bool is_dir = false;
+  if (!Exists(dir, &is_dir)) {
+    return absl::NotFoundError(
+        absl::StrFormat("data directory %s does not exist", dir));
+  }
+  if (!is_dir) {
+    return absl::NotFoundError(
+        absl::StrFormat("data directory %s is not a directory", dir));
+  }
+  const std::string prefix = SplitPrefix(split);
+  ASSIGN_OR_RETURN(const std::string images_path,
+                   FindIdxFile(dir, prefix + "-images-idx3-ubyte"));
+  ASSIGN_OR_RETURN(const std::string labels_path,
+                   FindIdxFile(dir, prefix + "-labels-idx1-ubyte"));
+
+  ASSIGN_OR_RETURN(const RawBytes images,
+                   ReadIdxFile(images_path, kImagesMagic));
+  const unsigned char* ih = images.data.get();
+  const uint32_t n = BigEndian32(ih + 4);
+  const uint32_t rows = BigEndian32(ih + 8);
+  const uint32_t cols = BigEndian32(ih + 12);
+  // A well-formed IDX file of another shape is the wrong data, not damage.
+  if (uint64_t{rows} * cols != kImageDim) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s holds %dx%d images; expected %d pixels per image",
+                        images_path, rows, cols, kImageDim));
+  }
+  ASSIGN_OR_RETURN(const RawBytes labels,
+                   ReadIdxFile(labels_path, kLabelsMagic));
+  const unsigned char* lh = labels.data.get();
+  const uint32_t num_labels = BigEndian32(lh + 4);
+  if (num_labels != n) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s holds %d images but %s holds %d labels",
+                        images_path, n, labels_path, num_labels));
+  }
+
+  const unsigned char* pixels = ih + kImagesHeaderBytes;
+  const unsigned char* raw_labels = lh + kLabelsHeaderBytes;
+  Dataset ds;
+  ds.num_samples = n;
+  ds.dim = kImageDim;
+  ds.labels.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (raw_labels[i] >= kNumClasses) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: label %d of sample %d is outside [0, %d)",
+                          labels_path, raw_labels[i], i, kNumClasses));
+    }
+    ds.labels[i] = raw_labels[i];
+  }
+  // One table lookup per pixel; x = (pixel/255 - mean) / std in float32.
+  std::array<float, 256> lut;
+  for (int p = 0; p < 256; ++p) {
+    lut[p] = (static_cast<float>(p) / 255.0f - kPixelMean) / kPixelStd;
+  }
+  const size_t num_pixels = size_t{n} * kImageDim;
+  ds.x.resize(num_pixels);
+  float* x = ds.x.data();
+
+  // Fingerprint: FNV-1a 64 over the raw pixel bytes (all images, row-major,
+  // headers excluded) followed by the raw label bytes, so a gzipped and a
+  // plain copy of the same data agree. Hashing in the conversion loop hides
+  // the table lookups behind the hash's multiply chain.
+  uint64_t h = kFnvOffset;
+  for (size_t i = 0; i < num_pixels; ++i) {
+    const unsigned char p = pixels[i];
+    x[i] = lut[p];
+    h = (h ^ p) * kFnvPrime;
+  }
+  h = Fnv1a(h, raw_labels, n);
+  ds.fingerprint = DataFingerprint{ds.num_samples, h};
+  return ds;
+}
+
+Dataset MakeSynthetic(uint64_t seed, Split split) {
+  const bool train = split == Split::kTrain;
+  Rng features(seed, train ? kTrainFeatures : kTestFeatures);
+  Rng labels(seed, train ? kTrainLabels : kTestLabels);
+  Dataset ds;
+  ds.num_samples = kSyntheticSamples;
+  ds.dim = kImageDim;
+  ds.x.resize(static_cast<size_t>(kSyntheticSamples) * kImageDim);
+  for (float& v : ds.x) v = static_cast<float>(features.Normal());
+  ds.labels.resize(kSyntheticSamples);
+  for (int32_t& l : ds.labels) l = static_cast<int32_t>(labels.Below(10));
+
+  // Fingerprint: FNV-1a 64 over each float's IEEE-754 bits as 4 bytes,
+  // least significant first, then each label as one byte (as in IDX), so
+  // the value does not depend on the host's byte order.
+  uint64_t h = kFnvOffset;
+  for (float v : ds.x) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    const unsigned char b[4] = {static_cast<unsigned char>(bits),
+                                static_cast<unsigned char>(bits >> 8),
+                                static_cast<unsigned char>(bits >> 16),
+                                static_cast<unsigned char>(bits >> 24)};
+    h = Fnv1a(h, b, 4);
+  }
+  for (int32_t l : ds.labels) {
+    const unsigned char b = static_cast<unsigned char>(l);
+    h = Fnv1a(h, &b, 1);
+  }
+  ds.fingerprint = DataFingerprint{ds.num_samples, h};
+  return ds;
+}
+
+absl::StatusOr<Dataset> LoadDataset(absl::string_view name,
+                                    const std::string& dir, uint64_t seed,
+                                    Split split) {
+  if (name == "synthetic") return MakeSynthetic(seed, split);
+  if (name == "fashion-mnist") {
+    return LoadIdx(dir.empty() ? std::string(kDefaultFashionMnistDir) : dir,
+                   split);
+  }
+  if (name == "mnist") {
+    if (dir.empty()) {
+      return absl::InvalidArgumentError(
+          "data set mnist needs a data directory (--data_dir); it has no "
+          "default");
+    }
+    return LoadIdx(dir, split);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown data set \"%s\"; valid names: fashion-mnist, "
+                      "mnist, synthetic",
+                      name));
+}
+
+}  // namespace dp
