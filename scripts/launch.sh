@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Runs one dp-ps and N dp-workers on this machine (loopback), shows dp-ps's
+# progress (epoch, step/total, loss, samples/s, ETA) and the test accuracy.
+# Stops everything on Ctrl-C or on the first process that fails.
+#
+# Usage: scripts/launch.sh [--workers N] [--backend cpu|cuda|auto]
+#                          [--data_dir DIR] [any other dp-ps flag ...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-build}
+workers=2
+backend=cpu
+data_dir=""
+ps_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --workers) workers=$2; shift 2 ;;
+    --workers=*) workers=${1#*=}; shift ;;
+    --backend) backend=$2; shift 2 ;;
+    --backend=*) backend=${1#*=}; shift ;;
+    --data_dir) data_dir=$2; shift 2 ;;
+    --data_dir=*) data_dir=${1#*=}; shift ;;
+    *) ps_args+=("$1"); shift ;;
+  esac
+done
+
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/dp-run-XXXXXX")
+pids=()
+stop_all() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+trap 'echo "launch: interrupted, stopping all processes"; stop_all; exit 130' INT TERM
+
+"$BIN/server/dp-ps" --host=127.0.0.1 --port=0 --workers="$workers" \
+  "${ps_args[@]}" > >(tee "$run_dir/dp-ps.log") 2>&1 &
+ps_pid=$!
+pids+=("$ps_pid")
+
+# dp-ps picks a free port and says which.
+port=""
+for _ in $(seq 300); do
+  port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$run_dir/dp-ps.log" | head -1)
+  [ -n "$port" ] && break
+  kill -0 "$ps_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$port" ]; then
+  echo "launch: dp-ps did not start (log: $run_dir/dp-ps.log)" >&2
+  stop_all
+  exit 1
+fi
+
+declare -A name_of=([$ps_pid]=dp-ps)
+for ((r = 0; r < workers; r++)); do
+  "$BIN/worker/dp-worker" --ps="127.0.0.1:$port" --rank="$r" \
+    --backend="$backend" ${data_dir:+--data_dir="$data_dir"} \
+    > "$run_dir/worker-$r.log" 2>&1 &
+  pids+=("$!")
+  name_of[$!]="worker $r"
+done
+echo "launch: dp-ps on port $port, $workers workers; logs in $run_dir"
+
+# Reap processes as they end; the first failure stops the others.
+remaining=${#pids[@]}
+while [ "$remaining" -gt 0 ]; do
+  wait -n -p done_pid
+  code=$?
+  remaining=$((remaining - 1))
+  if [ "$code" -ne 0 ]; then
+    name=${name_of[$done_pid]:-process}
+    echo "launch: $name exited with code $code; stopping the others" >&2
+    [ "$name" != dp-ps ] && tail -n 20 "$run_dir/worker-${name#worker }.log" >&2
+    stop_all
+    exit "$code"
+  fi
+done
+echo "launch: all processes finished; logs in $run_dir"

@@ -1,0 +1,221 @@
+// Bad requests through real gRPC on loopback: each gets the status code of
+// DESIGN.md and leaves weights, Adam state and step bitwise unchanged.
+#include "server/ps_service.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+constexpr int kWorld = 2;
+
+class PsServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    JobConfig config;
+    config.schedule.world_size = kWorld;
+    config.schedule.batch_size = 8;
+    config.dataset = "synthetic";
+    TrainingState state;
+    state.params = InitParams(layout_, 3);
+    coordinator_ = std::make_unique<StepCoordinator>(layout_, config, state);
+    service_ = std::make_unique<PsService>(coordinator_.get());
+    GrpcServerOptions options;
+    options.address = "127.0.0.1:0";
+    options.max_message_bytes = MessageBytesFor(layout_.num_params());
+    auto running = StartGrpcServer(options, {service_.get()});
+    ASSERT_TRUE(running.ok()) << running.status();
+    server_ = std::move(running->server);
+    auto channel = grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", running->port),
+        grpc::InsecureChannelCredentials(),
+        ClientChannelArguments(8 << 20));  // larger than the server's limit
+    stub_ = dp::v1::ParameterServer::NewStub(channel);
+  }
+  void TearDown() override {
+    coordinator_->Shutdown();
+    server_->Shutdown();
+  }
+
+  grpc::Status Register(int rank, uint64_t model_fp, int64_t samples,
+                        uint64_t hash) {
+    dp::v1::RegisterRequest req;
+    req.set_rank(rank);
+    req.set_model_fingerprint(model_fp);
+    req.mutable_data()->set_num_samples(samples);
+    req.mutable_data()->set_hash(hash);
+    dp::v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    return stub_->Register(&ctx, req, &resp);
+  }
+  grpc::Status RegisterOk(int rank) {
+    return Register(rank, layout_.Fingerprint(), 1000, 77);
+  }
+
+  std::vector<float> Gradient(int rank, int step) const {
+    std::vector<float> g(layout_.num_params());
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = 0.01f * std::sin(0.1f * i + rank + 3.0f * step);
+    }
+    return g;
+  }
+
+  grpc::Status Push(int rank, int64_t step, const std::vector<float>& g,
+                    dp::v1::PushResponse* resp = nullptr, float loss = 1.0f) {
+    dp::v1::PushRequest req;
+    req.set_rank(rank);
+    req.set_step(step);
+    req.set_loss(loss);
+    req.set_gradient(std::string(reinterpret_cast<const char*>(g.data()),
+                                 g.size() * sizeof(float)));
+    dp::v1::PushResponse local;
+    grpc::ClientContext ctx;
+    return stub_->Push(&ctx, req, resp ? resp : &local);
+  }
+
+  grpc::Status Barrier(int rank, int64_t step, absl::Duration timeout,
+                       dp::v1::BarrierResponse* resp) {
+    dp::v1::BarrierRequest req;
+    req.set_rank(rank);
+    req.set_step(step);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return stub_->Barrier(&ctx, req, resp);
+  }
+
+  static bool Same(const TrainingState& a, const TrainingState& b) {
+    auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
+      return x.size() == y.size() &&
+             std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+    };
+    return a.step == b.step && eq(a.params, b.params) && eq(a.m, b.m) &&
+           eq(a.v, b.v);
+  }
+
+  const ModelLayout layout_ = ModelLayout::SimpleNet();
+  std::unique_ptr<StepCoordinator> coordinator_;
+  std::unique_ptr<PsService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
+};
+
+TEST_F(PsServiceTest, PlainProtocolPushBarrierPullAdvancesOneStep) {
+  ASSERT_TRUE(RegisterOk(0).ok());
+  ASSERT_TRUE(RegisterOk(1).ok());
+  ASSERT_TRUE(Push(0, 0, Gradient(0, 0)).ok());
+  ASSERT_TRUE(Push(1, 0, Gradient(1, 0)).ok());
+  dp::v1::BarrierResponse b;
+  ASSERT_TRUE(Barrier(0, 0, absl::Seconds(10), &b).ok());
+  EXPECT_EQ(b.step(), 1);
+  dp::v1::PullRequest pull;
+  pull.set_rank(1);
+  dp::v1::PullResponse weights;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->Pull(&ctx, pull, &weights).ok());
+  EXPECT_EQ(weights.step(), 1);
+  const TrainingState s = coordinator_->Snapshot();
+  ASSERT_EQ(weights.params().size(), s.params.size() * 4);
+  EXPECT_EQ(0, std::memcmp(weights.params().data(), s.params.data(),
+                           weights.params().size()));
+}
+
+TEST_F(PsServiceTest, BarrierDeadlinePassesWhileARankIsMissing) {
+  ASSERT_TRUE(RegisterOk(0).ok());
+  ASSERT_TRUE(RegisterOk(1).ok());
+  ASSERT_TRUE(Push(0, 0, Gradient(0, 0)).ok());
+  dp::v1::BarrierResponse b;
+  grpc::Status s = Barrier(0, 0, absl::Milliseconds(200), &b);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The push is still recorded: once rank 1 pushes, the step completes and a
+  // new barrier call returns.
+  ASSERT_TRUE(Push(1, 0, Gradient(1, 0)).ok());
+  ASSERT_TRUE(Barrier(0, 0, absl::Seconds(10), &b).ok());
+  EXPECT_EQ(b.step(), 1);
+}
+
+TEST_F(PsServiceTest, BadRequestsGetDesignStatusCodesAndChangeNothing) {
+  ASSERT_TRUE(RegisterOk(0).ok());
+  // Rank 1 is not registered yet: its push is refused.
+  const TrainingState initial = coordinator_->Snapshot();
+  EXPECT_EQ(Push(1, 0, Gradient(1, 0)).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(RegisterOk(1).ok());
+  // Advance to step 2, then rank 0 pushes step 2.
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(Push(0, step, Gradient(0, step)).ok());
+    ASSERT_TRUE(Push(1, step, Gradient(1, step)).ok());
+  }
+  ASSERT_TRUE(Push(0, 2, Gradient(0, 2)).ok());
+  const TrainingState before = coordinator_->Snapshot();
+  EXPECT_FALSE(Same(initial, before));
+  ASSERT_EQ(before.step, 2);
+
+  std::vector<float> nan = Gradient(1, 2), inf = Gradient(1, 2);
+  nan[12345] = std::numeric_limits<float>::quiet_NaN();
+  inf[0] = -std::numeric_limits<float>::infinity();
+  const std::vector<float> shorter(layout_.num_params() - 10, 0.0f);
+  const std::vector<float> longer(layout_.num_params() + 1, 0.0f);
+  const std::vector<float> ok = Gradient(1, 2);
+  dp::v1::BarrierResponse b;
+  struct Case {
+    const char* what;
+    grpc::Status status;
+    grpc::StatusCode code;
+  };
+  const Case cases[] = {
+      {"short gradient", Push(1, 2, shorter), grpc::StatusCode::INVALID_ARGUMENT},
+      {"long gradient", Push(1, 2, longer), grpc::StatusCode::INVALID_ARGUMENT},
+      {"NaN gradient", Push(1, 2, nan), grpc::StatusCode::INVALID_ARGUMENT},
+      {"Inf gradient", Push(1, 2, inf), grpc::StatusCode::INVALID_ARGUMENT},
+      {"rank out of range", Push(2, 2, ok), grpc::StatusCode::INVALID_ARGUMENT},
+      {"stale step", Push(1, 0, ok), grpc::StatusCode::ABORTED},
+      {"future step", Push(1, 5, ok), grpc::StatusCode::ABORTED},
+      {"future barrier", Barrier(1, 4, absl::Seconds(5), &b),
+       grpc::StatusCode::ABORTED},
+      {"wrong model", Register(1, layout_.Fingerprint() ^ 1, 1000, 77),
+       grpc::StatusCode::FAILED_PRECONDITION},
+      {"different data", Register(1, layout_.Fingerprint(), 1000, 78),
+       grpc::StatusCode::FAILED_PRECONDITION},
+      {"register rank out of range", Register(7, layout_.Fingerprint(), 1000, 77),
+       grpc::StatusCode::INVALID_ARGUMENT},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.status.error_code(), c.code)
+        << c.what << ": " << c.status.error_message();
+    EXPECT_FALSE(c.status.error_message().empty()) << c.what;
+    EXPECT_TRUE(Same(before, coordinator_->Snapshot())) << c.what;
+  }
+  EXPECT_EQ(coordinator_->Status().pushed_ranks, std::vector<int>{0});
+
+  // A duplicate push is acknowledged and counted once.
+  dp::v1::PushResponse first, retry;
+  ASSERT_TRUE(Push(1, 2, ok, &first).ok());
+  EXPECT_FALSE(first.duplicate());
+  EXPECT_EQ(first.step(), 3);
+  const TrainingState after = coordinator_->Snapshot();
+  ASSERT_TRUE(Push(1, 2, ok, &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(retry.step(), 3);
+  EXPECT_TRUE(Same(after, coordinator_->Snapshot()));
+}
+
+TEST_F(PsServiceTest, OversizedMessageIsResourceExhaustedAndChangesNothing) {
+  ASSERT_TRUE(RegisterOk(0).ok());
+  ASSERT_TRUE(RegisterOk(1).ok());
+  const TrainingState before = coordinator_->Snapshot();
+  const std::vector<float> huge(2 * layout_.num_params(), 0.0f);
+  EXPECT_EQ(Push(0, 0, huge).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(Same(before, coordinator_->Snapshot()));
+  EXPECT_TRUE(coordinator_->Status().pushed_ranks.empty());
+}
+
+}  // namespace
+}  // namespace dp
