@@ -1,0 +1,488 @@
+// CpuBackend against an independent float64 reference written here: loss,
+// gradients (central differences), evaluation, input validation, determinism.
+#include "worker/cpu_backend.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/model_layout.h"
+#include "common/random.h"
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+
+namespace dp {
+namespace {
+
+// Gradient tolerance, llm.c style: |backend - ref| <= kAtol + kRtol * |ref|.
+// The backend works in float32 (relative error ~1e-6 on these sizes); the
+// central difference with h = 1e-4 in float64 is exact to ~1e-8.
+constexpr double kGradAtol = 1e-4;
+constexpr double kGradRtol = 1e-3;
+constexpr double kFiniteDiffH = 1e-4;
+constexpr double kLossTol = 1e-5;
+
+struct Batch {
+  std::vector<float> x;         // (n, input_dim)
+  std::vector<int32_t> labels;  // (n)
+};
+
+Batch RandomBatch(const ModelLayout& layout, int n, uint64_t seed) {
+  Rng rng(seed, 7);
+  Batch b;
+  b.x.resize(static_cast<size_t>(n) * layout.input_dim());
+  for (float& v : b.x) v = static_cast<float>(rng.Normal());
+  for (int i = 0; i < n; ++i) {
+    b.labels.push_back(static_cast<int32_t>(rng.Below(layout.num_classes())));
+  }
+  return b;
+}
+
+std::vector<double> ToDouble(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// The float64 definition of the model: h = relu(W h + b) for hidden layers,
+// logits = W h + b for the last, loss = mean over samples of
+// logsumexp(logits) - logits[label].
+struct Reference {
+  double loss = 0.0;           // mean over the batch
+  std::vector<double> losses;  // (n) per sample
+  std::vector<double> logits;  // (n, C)
+  std::vector<char> active;    // every hidden pre-activation > 0, in order
+};
+
+Reference RefForward(const ModelLayout& layout, const std::vector<double>& p,
+                     const Batch& batch) {
+  const std::vector<int>& d = layout.dims();
+  const int L = layout.num_layers();
+  const int n = static_cast<int>(batch.labels.size());
+  const int C = layout.num_classes();
+  Reference ref;
+  for (int s = 0; s < n; ++s) {
+    std::vector<double> h(batch.x.begin() + static_cast<size_t>(s) * d[0],
+                          batch.x.begin() + static_cast<size_t>(s + 1) * d[0]);
+    for (int l = 0; l < L; ++l) {
+      const double* w = p.data() + layout.weight(l).offset;  // (out, in)
+      const double* b = p.data() + layout.bias(l).offset;    // (out)
+      std::vector<double> y(d[l + 1]);
+      for (int o = 0; o < d[l + 1]; ++o) {
+        double acc = b[o];
+        for (int i = 0; i < d[l]; ++i) acc += w[o * d[l] + i] * h[i];
+        if (l + 1 < L) {
+          ref.active.push_back(acc > 0.0);
+          acc = acc > 0.0 ? acc : 0.0;
+        }
+        y[o] = acc;
+      }
+      h = std::move(y);
+    }
+    double m = h[0];
+    for (double z : h) m = std::max(m, z);
+    double sum = 0.0;
+    for (double z : h) sum += std::exp(z - m);
+    const double loss = m + std::log(sum) - h[batch.labels[s]];
+    ref.losses.push_back(loss);
+    ref.loss += loss / n;
+    ref.logits.insert(ref.logits.end(), h.begin(), h.begin() + C);
+  }
+  return ref;
+}
+
+std::string ParamName(const ModelLayout& layout, int64_t k) {
+  for (const TensorInfo& t : layout.tensors()) {
+    if (k >= t.offset && k < t.offset + t.size) {
+      return t.name + "[" + std::to_string(k - t.offset) + "]";
+    }
+  }
+  return "?";
+}
+
+std::unique_ptr<Backend> MakeCpu(const ModelLayout& layout, int max_batch) {
+  BackendOptions options;
+  options.max_batch = max_batch;
+  absl::StatusOr<std::unique_ptr<Backend>> b =
+      CreateBackend("cpu", layout, options);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(b).value() : nullptr;
+}
+
+// Compares the backend's gradient on `batch` with float64 central differences
+// at the parameters listed in `which` (all when empty). Prints the first
+// mismatches and returns how many there were. Parameters whose +-h
+// perturbation flips a ReLU (a kink, where the difference quotient is not the
+// derivative) are skipped and counted in *skipped.
+int CountGradientMismatches(const ModelLayout& layout,
+                            const std::vector<float>& params,
+                            const Batch& batch, int max_batch,
+                            std::vector<int64_t> which, int* skipped) {
+  std::unique_ptr<Backend> backend = MakeCpu(layout, max_batch);
+  if (backend == nullptr) return -1;
+  EXPECT_TRUE(backend->SetWeights(params).ok());
+  // NaN everywhere first: an entry the backend forgets to write shows up.
+  std::vector<float> grad(layout.num_params(),
+                          std::numeric_limits<float>::quiet_NaN());
+  absl::StatusOr<float> loss =
+      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  if (!loss.ok()) return -1;
+
+  if (which.empty()) {
+    for (int64_t k = 0; k < layout.num_params(); ++k) which.push_back(k);
+  }
+  std::vector<double> p = ToDouble(params);
+  const std::vector<char> active = RefForward(layout, p, batch).active;
+  int mismatches = 0;
+  *skipped = 0;
+  for (int64_t k : which) {
+    const double saved = p[k];
+    p[k] = saved + kFiniteDiffH;
+    const Reference plus = RefForward(layout, p, batch);
+    p[k] = saved - kFiniteDiffH;
+    const Reference minus = RefForward(layout, p, batch);
+    p[k] = saved;
+    if (plus.active != active || minus.active != active) {
+      ++*skipped;
+      continue;
+    }
+    const double ref = (plus.loss - minus.loss) / (2.0 * kFiniteDiffH);
+    const double got = grad[k];
+    if (!(std::fabs(got - ref) <= kGradAtol + kGradRtol * std::fabs(ref))) {
+      if (mismatches < 10) {
+        std::printf("  mismatch %s: backend %.8g, float64 reference %.8g\n",
+                    ParamName(layout, k).c_str(), got, ref);
+      }
+      ++mismatches;
+    }
+  }
+  std::printf(
+      "  batch %zu: %zu parameters checked, %d mismatches, %d skipped "
+      "(ReLU kink)\n",
+      batch.labels.size(), which.size() - *skipped, mismatches, *skipped);
+  return mismatches;
+}
+
+const ModelLayout& SmallNet() {
+  static const ModelLayout* layout =
+      new ModelLayout(ModelLayout::Mlp({7, 5, 4, 3}));
+  return *layout;
+}
+
+TEST(CpuBackendTest, GradientsMatchFloat64CentralDifferences) {
+  const ModelLayout& layout = SmallNet();
+  const std::vector<float> params = InitParams(layout, 11);
+  const Batch batch = RandomBatch(layout, 6, 12);
+  int skipped = 0;
+  EXPECT_EQ(CountGradientMismatches(layout, params, batch, 8, {}, &skipped), 0);
+  // Guard against a vacuous pass: almost every parameter must be checked.
+  EXPECT_LE(skipped, layout.num_params() / 10);
+}
+
+TEST(CpuBackendTest, GradientsMatchOnADeeperNetWithOddSizes) {
+  const ModelLayout layout = ModelLayout::Mlp({13, 17, 3, 9, 5});
+  const std::vector<float> params = InitParams(layout, 21);
+  const Batch batch = RandomBatch(layout, 5, 22);
+  int skipped = 0;
+  EXPECT_EQ(CountGradientMismatches(layout, params, batch, 5, {}, &skipped), 0);
+  EXPECT_LE(skipped, layout.num_params() / 10);
+}
+
+TEST(CpuBackendTest, GradientsMatchWithoutHiddenLayers) {
+  const ModelLayout layout = ModelLayout::Mlp({6, 4});  // softmax regression
+  const std::vector<float> params = InitParams(layout, 31);
+  const Batch batch = RandomBatch(layout, 3, 32);
+  int skipped = 0;
+  EXPECT_EQ(CountGradientMismatches(layout, params, batch, 4, {}, &skipped), 0);
+  EXPECT_EQ(skipped, 0);
+}
+
+TEST(CpuBackendTest, LossMatchesFloat64Reference) {
+  const ModelLayout& layout = SmallNet();
+  const std::vector<float> params = InitParams(layout, 11);
+  const Batch batch = RandomBatch(layout, 6, 12);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->SetWeights(params).ok());
+  std::vector<float> grad(layout.num_params());
+  absl::StatusOr<float> loss =
+      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  const double ref = RefForward(layout, ToDouble(params), batch).loss;
+  EXPECT_NEAR(*loss, ref, kLossTol);
+}
+
+TEST(CpuBackendTest, BatchOfOneAndMaxBatchBothWork) {
+  const ModelLayout& layout = SmallNet();
+  const std::vector<float> params = InitParams(layout, 41);
+  constexpr int kMaxBatch = 9;
+  for (int n : {1, kMaxBatch}) {
+    const Batch batch = RandomBatch(layout, n, 42 + n);
+    int skipped = 0;
+    EXPECT_EQ(
+        CountGradientMismatches(layout, params, batch, kMaxBatch, {}, &skipped),
+        0)
+        << "batch " << n;
+    EXPECT_LE(skipped, layout.num_params() / 10) << "batch " << n;
+  }
+  // Both sizes through one backend, largest first, so stale rows of a bigger
+  // batch cannot leak into a smaller one.
+  std::unique_ptr<Backend> backend = MakeCpu(layout, kMaxBatch);
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->SetWeights(params).ok());
+  std::vector<float> grad(layout.num_params());
+  for (int n : {kMaxBatch, 1, kMaxBatch}) {
+    const Batch batch = RandomBatch(layout, n, 42 + n);
+    absl::StatusOr<float> loss =
+        backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, RefForward(layout, ToDouble(params), batch).loss,
+                kLossTol)
+        << "batch " << n;
+  }
+}
+
+TEST(CpuBackendTest, BadInputsAreInvalidArgument) {
+  const ModelLayout& layout = SmallNet();  // input_dim 7, 3 classes
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 4);
+  ASSERT_NE(backend, nullptr);
+  const std::vector<float> params = InitParams(layout, 1);
+  std::vector<float> grad(layout.num_params());
+  auto fb = [&](size_t x_size, std::vector<int32_t> labels,
+                size_t grad_size) -> absl::StatusCode {
+    std::vector<float> x(x_size, 0.5f);
+    std::vector<float> g(grad_size);
+    return backend->ForwardBackward(x, labels, absl::MakeSpan(g))
+        .status()
+        .code();
+  };
+  const absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+  // Before any weights: a precondition, not an argument problem.
+  EXPECT_EQ(fb(7, {0}, layout.num_params()),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend->Evaluate(std::vector<float>(7), std::vector<int32_t>{0})
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  EXPECT_EQ(backend->SetWeights(std::vector<float>(params.size() - 1)).code(),
+            kInvalid);
+  EXPECT_EQ(backend->SetWeights(std::vector<float>(params.size() + 1)).code(),
+            kInvalid);
+  ASSERT_TRUE(backend->SetWeights(params).ok());
+
+  EXPECT_EQ(fb(14, {0, 1}, layout.num_params()), absl::StatusCode::kOk);
+  EXPECT_EQ(fb(13, {0, 1}, layout.num_params()), kInvalid);  // x too short
+  EXPECT_EQ(fb(15, {0, 1}, layout.num_params()), kInvalid);  // x too long
+  EXPECT_EQ(fb(0, {}, layout.num_params()), kInvalid);       // empty batch
+  // Five samples with max_batch 4.
+  EXPECT_EQ(fb(35, {0, 0, 0, 0, 0}, layout.num_params()), kInvalid);
+  EXPECT_EQ(fb(14, {0, 1}, layout.num_params() - 1), kInvalid);  // grad size
+  EXPECT_EQ(fb(14, {0, 1}, layout.num_params() + 1), kInvalid);
+  EXPECT_EQ(fb(14, {0, 3}, layout.num_params()), kInvalid);   // label == C
+  EXPECT_EQ(fb(14, {-1, 0}, layout.num_params()), kInvalid);  // label < 0
+
+  const absl::Status bad_label =
+      backend
+          ->ForwardBackward(std::vector<float>(14), std::vector<int32_t>{0, 3},
+                            absl::MakeSpan(grad))
+          .status();
+  EXPECT_NE(bad_label.message().find("label 3"), absl::string_view::npos)
+      << bad_label;
+
+  EXPECT_EQ(
+      backend->Evaluate(std::vector<float>(20), std::vector<int32_t>{0, 1, 2})
+          .status()
+          .code(),
+      kInvalid);
+  EXPECT_EQ(
+      backend->Evaluate(std::vector<float>(21), std::vector<int32_t>{0, 1, 7})
+          .status()
+          .code(),
+      kInvalid);
+  // An empty evaluation is valid and counts nothing.
+  absl::StatusOr<EvalResult> empty =
+      backend->Evaluate(std::vector<float>(), std::vector<int32_t>());
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->count, 0);
+  EXPECT_EQ(empty->correct, 0);
+}
+
+TEST(CpuBackendTest, CreateBackendByName) {
+  const ModelLayout& layout = SmallNet();
+  BackendOptions options;
+  options.max_batch = 4;
+  absl::StatusOr<std::unique_ptr<Backend>> cpu =
+      CreateBackend("cpu", layout, options);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ((*cpu)->Name(), "cpu");
+  // "auto" always yields something: a GPU backend or the CPU fallback.
+  absl::StatusOr<std::unique_ptr<Backend>> any =
+      CreateBackend("auto", layout, options);
+  EXPECT_TRUE(any.ok()) << any.status();
+  // "cuda" either works or says why not; it is never an argument error.
+  absl::StatusOr<std::unique_ptr<Backend>> cuda =
+      CreateBackend("cuda", layout, options);
+  if (!cuda.ok()) {
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition)
+        << cuda.status();
+    EXPECT_FALSE(cuda.status().message().empty());
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> bogus =
+      CreateBackend("tpu", layout, options);
+  EXPECT_EQ(bogus.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bogus.status().message().find("cpu"), absl::string_view::npos)
+      << bogus.status();
+
+  options.max_batch = 0;
+  EXPECT_EQ(CreateBackend("cpu", layout, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuBackendTest, EvaluateMatchesReferenceArgmaxAndLoss) {
+  const ModelLayout& layout = SmallNet();
+  const std::vector<float> params = InitParams(layout, 51);
+  // 21 samples with max_batch 8: chunks of 8, 8 and 5.
+  const Batch batch = RandomBatch(layout, 21, 52);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->SetWeights(params).ok());
+  absl::StatusOr<EvalResult> got = backend->Evaluate(batch.x, batch.labels);
+  ASSERT_TRUE(got.ok()) << got.status();
+
+  const Reference ref = RefForward(layout, ToDouble(params), batch);
+  const int C = layout.num_classes();
+  int64_t want_correct = 0;
+  double want_loss = 0.0;
+  for (size_t s = 0; s < batch.labels.size(); ++s) {
+    const double* z = ref.logits.data() + s * C;
+    int arg = 0;
+    for (int j = 1; j < C; ++j) {
+      if (z[j] > z[arg]) arg = j;
+    }
+    // The data must not hold near-ties, where float and float64 may disagree.
+    for (int j = 0; j < C; ++j) {
+      if (j != arg) {
+        ASSERT_GT(z[arg] - z[j], 1e-4) << "near-tie in sample " << s;
+      }
+    }
+    want_correct += arg == batch.labels[s];
+    want_loss += ref.losses[s];
+  }
+  EXPECT_EQ(got->count, 21);
+  EXPECT_EQ(got->correct, want_correct);
+  EXPECT_GT(want_correct, 0);  // so that the comparison says something
+  EXPECT_NEAR(got->loss_sum, want_loss, 21 * kLossTol);
+}
+
+TEST(CpuBackendTest, EvaluateTiesGoToTheLowestClass) {
+  const ModelLayout& layout = SmallNet();
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 4);
+  ASSERT_NE(backend, nullptr);
+  // Zero weights: every logit is 0, so argmax is class 0 for every sample
+  // and each loss is exactly ln(3).
+  ASSERT_TRUE(
+      backend->SetWeights(std::vector<float>(layout.num_params(), 0.0f)).ok());
+  const std::vector<int32_t> labels = {0, 1, 2, 0, 2, 0, 1};
+  absl::StatusOr<EvalResult> got =
+      backend->Evaluate(std::vector<float>(labels.size() * 7, 1.0f), labels);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->count, 7);
+  EXPECT_EQ(got->correct, 3);
+  EXPECT_NEAR(got->loss_sum, 7 * std::log(3.0), 1e-5);
+}
+
+TEST(CpuBackendTest, EvaluateAgreesWithForwardBackwardLoss) {
+  const ModelLayout& layout = SmallNet();
+  const std::vector<float> params = InitParams(layout, 61);
+  const Batch batch = RandomBatch(layout, 8, 62);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->SetWeights(params).ok());
+  std::vector<float> grad(layout.num_params());
+  absl::StatusOr<float> loss =
+      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  absl::StatusOr<EvalResult> eval = backend->Evaluate(batch.x, batch.labels);
+  ASSERT_TRUE(loss.ok() && eval.ok());
+  EXPECT_NEAR(eval->loss_sum / eval->count, *loss, 1e-6);
+}
+
+TEST(CpuBackendTest, SameInputGivesBitwiseIdenticalGradients) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> params = InitParams(layout, 71);
+  const Batch batch = RandomBatch(layout, 32, 72);
+  const Batch other = RandomBatch(layout, 64, 73);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 64);
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->SetWeights(params).ok());
+  std::vector<float> first(layout.num_params()), second(layout.num_params()),
+      scratch(layout.num_params());
+  absl::StatusOr<float> loss1 =
+      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(first));
+  // A different, larger batch in between must leave no trace.
+  ASSERT_TRUE(
+      backend->ForwardBackward(other.x, other.labels, absl::MakeSpan(scratch))
+          .ok());
+  absl::StatusOr<float> loss2 =
+      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(second));
+  ASSERT_TRUE(loss1.ok() && loss2.ok());
+  EXPECT_EQ(std::memcmp(&*loss1, &*loss2, sizeof(float)), 0);
+  int64_t differing = 0;
+  for (size_t k = 0; k < first.size(); ++k) {
+    differing += std::memcmp(&first[k], &second[k], sizeof(float)) != 0;
+  }
+  EXPECT_EQ(differing, 0) << "of " << first.size() << " gradient entries";
+}
+
+TEST(CpuBackendTest, SimpleNetLossAtInitIsNearLn10) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> params = InitParams(layout, 81);
+  // Pixel-like inputs in [0, 1) with uniform labels: at PyTorch's default
+  // init the logits are small, so the softmax is near uniform.
+  Rng rng(82, 0);
+  Batch batch;
+  for (int i = 0; i < 256 * 784; ++i) {
+    batch.x.push_back(static_cast<float>(rng.Uniform()));
+  }
+  for (int i = 0; i < 256; ++i) batch.labels.push_back(i % 10);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 256);
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->SetWeights(params).ok());
+  std::vector<float> grad(layout.num_params());
+  absl::StatusOr<float> loss =
+      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  std::printf("  SimpleNet loss at init: %.6f (ln 10 = %.6f)\n", *loss,
+              std::log(10.0));
+  EXPECT_NEAR(*loss, std::log(10.0), 0.02);
+  EXPECT_NEAR(*loss, RefForward(layout, ToDouble(params), batch).loss,
+              kLossTol);
+}
+
+TEST(CpuBackendTest, SimpleNetGradientSpotCheck) {
+  // Full size, real shapes: central differences at 80 parameters spread over
+  // all six tensors (first and last entry of each, the rest at random).
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> params = InitParams(layout, 91);
+  const Batch batch = RandomBatch(layout, 4, 92);
+  std::vector<int64_t> which;
+  Rng rng(93, 0);
+  for (const TensorInfo& t : layout.tensors()) {
+    which.push_back(t.offset);
+    which.push_back(t.offset + t.size - 1);
+    for (int i = 0; i < 12; ++i) {
+      which.push_back(t.offset + static_cast<int64_t>(rng.Below(t.size)));
+    }
+  }
+  int skipped = 0;
+  EXPECT_EQ(CountGradientMismatches(layout, params, batch, 8, which, &skipped),
+            0);
+  EXPECT_LE(skipped, static_cast<int>(which.size()) / 10);
+}
+
+}  // namespace
+}  // namespace dp
