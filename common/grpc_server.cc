@@ -16,6 +16,10 @@ absl::StatusOr<RunningServer> StartGrpcServer(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // Tensor messages are ~1 MB: a flow-control window that holds a whole
+  // message avoids waiting for window updates mid-message.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             options.max_message_bytes);
   for (grpc::Service* s : services) builder.RegisterService(s);
   RunningServer running;
   running.server = builder.BuildAndStart();
@@ -32,6 +36,7 @@ grpc::ChannelArguments ClientChannelArguments(int max_message_bytes) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, max_message_bytes);
   return args;
 }
 

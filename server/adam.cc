@@ -1,11 +1,39 @@
 // Rank-ordered gradient averaging fused with the Adam update.
 #include "server/adam.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/status_macros.h"
 
 namespace dp {
+namespace {
+
+// Elements per block: the summed gradient of a block stays in L1 between
+// the averaging pass and the update pass, so each buffer is streamed once.
+constexpr int64_t kBlock = 512;
+
+struct Coefficients {
+  float one_minus_beta1, beta2, one_minus_beta2, wd, eps, neg_step_size,
+      bc2_sqrt, count;
+};
+
+// g (n) holds the rank-ordered sum of the gradients on entry.
+void UpdateBlock(const Coefficients& c, int64_t n, float* __restrict g,
+                 float* __restrict p, float* __restrict m,
+                 float* __restrict v) {
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = g[i] / c.count;
+    gi += c.wd * p[i];  // wd is 0 by default, and 0 * p adds +-0: exact
+    m[i] += c.one_minus_beta1 * (gi - m[i]);  // torch's lerp, weight < 0.5
+    v[i] = v[i] * c.beta2 + c.one_minus_beta2 * (gi * gi);
+    // torch divides sqrt(v) by sqrt(bc2) before adding eps; keep that order.
+    const float denom = std::sqrt(v[i]) / c.bc2_sqrt + c.eps;
+    p[i] += c.neg_step_size * (m[i] / denom);
+  }
+}
+
+}  // namespace
 
 void AverageAndAdamStep(const AdamOptions& o, int64_t t,
                         absl::Span<const float* const> grads, int64_t n,
@@ -14,25 +42,24 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
   // Bias corrections in double, as torch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
-  const float one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
-  const float beta2 = static_cast<float>(o.beta2);
-  const float one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-  const float wd = static_cast<float>(o.weight_decay);
-  const float eps = static_cast<float>(o.eps);
-  const float neg_step_size = static_cast<float>(-(o.lr / bc1));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float count = static_cast<float>(grads.size());
-  const size_t k = grads.size();
-  for (int64_t i = 0; i < n; ++i) {
-    float g = grads[0][i];
-    for (size_t r = 1; r < k; ++r) g += grads[r][i];
-    if (k > 1) g /= count;
-    if (wd != 0.0f) g += wd * params[i];
-    m[i] += one_minus_beta1 * (g - m[i]);  // torch's lerp for weight < 0.5
-    v[i] = v[i] * beta2 + one_minus_beta2 * (g * g);
-    // torch divides sqrt(v) by sqrt(bc2) before adding eps; keep that order.
-    const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-    params[i] += neg_step_size * (m[i] / denom);
+  const Coefficients c{static_cast<float>(1.0 - o.beta1),
+                       static_cast<float>(o.beta2),
+                       static_cast<float>(1.0 - o.beta2),
+                       static_cast<float>(o.weight_decay),
+                       static_cast<float>(o.eps),
+                       static_cast<float>(-(o.lr / bc1)),
+                       static_cast<float>(std::sqrt(bc2)),
+                       static_cast<float>(grads.size())};
+  alignas(64) float g[kBlock];
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t len = std::min(kBlock, n - begin);
+    const float* __restrict g0 = grads[0] + begin;
+    for (int64_t i = 0; i < len; ++i) g[i] = g0[i];
+    for (size_t r = 1; r < grads.size(); ++r) {  // rank order
+      const float* __restrict gr = grads[r] + begin;
+      for (int64_t i = 0; i < len; ++i) g[i] += gr[i];
+    }
+    UpdateBlock(c, len, g, params + begin, m + begin, v + begin);
   }
 }
 

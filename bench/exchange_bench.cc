@@ -1,0 +1,101 @@
+// Round-trip cost of the dp.v1 calls over loopback gRPC with SimpleNet-sized
+// tensors: Pull, Push, PushPull (world size 1, so no waiting for peers), and
+// the server-side update alone. Prints medians; asserts nothing.
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_server.h"
+#include "server/ps_service.h"
+
+namespace dp {
+namespace {
+
+template <typename F>
+double MedianMs(int repeats, int iters, F f) {
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    const absl::Time t0 = absl::Now();
+    for (int i = 0; i < iters; ++i) f();
+    ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0) / iters);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int Main() {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  JobConfig config;
+  config.schedule.world_size = 1;
+  config.schedule.batch_size = 1;
+  config.schedule.epochs = 1000000;
+  config.dataset = "synthetic";
+  TrainingState state;
+  state.params = InitParams(layout, 0);
+  StepCoordinator coordinator(layout, config, state);
+  PsService service(&coordinator);
+  GrpcServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.max_message_bytes = MessageBytesFor(layout.num_params());
+  auto running = StartGrpcServer(options, {&service});
+  if (!running.ok()) return 1;
+  auto stub = dp::v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", running->port),
+      grpc::InsecureChannelCredentials(),
+      ClientChannelArguments(options.max_message_bytes)));
+  if (!coordinator.Register(0, layout.Fingerprint(), {1000000, 1}).ok()) return 1;
+
+  std::vector<float> grad(layout.num_params(), 1e-3f);
+  dp::v1::PushRequest push;
+  push.set_rank(0);
+  push.set_gradient(std::string(reinterpret_cast<const char*>(grad.data()),
+                                grad.size() * 4));
+  int64_t step = 0;
+  dp::v1::PullRequest pull_req;
+  dp::v1::PullResponse pull_resp;
+  auto pull = [&] {
+    grpc::ClientContext ctx;
+    stub->Pull(&ctx, pull_req, &pull_resp);
+  };
+  auto push_pull = [&] {
+    push.set_step(step++);
+    grpc::ClientContext ctx;
+    if (!stub->PushPull(&ctx, push, &pull_resp).ok()) std::abort();
+  };
+  auto push_only = [&] {
+    push.set_step(step++);
+    grpc::ClientContext ctx;
+    dp::v1::PushResponse r;
+    if (!stub->Push(&ctx, push, &r).ok()) std::abort();
+  };
+  auto status = [&] {
+    grpc::ClientContext ctx;
+    dp::v1::GetStatusRequest q;
+    dp::v1::GetStatusResponse r;
+    stub->GetStatus(&ctx, q, &r);
+  };
+  const float* grads[] = {grad.data(), grad.data()};
+  std::vector<float> p = state.params, m(p.size()), v(p.size());
+  auto apply2 = [&] {
+    AverageAndAdamStep(config.adam, 1, grads, p.size(), p.data(), m.data(), v.data());
+  };
+  for (int i = 0; i < 20; ++i) push_pull();
+  std::printf("%-34s %10s\n", "operation (SimpleNet, 0.94 MB)", "median ms");
+  std::printf("%-34s %10.3f\n", "GetStatus (empty round trip)", MedianMs(7, 50, status));
+  std::printf("%-34s %10.3f\n", "Pull", MedianMs(7, 50, pull));
+  std::printf("%-34s %10.3f\n", "Push (+ apply, N=1)", MedianMs(7, 50, push_only));
+  std::printf("%-34s %10.3f\n", "PushPull (+ apply, N=1)", MedianMs(7, 50, push_pull));
+  std::printf("%-34s %10.3f\n", "server update alone (N=2)", MedianMs(7, 50, apply2));
+  coordinator.Shutdown();
+  running->server->Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace dp
+
+int main() { return dp::Main(); }
