@@ -211,10 +211,16 @@ int Run(int argc, char** argv) {
   CoordinatorStatus s = coordinator.Status();
   coordinator.Shutdown();
   running->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  const double samples = static_cast<double>(s.step) *
-                         s.config.schedule.global_batch();
-  Log("done: %d steps, %.1f s, %.0f samples/s, final loss %.4f", s.step,
-      seconds, samples / seconds, s.last_loss);
+  // The training rate, from the first update to the last.
+  const double train_seconds = absl::ToDoubleSeconds(s.last_apply - s.first_apply);
+  const double rate = train_seconds > 0
+                          ? (s.step - s.first_applied_step) *
+                                double(s.config.schedule.global_batch()) /
+                                train_seconds
+                          : 0.0;
+  Log("done: %d steps in %.1f s, %.0f samples/s while training, final loss "
+      "%.4f",
+      s.step, seconds, rate, s.last_loss);
   if (have_eval) {
     Log("final test accuracy: %.4f", s.last_eval.accuracy);
   } else {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -200,6 +201,11 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
                      state_.m.data(), state_.v.data());
   last_loss_ = loss_sum / static_cast<float>(losses_.size());
   ++state_.step;
+  last_apply_ = absl::Now();
+  if (first_applied_step_ < 0) {
+    first_applied_step_ = state_.step;
+    first_apply_ = last_apply_;
+  }
   received_.assign(received_.size(), false);
   std::vector<WaitCallback> ready;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
@@ -322,6 +328,9 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.last_loss = last_loss_;
   s.has_eval = has_eval_;
   s.last_eval = last_eval_;
+  s.first_applied_step = first_applied_step_;
+  s.first_apply = first_apply_;
+  s.last_apply = last_apply_;
   return s;
 }
 

@@ -64,6 +64,11 @@ struct CoordinatorStatus {
   float last_loss = 0.0f;      // mean of the ranks' losses of the last step
   bool has_eval = false;
   EvalReport last_eval;
+  // When the first and the latest update of this process were applied:
+  // the training rate without start-up and data loading.
+  int64_t first_applied_step = 0;
+  absl::Time first_apply = absl::InfinitePast();
+  absl::Time last_apply = absl::InfinitePast();
 };
 
 class StepCoordinator {
@@ -153,6 +158,9 @@ class StepCoordinator {
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
   std::vector<float> losses_ ABSL_GUARDED_BY(mu_);
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
+  int64_t first_applied_step_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time first_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool has_eval_ ABSL_GUARDED_BY(mu_) = false;
