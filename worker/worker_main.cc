@@ -5,6 +5,7 @@
 #include "common/flags.h"
 #include "common/grpc_server.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/model_layout.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
@@ -97,4 +98,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace dp
 
-int main(int argc, char** argv) { return dp::Run(argc, argv); }
+int main(int argc, char** argv) {
+  dp::KeepLargeBuffersInHeap();
+  return dp::Run(argc, argv);
+}
