@@ -90,6 +90,15 @@ TEST(JobTest, UnknownFlagIsAConfigurationErrorNamingTheFlag) {
   EXPECT_NE(w.output().find("'zero'"), std::string::npos) << w.output();
 }
 
+TEST(JobTest, UnknownBackendFailsBeforeConnecting) {
+  // No dp-ps is listening on port 1: the worker must not even try.
+  Subprocess w({DP_WORKER_BINARY, "--rank=0", "--backend=gpu",
+                "--ps=127.0.0.1:1"});
+  EXPECT_EQ(w.Wait(absl::Seconds(30)), kExitConfigError);
+  EXPECT_NE(w.output().find("unknown backend \"gpu\""), std::string::npos)
+      << w.output();
+}
+
 TEST(JobTest, HelpAndVersionExitZero) {
   for (const char* bin : {DP_PS_BINARY, DP_WORKER_BINARY}) {
     Subprocess help({bin, "--help"});

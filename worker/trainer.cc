@@ -63,6 +63,7 @@ absl::Status Trainer::Run() {
   BackendOptions backend_options;
   backend_options.max_batch = std::max(cfg.batch_size(), 1000);
   backend_options.cpu_threads = options_.cpu_threads;
+  backend_options.tf32 = options_.tf32;
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                    CreateBackend(options_.backend, layout, backend_options));
   Log("rank %d: %d training samples of %s, backend %s", rank,

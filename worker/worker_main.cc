@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/model_layout.h"
+#include "worker/backend.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
 
@@ -27,6 +28,7 @@ int Run(int argc, char** argv) {
   std::string backend = "auto";
   int metrics_port = 0;
   int threads = 1;
+  bool tf32 = false;
   std::string protocol = "fused";
   int wait_timeout_s = 30;
   int retry_for_s = 120;
@@ -41,6 +43,9 @@ int Run(int argc, char** argv) {
   flags.AddInt("metrics_port", &metrics_port,
                "Prometheus metrics port (0 = off)");
   flags.AddInt("threads", &threads, "BLAS threads of the CPU backend");
+  flags.AddBool("tf32", &tf32,
+                "CUDA backend: allow TF32 tensor-core matrix products (off: "
+                "exact float32)");
   flags.AddString("protocol", &protocol,
                   "fused (PushPull, one round trip) | plain (Push, Barrier, "
                   "Pull)");
@@ -71,6 +76,10 @@ int Run(int argc, char** argv) {
         "--retry_for_s >= 0");
     return kExitConfigError;
   }
+  if (absl::Status s = CheckBackend(backend); !s.ok()) {
+    Log("configuration error: %s", s.message());
+    return kExitConfigError;
+  }
   Log("dp-worker %s starting: %s", DP_VERSION, flags.Effective());
 
   PsClientOptions client_options;
@@ -85,6 +94,7 @@ int Run(int argc, char** argv) {
   options.data_dir = data_dir;
   options.backend = backend;
   options.cpu_threads = threads;
+  options.tf32 = tf32;
   options.fused = protocol == "fused";
   Trainer trainer(&client, options);
   absl::Status s = trainer.Run();
