@@ -18,6 +18,7 @@ void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
   out->set_shuffle(s.shuffle);
   out->set_dataset(config.dataset);
   out->set_max_steps(s.max_steps);
+  out->set_grad_encoding(static_cast<dp::v1::Encoding>(config.grad_encoding));
 }
 
 JobConfig FromProto(const dp::v1::JobConfig& c) {
@@ -30,6 +31,7 @@ JobConfig FromProto(const dp::v1::JobConfig& c) {
   config.schedule.max_steps = c.max_steps();
   config.dataset = c.dataset();
   config.adam.lr = c.lr();
+  config.grad_encoding = static_cast<Encoding>(c.grad_encoding());
   return config;
 }
 
@@ -46,6 +48,8 @@ absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted) {
   check("shuffle", saved.schedule.shuffle, wanted.schedule.shuffle);
   check("dataset", saved.dataset, wanted.dataset);
   check("lr", saved.adam.lr, wanted.adam.lr);
+  check("grad_encoding", EncodingName(saved.grad_encoding),
+        std::string(EncodingName(wanted.grad_encoding)));
   if (diffs.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("the checkpoint was written by a different job: ",

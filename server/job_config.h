@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "common/data_order.h"
+#include "common/tensor_codec.h"
 #include "proto/dp.pb.h"
 #include "server/adam.h"
 
@@ -17,6 +18,7 @@ struct JobConfig {
   Schedule schedule;
   std::string dataset = "fashion-mnist";
   AdamOptions adam;
+  Encoding grad_encoding = Encoding::kF32;
 };
 
 void ToProto(const JobConfig& config, dp::v1::JobConfig* out);

@@ -112,9 +112,9 @@ ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
                                     const dp::v1::PushRequest* request,
                                     dp::v1::PushResponse* response) {
-  auto result =
-      coordinator_->Push(request->rank(), request->step(), request->offset(),
-                         request->gradient(), request->loss());
+  auto result = coordinator_->Push(
+      request->rank(), request->step(), request->offset(), request->gradient(),
+      request->loss(), static_cast<Encoding>(request->encoding()));
   if (!result.ok()) return Done(ctx, result.status());
   response->set_step(result->step);
   response->set_duplicate(result->duplicate);
@@ -138,9 +138,9 @@ ServerUnaryReactor* PsService::Barrier(CallbackServerContext* /*ctx*/,
 ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
                                         const dp::v1::PushRequest* request,
                                         dp::v1::PullResponse* response) {
-  auto pushed =
-      coordinator_->Push(request->rank(), request->step(), request->offset(),
-                         request->gradient(), request->loss());
+  auto pushed = coordinator_->Push(
+      request->rank(), request->step(), request->offset(), request->gradient(),
+      request->loss(), static_cast<Encoding>(request->encoding()));
   if (!pushed.ok()) return Done(ctx, pushed.status());
   StepCoordinator* coordinator = coordinator_;
   const int rank = request->rank();

@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/dataset.h"
@@ -17,6 +18,7 @@
 #include "common/malloc_tuning.h"
 #include "common/model_layout.h"
 #include "common/safetensors.h"
+#include "common/tensor_codec.h"
 #include "server/checkpoint.h"
 #include "server/ps_service.h"
 #include "server/step_coordinator.h"
@@ -44,6 +46,7 @@ struct ServerFlags {
   int keep_checkpoints = 3;
   double worker_timeout_s = 10;
   std::string on_worker_loss = "wait";
+  std::string grad_encoding = "f32";
 };
 
 absl::Status Validate(const ServerFlags& f) {
@@ -87,6 +90,10 @@ absl::Status Validate(const ServerFlags& f) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--worker_timeout_s must be > 0, got %g", f.worker_timeout_s));
   }
+  if (auto e = ParseEncoding(f.grad_encoding); !e.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grad_encoding: ", e.status().message()));
+  }
   if (f.on_worker_loss != "wait" && f.on_worker_loss != "fail") {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--on_worker_loss must be wait or fail, got '%s'", f.on_worker_loss));
@@ -127,6 +134,9 @@ int Run(int argc, char** argv) {
                   "write the final weights here (safetensors)");
   flags.AddInt("final_eval_timeout_s", &f.final_eval_timeout_s,
                "how long to wait for rank 0's final test accuracy");
+  flags.AddString("grad_encoding", &f.grad_encoding,
+                  "how workers send gradients: f32 | bf16 (half the bytes; "
+                  "dp-ps averages in float32)");
   flags.AddString("checkpoint_dir", &f.checkpoint_dir,
                   "write checkpoints here and resume from the newest valid "
                   "one at start (empty = no checkpoints)");
@@ -162,6 +172,7 @@ int Run(int argc, char** argv) {
   config.schedule.shuffle = f.shuffle;
   config.dataset = f.dataset;
   config.adam.lr = f.lr;
+  config.grad_encoding = *ParseEncoding(f.grad_encoding);
 
   // A write beyond a file-size limit must be an error, not a crash.
   signal(SIGXFSZ, SIG_IGN);

@@ -17,23 +17,6 @@ absl::Status Unavailable() {
   return absl::UnavailableError("dp-ps is shutting down");
 }
 
-// Index of the first non-finite value, or -1.
-int64_t FirstNonFinite(const float* x, int64_t n) {
-  // An all-ones exponent marks NaN and Inf. The integer OR-reduction
-  // vectorises; only when it fires do we look for the position.
-  uint32_t any = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, sizeof(bits));
-    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  if (any == 0) return -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) return i;
-  }
-  return -1;
-}
-
 }  // namespace
 
 StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
@@ -144,7 +127,7 @@ absl::StatusOr<int64_t> StepCoordinator::Pull(int rank, int64_t offset,
 
 absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     int rank, int64_t step, int64_t offset, absl::string_view gradient,
-    float loss) {
+    float loss, Encoding encoding) {
   std::vector<WaitCallback> to_notify;
   std::function<void(TrainingState)> hook;
   TrainingState checkpoint;
@@ -159,11 +142,18 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
           absl::StrFormat("rank %d has not registered", rank));
     }
     const int64_t n = layout_.num_params();
-    if (offset != 0 || gradient.size() != n * sizeof(float)) {
+    if (encoding != config_.grad_encoding) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "gradient from rank %d is encoded as %s; this job uses %s", rank,
+          EncodingName(encoding), EncodingName(config_.grad_encoding)));
+    }
+    const size_t expected = n * BytesPerValue(encoding);
+    if (offset != 0 || gradient.size() != expected) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "gradient from rank %d covers %d bytes at offset %d; this dp-ps "
-          "owns [0, %d) and expects %d bytes (%d float32)",
-          rank, gradient.size(), offset, n, n * sizeof(float), n));
+          "owns [0, %d) and expects %d bytes (%d %s values)",
+          rank, gradient.size(), offset, n, expected, n,
+          EncodingName(encoding)));
     }
     const int64_t current = state_.step;
     // The step just applied: a retry whose answer was lost. Acknowledge it.
@@ -182,19 +172,21 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
           step, current));
     }
     // Check before copying so that a rejected push leaves no trace.
-    const float* g = reinterpret_cast<const float*>(gradient.data());
-    if (int64_t bad = FirstNonFinite(g, n); bad >= 0) {
+    if (int64_t bad = FirstNonFinite(encoding, gradient.data(), n); bad >= 0) {
+      float value;
+      Decode(encoding, gradient.data() + bad * BytesPerValue(encoding), 1,
+             &value);
       return absl::InvalidArgumentError(absl::StrFormat(
           "gradient from rank %d for step %d has a non-finite value (%f) at "
           "index %d",
-          rank, step, g[bad], bad));
+          rank, step, value, bad));
     }
     if (!std::isfinite(loss)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "loss from rank %d for step %d is not finite (%f)", rank, step,
           loss));
     }
-    std::memcpy(pending_[rank].data(), gradient.data(), gradient.size());
+    Decode(encoding, gradient.data(), n, pending_[rank].data());
     received_[rank] = true;
     losses_[rank] = loss;
     bool all = true;

@@ -89,12 +89,13 @@ class StepCoordinator {
     int64_t step = 0;        // the job's step after this push
     bool duplicate = false;  // retry of an already received or applied push
   };
-  // Receives the gradient (little-endian float32 bytes over the whole vector)
+  // Receives the gradient (the whole vector, in the job's grad_encoding)
   // of `rank` for `step`. The last of the N pushes applies the update. A
   // retry for the current step or the one just applied is acknowledged and
   // not counted twice.
   absl::StatusOr<PushResult> Push(int rank, int64_t step, int64_t offset,
-                                  absl::string_view gradient, float loss);
+                                  absl::string_view gradient, float loss,
+                                  Encoding encoding = Encoding::kF32);
 
   using WaitCallback = std::function<void(const absl::Status&, int64_t step)>;
   struct WaitTicket {

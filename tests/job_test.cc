@@ -58,6 +58,18 @@ TEST(JobTest, TwoWorkersOneEpochOfFashionMnistReachTestAccuracy084) {
   EXPECT_TRUE(DecodeSafetensors(layout, *bytes).ok());
 }
 
+TEST(JobTest, Bf16GradientsOneEpochReachTestAccuracy084) {
+  JobResult r = RunJob({"--epochs=1", "--batch_size=64", "--seed=1",
+                        "--grad_encoding=bf16"},
+                       2);
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  const size_t at = r.ps_output.find("final test accuracy: ");
+  ASSERT_NE(at, std::string::npos) << r.ps_output;
+  const double accuracy = std::stod(r.ps_output.substr(at + 21));
+  std::printf("bf16 gradients, test accuracy after 1 epoch: %.4f\n", accuracy);
+  EXPECT_GE(accuracy, 0.84);
+}
+
 TEST(JobTest, SameJobTwiceSavesByteIdenticalModels) {
   TempDir dir;
   std::string files[3];

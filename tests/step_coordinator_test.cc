@@ -236,6 +236,40 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
   EXPECT_EQ(c->Snapshot().step, 3);
 }
 
+TEST(StepCoordinatorTest, Bf16GradientsAreDecodedAndOtherEncodingsRefused) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  JobConfig config = SmallJob();
+  config.grad_encoding = Encoding::kBf16;
+  TrainingState s;
+  s.params = InitParams(l, 1);
+  StepCoordinator bf16(l, config, s);
+  auto f32 = MakeCoordinator(l);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(bf16.Register(r, l.Fingerprint(), kData).ok());
+  }
+  // Values exact in bf16: both jobs must take the identical step.
+  std::vector<float> g(l.num_params());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = (int(i % 7) - 3) * 0.25f;
+  std::string half(g.size() * 2, '\0');
+  Encode(Encoding::kBf16, g.data(), g.size(), half.data());
+  EXPECT_EQ(bf16.Push(0, 0, 0, Bytes(g), 1.0f, Encoding::kF32).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f32->Push(0, 0, 0, half, 1.0f, Encoding::kBf16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::string nan_half = half;
+  nan_half[2 * 10 + 1] = static_cast<char>(0x7f);
+  nan_half[2 * 10] = static_cast<char>(0xc0);
+  auto nan = bf16.Push(0, 0, 0, nan_half, 1.0f, Encoding::kBf16);
+  EXPECT_EQ(nan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nan.status().message().find("index 10"), std::string::npos)
+      << nan.status();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(bf16.Push(r, 0, 0, half, 1.0f, Encoding::kBf16).ok());
+    ASSERT_TRUE(f32->Push(r, 0, 0, Bytes(g), 1.0f).ok());
+  }
+  EXPECT_TRUE(SameState(bf16.Snapshot(), f32->Snapshot()));
+}
+
 TEST(StepCoordinatorTest, UnregisteredRankIsFailedPrecondition) {
   const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
   TrainingState s;

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/model_layout.h"
 #include "common/status_macros.h"
+#include "common/tensor_codec.h"
 
 namespace dp {
 namespace {
@@ -109,17 +110,29 @@ absl::Status Trainer::Run() {
   dp::v1::PushRequest push;
   push.set_rank(rank);
   push.set_num_samples(schedule.batch_size);
-  // The backend writes the gradient straight into the request's buffer.
+  const Encoding encoding = static_cast<Encoding>(cfg.grad_encoding());
+  push.set_encoding(cfg.grad_encoding());
   std::string* grad_bytes = push.mutable_gradient();
-  grad_bytes->resize(layout.num_params() * sizeof(float));
-  absl::Span<float> grad(reinterpret_cast<float*>(grad_bytes->data()),
-                         layout.num_params());
+  grad_bytes->resize(layout.num_params() * BytesPerValue(encoding));
+  // For float32 the backend writes straight into the request's buffer.
+  std::vector<float> grad_f32;
+  absl::Span<float> grad;
+  if (encoding == Encoding::kF32) {
+    grad = absl::Span<float>(reinterpret_cast<float*>(grad_bytes->data()),
+                             layout.num_params());
+  } else {
+    grad_f32.resize(layout.num_params());
+    grad = absl::MakeSpan(grad_f32);
+  }
 
   int resyncs_in_a_row = 0;
   while (step < total) {
     const absl::Time t0 = absl::Now();
     Gather(train, sampler.Indices(step, rank), &x, &y);
     ASSIGN_OR_RETURN(float loss, backend->ForwardBackward(x, y, grad));
+    if (encoding != Encoding::kF32) {
+      Encode(encoding, grad.data(), grad.size(), grad_bytes->data());
+    }
     const absl::Time t1 = absl::Now();
     push.set_step(step);
     push.set_loss(loss);

@@ -1,0 +1,82 @@
+// float32 <-> wire encodings. Loops over raw bits so that they vectorise and
+// give the same bytes on every machine.
+#include "common/tensor_codec.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace dp {
+
+absl::StatusOr<Encoding> ParseEncoding(absl::string_view name) {
+  if (name == "f32") return Encoding::kF32;
+  if (name == "bf16") return Encoding::kBf16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown encoding '", name, "' (valid: f32, bf16)"));
+}
+
+const char* EncodingName(Encoding e) {
+  switch (e) {
+    case Encoding::kF32:
+      return "f32";
+    case Encoding::kBf16:
+      return "bf16";
+  }
+  return "an unknown encoding";
+}
+
+size_t BytesPerValue(Encoding e) { return e == Encoding::kBf16 ? 2 : 4; }
+
+void Encode(Encoding e, const float* x, int64_t n, char* out) {
+  if (e == Encoding::kF32) {
+    std::memcpy(out, x, n * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, 4);
+    // Round to nearest even on the dropped 16 bits. NaN stays NaN (its
+    // mantissa keeps a high bit set); the server rejects it anyway.
+    const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
+    const uint16_t half = static_cast<uint16_t>(rounded >> 16);
+    std::memcpy(out + 2 * i, &half, 2);
+  }
+}
+
+void Decode(Encoding e, const char* bytes, int64_t n, float* out) {
+  if (e == Encoding::kF32) {
+    std::memcpy(out, bytes, n * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t half;
+    std::memcpy(&half, bytes + 2 * i, 2);
+    const uint32_t bits = static_cast<uint32_t>(half) << 16;
+    std::memcpy(out + i, &bits, 4);
+  }
+}
+
+int64_t FirstNonFinite(Encoding e, const char* bytes, int64_t n) {
+  // An all-ones exponent marks NaN and Inf. The OR-reduction vectorises; only
+  // when it fires do we look for the position.
+  auto scan = [&](auto word, uint32_t exponent_mask) -> int64_t {
+    using Word = decltype(word);
+    uint32_t any = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      Word w;
+      std::memcpy(&w, bytes + i * sizeof(Word), sizeof(Word));
+      any |= static_cast<uint32_t>((w & exponent_mask) == exponent_mask);
+    }
+    if (any == 0) return -1;
+    for (int64_t i = 0; i < n; ++i) {
+      Word w;
+      std::memcpy(&w, bytes + i * sizeof(Word), sizeof(Word));
+      if ((w & exponent_mask) == exponent_mask) return i;
+    }
+    return -1;
+  };
+  return e == Encoding::kBf16 ? scan(uint16_t{0}, 0x7f80u)
+                              : scan(uint32_t{0}, 0x7f800000u);
+}
+
+}  // namespace dp

@@ -1,0 +1,32 @@
+// Wire encodings of float32 tensors: raw little-endian float32, or bfloat16
+// (the upper 16 bits of a float32, rounded to nearest even) for gradients,
+// halving the bytes pushed per step.
+#ifndef DP_COMMON_TENSOR_CODEC_H_
+#define DP_COMMON_TENSOR_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace dp {
+
+enum class Encoding { kF32 = 0, kBf16 = 1 };
+
+// "f32" | "bf16"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<Encoding> ParseEncoding(absl::string_view name);
+const char* EncodingName(Encoding e);
+size_t BytesPerValue(Encoding e);
+
+// out has n * BytesPerValue(e) bytes.
+void Encode(Encoding e, const float* x, int64_t n, char* out);
+// bytes has n * BytesPerValue(e) bytes.
+void Decode(Encoding e, const char* bytes, int64_t n, float* out);
+
+// Index of the first NaN or Inf among the n encoded values, or -1.
+int64_t FirstNonFinite(Encoding e, const char* bytes, int64_t n);
+
+}  // namespace dp
+
+#endif  // DP_COMMON_TENSOR_CODEC_H_

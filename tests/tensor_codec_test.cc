@@ -1,0 +1,91 @@
+// Wire encodings: exact where the value fits, round-to-nearest-even where it
+// does not, and non-finite values found at their index.
+#include "common/tensor_codec.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+float RoundTrip(float x) {
+  char buf[2];
+  Encode(Encoding::kBf16, &x, 1, buf);
+  float y;
+  Decode(Encoding::kBf16, buf, 1, &y);
+  return y;
+}
+
+TEST(TensorCodecTest, Bf16KeepsValuesWithEightSignificantBitsExactly) {
+  for (float x : {0.0f, -0.0f, 1.0f, -2.5f, 0.15625f, 3.0e38f, 1e-30f, 255.0f}) {
+    const float y = RoundTrip(x);
+    if (x == 3.0e38f || x == 1e-30f) {
+      EXPECT_NEAR(y, x, std::fabs(x) / 128) << x;
+    } else {
+      EXPECT_EQ(y, x) << x;
+    }
+  }
+}
+
+TEST(TensorCodecTest, Bf16RoundsToNearestEven) {
+  // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even 1.
+  EXPECT_EQ(RoundTrip(FromBits(0x3f808000u)), 1.0f);
+  // 1 + 3*2^-8 lies halfway between 1+2^-7 and 1+2^-6: ties go up to even.
+  EXPECT_EQ(RoundTrip(FromBits(0x3f818000u)), FromBits(0x3f820000u));
+  // Just above halfway rounds up.
+  EXPECT_EQ(RoundTrip(FromBits(0x3f808001u)), FromBits(0x3f810000u));
+  // Half an ulp of an 8-significant-bit format: relative error <= 2^-8.
+  for (float x = -100.0f; x < 100.0f; x += 0.37f) {
+    EXPECT_LE(std::fabs(RoundTrip(x) - x), std::fabs(x) * (1.0f / 256)) << x;
+  }
+}
+
+TEST(TensorCodecTest, F32IsBitExact) {
+  const std::vector<float> x = {1.5f, -3.25e-12f, 7e30f};
+  std::vector<char> bytes(x.size() * 4);
+  Encode(Encoding::kF32, x.data(), x.size(), bytes.data());
+  std::vector<float> y(x.size());
+  Decode(Encoding::kF32, bytes.data(), x.size(), y.data());
+  EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * 4));
+}
+
+TEST(TensorCodecTest, FirstNonFiniteFindsNanAndInfInBothEncodings) {
+  for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> x(1000, 0.5f);
+      x[777] = bad;
+      x[900] = bad;
+      std::vector<char> bytes(x.size() * BytesPerValue(e));
+      Encode(e, x.data(), x.size(), bytes.data());
+      EXPECT_EQ(FirstNonFinite(e, bytes.data(), x.size()), 777)
+          << EncodingName(e) << " " << bad;
+    }
+    std::vector<float> fine(1000, std::numeric_limits<float>::max() / 2);
+    std::vector<char> bytes(fine.size() * BytesPerValue(e));
+    Encode(e, fine.data(), fine.size(), bytes.data());
+    EXPECT_EQ(FirstNonFinite(e, bytes.data(), fine.size()), -1);
+  }
+}
+
+TEST(TensorCodecTest, ParseEncodingNamesTheValidChoices) {
+  EXPECT_EQ(*ParseEncoding("bf16"), Encoding::kBf16);
+  EXPECT_EQ(*ParseEncoding("f32"), Encoding::kF32);
+  auto bad = ParseEncoding("fp8");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("f32, bf16"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dp
