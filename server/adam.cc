@@ -19,9 +19,12 @@ struct Coefficients {
 };
 
 // g (n) holds the rank-ordered sum of the gradients on entry.
-void UpdateBlock(const Coefficients& c, int64_t n, float* __restrict g,
-                 float* __restrict p, float* __restrict m,
-                 float* __restrict v) {
+// Cloned for AVX2 (8 floats a vector) and the x86-64 baseline (4). Only
+// correctly rounded operations (+ - * / sqrt) are used and FMA is not enabled,
+// so both clones give the same bits on every machine.
+__attribute__((target_clones("avx2", "default"))) void UpdateBlock(
+    const Coefficients& c, int64_t n, float* __restrict g, float* __restrict p,
+    float* __restrict m, float* __restrict v) {
   for (int64_t i = 0; i < n; ++i) {
     float gi = g[i] / c.count;
     gi += c.wd * p[i];  // wd is 0 by default, and 0 * p adds +-0: exact
