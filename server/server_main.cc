@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/dataset.h"
 #include "common/flags.h"
@@ -36,6 +37,8 @@ struct ServerFlags {
   std::string init_model;
   std::string save_model;
   int final_eval_timeout_s = 120;
+  bool exit_when_done = true;
+  bool dry_run = false;
 };
 
 absl::Status Validate(const ServerFlags& f) {
@@ -72,6 +75,18 @@ absl::Status Validate(const ServerFlags& f) {
   return absl::OkStatus();
 }
 
+// The single place where dp-ps acts on a graceful stop (SIGTERM, SIGINT)
+// before exiting. It runs after readiness turned NOT_SERVING and the
+// coordinator stopped accepting steps (a partially pushed step is abandoned),
+// so `state` is the last applied version and nothing changes it any more.
+// The pod's terminationGracePeriodSeconds (deploy/k8s) must cover it.
+// HOOK(checkpoints): write a checkpoint of `state` here when --checkpoint_dir
+// is set. An error makes dp-ps exit kExitFailure instead of kExitInterrupted.
+absl::Status OnDrain(const TrainingState& state) {
+  (void)state;
+  return absl::OkStatus();
+}
+
 // Blocks SIGINT/SIGTERM in every thread and hands them to one watcher, so
 // that gRPC's threads never run a handler.
 void BlockStopSignals(sigset_t* set) {
@@ -105,6 +120,12 @@ int Run(int argc, char** argv) {
                   "write the final weights here (safetensors)");
   flags.AddInt("final_eval_timeout_s", &f.final_eval_timeout_s,
                "how long to wait for rank 0's final test accuracy");
+  flags.AddBool("exit_when_done", &f.exit_when_done,
+                "exit once training is finished; false keeps serving the "
+                "final weights and status until SIGTERM (Kubernetes)");
+  flags.AddBool("dry_run", &f.dry_run,
+                "validate the flags and DP_* environment, print the "
+                "effective configuration and exit");
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
     std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
@@ -115,6 +136,8 @@ int Run(int argc, char** argv) {
     Log("configuration error: %s", s.message());
     return kExitConfigError;
   }
+  if (f.dry_run) return FinishDryRun(flags);
+  WarnUnknownEnvironment(flags);
   Log("dp-ps %s starting: %s", DP_VERSION, flags.Effective());
 
   const ModelLayout layout = ModelLayout::SimpleNet();
@@ -154,14 +177,22 @@ int Run(int argc, char** argv) {
     Log("error: %s", running.status().message());
     return kExitFailure;
   }
+  const std::vector<std::string> health_services = {
+      dp::v1::ParameterServer::service_full_name()};
+  SetReady(running->server.get(), true, health_services);
   Log("listening on %s:%d for %d workers", f.host, running->port, f.workers);
 
-  std::atomic<int> stop_signal{0};
+  // Shared with the watcher, which may outlive Run: static.
+  static std::atomic<int> stop_signal{0};
+  static absl::Notification drained;
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
     stop_signal.store(sig);
-    coordinator.Shutdown();  // wakes the progress loop below
+    // Readiness first, so that probes see the drain before requests fail.
+    SetReady(running->server.get(), false, health_services);
+    coordinator.Shutdown();  // refuses steps; wakes the progress loop below
+    drained.Notify();
   });
   watcher.detach();
 
@@ -188,10 +219,14 @@ int Run(int argc, char** argv) {
     last_step = s.step;
     last_time = now;
   }
-  if (int sig = stop_signal.load(); sig != 0) {
-    Log("stopped by signal %d at step %d", sig, coordinator.Status().step);
+  if (int sig = stop_signal.load(); sig != 0 && !coordinator.done()) {
+    drained.WaitForNotification();
+    const TrainingState state = coordinator.Snapshot();
+    Log("stopped by signal %d at step %d; draining", sig, state.step);
+    const absl::Status s = OnDrain(state);
+    if (!s.ok()) Log("error: %s", s.message());
     running->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-    return kExitInterrupted;
+    return s.ok() ? kExitInterrupted : kExitFailure;
   }
 
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -209,8 +244,6 @@ int Run(int argc, char** argv) {
   const bool have_eval =
       coordinator.AwaitFinalEval(absl::Seconds(f.final_eval_timeout_s));
   CoordinatorStatus s = coordinator.Status();
-  coordinator.Shutdown();
-  running->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   const double samples = static_cast<double>(s.step) *
                          s.config.schedule.global_batch();
   Log("done: %d steps, %.1f s, %.0f samples/s, final loss %.4f", s.step,
@@ -221,6 +254,12 @@ int Run(int argc, char** argv) {
     Log("no final test accuracy from rank 0 within %d s",
         f.final_eval_timeout_s);
   }
+  if (!f.exit_when_done) {
+    Log("serving the final weights and status until SIGTERM");
+    drained.WaitForNotification();
+  }
+  coordinator.Shutdown();
+  running->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   return kExitOk;
 }
 

@@ -4,6 +4,8 @@
 #ifndef DP_WORKER_TRAINER_H_
 #define DP_WORKER_TRAINER_H_
 
+#include <atomic>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -18,6 +20,12 @@ struct TrainerOptions {
   std::string backend = "auto";
   int cpu_threads = 1;
   bool fused = true;            // PushPull instead of Push + Barrier + Pull
+  // Read before every step: once true, Run returns CANCELLED, so a worker
+  // asked to stop (SIGTERM) does so after the step in progress.
+  const std::atomic<bool>* stop = nullptr;
+  // Called once the worker has joined the job (data loaded, backend up,
+  // registered, weights pulled): its readiness.
+  std::function<void()> on_joined;
 };
 
 struct TrainerStats {
@@ -32,7 +40,8 @@ class Trainer {
   Trainer(PsClient* client, TrainerOptions options);
 
   // OK when every step of the job is applied. FAILED_PRECONDITION and
-  // INVALID_ARGUMENT mean a configuration problem (data, rank, fingerprint).
+  // INVALID_ARGUMENT mean a configuration problem (data, rank, fingerprint);
+  // CANCELLED that options.stop was set.
   absl::Status Run();
   const TrainerStats& stats() const { return stats_; }
 
