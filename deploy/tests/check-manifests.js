@@ -437,7 +437,9 @@ function main() {
       rendered[target] = render(target);
       report(`kubectl kustomize ${target} (${rendered[target].length} objects)`, []);
     } catch (e) {
-      report(`kubectl kustomize ${target}`, [String(e.stderr || e.message)]);
+      const hint = e.code === "ENOENT"
+          ? " (kubectl >= 1.21 is needed; it is not a Debian 12 package)" : "";
+      report(`kubectl kustomize ${target}`, [String(e.stderr || e.message) + hint]);
     }
   }
   const all = [];
