@@ -5,12 +5,15 @@
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
+#include "common/log.h"
 #include "common/status_macros.h"
+
+extern char** environ;
 
 namespace dp {
 
@@ -168,6 +171,29 @@ std::string Flags::Effective() const {
   return absl::StrJoin(parts, " ");
 }
 
+std::string Flags::EffectiveLines() const {
+  std::string out;
+  for (const Flag& f : flags_) {
+    absl::StrAppend(&out, "--", f.name, "=", ValueText(f), "\n");
+  }
+  return out;
+}
+
+std::vector<std::string> Flags::UnknownEnvironment() const {
+  std::vector<std::string> unknown;
+  for (char** e = environ; *e != nullptr; ++e) {
+    absl::string_view entry(*e);
+    const absl::string_view name = entry.substr(0, entry.find('='));
+    if (!absl::StartsWith(name, "DP_")) continue;
+    bool known = false;
+    for (const Flag& f : flags_) {
+      if (f.env.front() == name) known = true;
+    }
+    if (!known) unknown.emplace_back(name);
+  }
+  return unknown;
+}
+
 std::string Flags::Usage() const {
   std::string out = absl::StrCat("Usage: ", program_, " [--flag=value ...]\n",
                                  summary_, "\n\nFlags (environment DP_<FLAG> "
@@ -182,6 +208,23 @@ std::string Flags::Usage() const {
   }
   absl::StrAppend(&out, "  --help, --version\n");
   return out;
+}
+
+int FinishDryRun(const Flags& flags) {
+  const std::vector<std::string> unknown = flags.UnknownEnvironment();
+  if (!unknown.empty()) {
+    Log("configuration error: no flag reads %s", absl::StrJoin(unknown, ", "));
+    return kExitConfigError;
+  }
+  std::fputs(flags.EffectiveLines().c_str(), stdout);
+  std::fflush(stdout);
+  return kExitOk;
+}
+
+void WarnUnknownEnvironment(const Flags& flags) {
+  for (const std::string& name : flags.UnknownEnvironment()) {
+    Log("warning: environment variable %s matches no flag; ignored", name);
+  }
 }
 
 }  // namespace dp

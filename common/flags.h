@@ -41,6 +41,11 @@ class Flags {
 
   // "--a=1 --b=x ..." with every flag's effective value, for the start log.
   std::string Effective() const;
+  // The same, one "--name=value" per line (the --dry_run output).
+  std::string EffectiveLines() const;
+  // Environment variables named DP_<SOMETHING> that match no flag: typos,
+  // or variables meant for the other program, which are otherwise ignored.
+  std::vector<std::string> UnknownEnvironment() const;
   std::string Usage() const;
 
  private:
@@ -64,6 +69,15 @@ class Flags {
   std::string summary_;
   std::vector<Flag> flags_;
 };
+
+// The end of a --dry_run, after the program validated its configuration:
+// kExitConfigError naming every unknown DP_* variable, otherwise prints the
+// effective configuration (EffectiveLines) on stdout and returns kExitOk.
+int FinishDryRun(const Flags& flags);
+
+// Logs a warning naming each unknown DP_* variable (a normal run still
+// starts: a shell may export variables meant for the other program).
+void WarnUnknownEnvironment(const Flags& flags);
 
 }  // namespace dp
 

@@ -1,6 +1,9 @@
 // gRPC server start-up and matching client channel arguments.
 #include "common/grpc_server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
 #include "absl/strings/str_format.h"
 
 namespace dp {
@@ -8,6 +11,10 @@ namespace dp {
 absl::StatusOr<RunningServer> StartGrpcServer(
     const GrpcServerOptions& options,
     const std::vector<grpc::Service*>& services) {
+  // Both are process-wide switches read by the builder; setting them again
+  // is harmless.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   auto creds = options.credentials ? options.credentials
@@ -29,7 +36,18 @@ absl::StatusOr<RunningServer> StartGrpcServer(
         options.address));
   }
   running.port = port;
+  running.server->GetHealthCheckService()->SetServingStatus(kLivenessService,
+                                                            true);
+  SetReady(running.server.get(), options.ready);
   return running;
+}
+
+void SetReady(grpc::Server* server, bool ready,
+              const std::vector<std::string>& services) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", ready);
+  for (const std::string& s : services) health->SetServingStatus(s, ready);
 }
 
 grpc::ChannelArguments ClientChannelArguments(int max_message_bytes) {

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages dp-ps needs to build, train and test.
+# Installs the Debian 12 packages dp-ps needs to build, train and test,
+# and the npm packages of the deploy tests (deploy/tests, from its lock file).
 # Idempotent: installs only what is missing. Needs root (or sudo).
+# kubectl (for `kubectl kustomize`, >= 1.21) is not a Debian 12 package
+# (kubernetes-client is 1.20): it must already be on the machine.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 PACKAGES=(
   # build
@@ -12,7 +16,7 @@ PACKAGES=(
   # data
   dataset-fashion-mnist
   # tests
-  prometheus openssl
+  prometheus openssl yamllint
 )
 
 missing=()
@@ -21,9 +25,26 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+# Node.js >= 18 and npm for the deploy tests: Debian's nodejs + npm, unless
+# a Node.js is already installed (another build of nodejs bundles npm and
+# conflicts with Debian's npm package).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
+
+npm_packages() {
+  local dir=deploy/tests
+  # npm ci again only when the lock file changed since the last install.
+  if [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ] ||
+     [ ! -f "$dir/node_modules/.package-lock.json" ]; then
+    echo "setup: npm ci in $dir"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+}
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
+  npm_packages
   exit 0
 fi
 
@@ -41,3 +62,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+npm_packages

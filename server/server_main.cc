@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/dataset.h"
 #include "common/flags.h"
@@ -47,6 +48,8 @@ struct ServerFlags {
   double worker_timeout_s = 10;
   std::string on_worker_loss = "wait";
   std::string grad_encoding = "f32";
+  bool exit_when_done = true;
+  bool dry_run = false;
 };
 
 absl::Status Validate(const ServerFlags& f) {
@@ -150,6 +153,12 @@ int Run(int argc, char** argv) {
   flags.AddString("on_worker_loss", &f.on_worker_loss,
                   "wait (keep the step open until the rank comes back) | fail "
                   "(end the job with an error)");
+  flags.AddBool("exit_when_done", &f.exit_when_done,
+                "exit once training is finished; false keeps serving the "
+                "final weights and status until SIGTERM (Kubernetes)");
+  flags.AddBool("dry_run", &f.dry_run,
+                "validate the flags and DP_* environment, print the "
+                "effective configuration and exit");
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
     std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
@@ -160,6 +169,8 @@ int Run(int argc, char** argv) {
     Log("configuration error: %s", s.message());
     return kExitConfigError;
   }
+  if (f.dry_run) return FinishDryRun(flags);
+  WarnUnknownEnvironment(flags);
   Log("dp-ps %s starting: %s", DP_VERSION, flags.Effective());
 
   const ModelLayout layout = ModelLayout::SimpleNet();
@@ -233,17 +244,21 @@ int Run(int argc, char** argv) {
       store->WriteAsync(make_checkpoint(std::move(s)));
     });
   }
-  // Written synchronously at shutdown and at the end.
-  auto final_checkpoint = [&]() {
-    if (store == nullptr) return;
+  // Written synchronously when dp-ps stops (signal, failure) and at the end.
+  // After Shutdown() or Fail() nothing changes the state any more, so the
+  // checkpoint is the last applied step (a partially pushed step is dropped).
+  auto final_checkpoint = [&]() -> absl::Status {
+    if (store == nullptr) return absl::OkStatus();
     store->Flush();
     TrainingState s = coordinator.Snapshot();
     const int64_t step = s.step;
-    if (absl::Status st = store->Write(make_checkpoint(std::move(s))); !st.ok()) {
+    absl::Status st = store->Write(make_checkpoint(std::move(s)));
+    if (!st.ok()) {
       Log("error: %s", st.message());
     } else {
       Log("checkpoint of step %d written to %s", step, f.checkpoint_dir);
     }
+    return st;
   };
 
   PsService service(&coordinator);
@@ -255,6 +270,9 @@ int Run(int argc, char** argv) {
     Log("error: %s", running.status().message());
     return kExitFailure;
   }
+  const std::vector<std::string> health_services = {
+      dp::v1::ParameterServer::service_full_name()};
+  SetReady(running->server.get(), true, health_services);
   Log("listening on %s:%d for %d workers", f.host, running->port, f.workers);
   auto stop_server = [&]() {
     coordinator.Shutdown();
@@ -262,12 +280,17 @@ int Run(int argc, char** argv) {
         absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   };
 
-  std::atomic<int> stop_signal{0};
+  // Shared with the watcher, which may outlive Run: static.
+  static std::atomic<int> stop_signal{0};
+  static absl::Notification drained;
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
     stop_signal.store(sig);
-    coordinator.Shutdown();  // wakes the loop below
+    // Readiness first, so that probes see the drain before requests fail.
+    SetReady(running->server.get(), false, health_services);
+    coordinator.Shutdown();  // refuses steps; wakes the progress loop below
+    drained.Notify();
   });
   watcher.detach();
 
@@ -318,21 +341,24 @@ int Run(int argc, char** argv) {
   if (!failure.ok()) {
     Log("error: %s", failure.message());
     coordinator.Fail(failure);
-    final_checkpoint();
+    (void)final_checkpoint();  // logged; the exit code already says failure
     // Serve the failure to workers already in a call before going away.
     running->server->Shutdown(
         absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
     return kExitFailure;
   }
-  if (int sig = stop_signal.load(); sig != 0) {
-    Log("stopped by signal %d at step %d", sig, coordinator.Status().step);
-    final_checkpoint();
-    stop_server();
-    return kExitInterrupted;
+  if (int sig = stop_signal.load(); sig != 0 && !coordinator.done()) {
+    drained.WaitForNotification();
+    Log("stopped by signal %d at step %d; draining", sig,
+        coordinator.Status().step);
+    const absl::Status s = final_checkpoint();
+    running->server->Shutdown(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    return s.ok() ? kExitInterrupted : kExitFailure;
   }
 
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  final_checkpoint();
+  (void)final_checkpoint();  // logged; the model file below is the result
   if (!f.save_model.empty()) {
     const TrainingState final_state = coordinator.Snapshot();
     if (absl::Status s =
@@ -347,7 +373,6 @@ int Run(int argc, char** argv) {
   const bool have_eval =
       coordinator.AwaitFinalEval(absl::Seconds(f.final_eval_timeout_s));
   CoordinatorStatus s = coordinator.Status();
-  stop_server();
   // The training rate, from the first update to the last.
   const double train_seconds =
       absl::ToDoubleSeconds(s.last_apply - s.first_apply);
@@ -365,6 +390,11 @@ int Run(int argc, char** argv) {
     Log("no final test accuracy from rank 0 within %d s",
         f.final_eval_timeout_s);
   }
+  if (!f.exit_when_done) {
+    Log("serving the final weights and status until SIGTERM");
+    drained.WaitForNotification();
+  }
+  stop_server();
   return kExitOk;
 }
 

@@ -23,9 +23,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpu(
 
 }  // namespace
 
-absl::Status CheckBackend(absl::string_view name) {
+absl::Status CheckBackend(absl::string_view name, bool probe_device) {
   if (name == "cpu" || name == "auto") return absl::OkStatus();
   if (name == "cuda") {
+    if (!probe_device) return absl::OkStatus();
 #ifdef DP_HAVE_CUDA
     std::string why;
     if (CudaDeviceAvailable(&why)) return absl::OkStatus();

@@ -102,6 +102,7 @@ absl::Status Trainer::Run() {
   RETURN_IF_ERROR(sync());
   BatchSampler sampler(schedule);
   const int64_t total = schedule.total_steps();
+  if (options_.on_joined) options_.on_joined();
   Log("rank %d: joined at step %d of %d (%d per epoch)", rank, step, total,
       schedule.steps_per_epoch());
 
@@ -127,6 +128,11 @@ absl::Status Trainer::Run() {
 
   int resyncs_in_a_row = 0;
   while (step < total) {
+    if (options_.stop != nullptr && options_.stop->load()) {
+      Log("rank %d: stopped at step %d on request", rank, step);
+      return absl::CancelledError(
+          absl::StrFormat("stopped at step %d on request", step));
+    }
     const absl::Time t0 = absl::Now();
     Gather(train, sampler.Indices(step, rank), &x, &y);
     ASSIGN_OR_RETURN(float loss, backend->ForwardBackward(x, y, grad));

@@ -4,6 +4,8 @@
 #ifndef DP_WORKER_TRAINER_H_
 #define DP_WORKER_TRAINER_H_
 
+#include <atomic>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -19,6 +21,12 @@ struct TrainerOptions {
   int cpu_threads = 1;
   bool tf32 = false;            // CUDA: TF32 tensor-core matrix products
   bool fused = true;            // PushPull instead of Push + Barrier + Pull
+  // Read before every step: once true, Run returns CANCELLED, so a worker
+  // asked to stop (SIGTERM) does so after the step in progress.
+  const std::atomic<bool>* stop = nullptr;
+  // Called once the worker has joined the job (data loaded, backend up,
+  // registered, weights pulled): its readiness.
+  std::function<void()> on_joined;
 };
 
 struct TrainerStats {
@@ -33,7 +41,8 @@ class Trainer {
   Trainer(PsClient* client, TrainerOptions options);
 
   // OK when every step of the job is applied. FAILED_PRECONDITION and
-  // INVALID_ARGUMENT mean a configuration problem (data, rank, fingerprint).
+  // INVALID_ARGUMENT mean a configuration problem (data, rank, fingerprint);
+  // CANCELLED that options.stop was set.
   absl::Status Run();
   const TrainerStats& stats() const { return stats_; }
 

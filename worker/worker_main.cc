@@ -1,7 +1,17 @@
 // dp-worker: parses flags, connects to dp-ps and trains until the job ends.
-#include <cstdio>
+#include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "common/flags.h"
 #include "common/grpc_server.h"
 #include "common/log.h"
@@ -21,6 +31,24 @@ bool IsConfigurationError(const absl::Status& s) {
          s.code() == absl::StatusCode::kDataLoss;
 }
 
+// SIGTERM/SIGINT: the handler only writes the signal number to a pipe that
+// a watcher thread reads. (sigwait would not do: OpenBLAS starts its threads
+// before main, with the signals unblocked.)
+int stop_pipe[2] = {-1, -1};
+void OnStopSignal(int sig) {
+  const char byte = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = write(stop_pipe[1], &byte, 1);
+}
+
+// "host:port" with a port in 1..65535 ("[v6]:port" too).
+bool IsHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  return colon != std::string::npos && colon > 0 &&
+         absl::SimpleAtoi(address.substr(colon + 1), &port) && port >= 1 &&
+         port <= 65535;
+}
+
 int Run(int argc, char** argv) {
   std::string ps = "localhost:5000";
   int rank = -1;
@@ -32,6 +60,9 @@ int Run(int argc, char** argv) {
   std::string protocol = "fused";
   int wait_timeout_s = 30;
   int retry_for_s = 120;
+  int health_port = -1;
+  int stop_timeout_s = 20;
+  bool dry_run = false;
   Flags flags("dp-worker",
               "Worker of a dp-ps job: computes gradients on its data shard.");
   flags.AddString("ps", &ps, "dp-ps address host:port");
@@ -54,6 +85,15 @@ int Run(int argc, char** argv) {
                "it waits for and waits again");
   flags.AddInt("retry_for_s", &retry_for_s,
                "how long to retry while dp-ps is unavailable");
+  flags.AddInt("health_port", &health_port,
+               "port of the grpc.health.v1 service: SERVING once joined "
+               "(-1 = off, 0 = any free port)");
+  flags.AddInt("stop_timeout_s", &stop_timeout_s,
+               "on SIGTERM the worker stops after its current step; if that "
+               "takes longer than this, it exits anyway");
+  flags.AddBool("dry_run", &dry_run,
+                "validate the flags and DP_* environment, print the "
+                "effective configuration and exit");
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
     std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
@@ -71,16 +111,74 @@ int Run(int argc, char** argv) {
         protocol);
     return kExitConfigError;
   }
-  if (threads < 1 || wait_timeout_s < 1 || retry_for_s < 0) {
-    Log("configuration error: --threads and --wait_timeout_s must be >= 1, "
-        "--retry_for_s >= 0");
+  if (threads < 1 || wait_timeout_s < 1 || retry_for_s < 0 ||
+      stop_timeout_s < 1) {
+    Log("configuration error: --threads, --wait_timeout_s and "
+        "--stop_timeout_s must be >= 1, --retry_for_s >= 0");
     return kExitConfigError;
   }
-  if (absl::Status s = CheckBackend(backend); !s.ok()) {
+  // A dry run checks the name only: the manifests name the GPU backend,
+  // and their check runs where there is no GPU.
+  if (absl::Status s = CheckBackend(backend, /*probe_device=*/!dry_run);
+      !s.ok()) {
     Log("configuration error: %s", s.message());
     return kExitConfigError;
   }
+  if (!IsHostPort(ps)) {
+    Log("configuration error: --ps must be host:port, got '%s'", ps);
+    return kExitConfigError;
+  }
+  if (health_port < -1 || health_port > 65535) {
+    Log("configuration error: --health_port must be in -1..65535, got %d",
+        health_port);
+    return kExitConfigError;
+  }
+  if (dry_run) return FinishDryRun(flags);
+  WarnUnknownEnvironment(flags);
   Log("dp-worker %s starting: %s", DP_VERSION, flags.Effective());
+
+  if (pipe(stop_pipe) != 0) {
+    Log("error: pipe: %s", std::strerror(errno));
+    return kExitFailure;
+  }
+  struct sigaction on_stop = {};
+  on_stop.sa_handler = OnStopSignal;
+  on_stop.sa_flags = SA_RESTART;
+  sigemptyset(&on_stop.sa_mask);
+  sigaction(SIGTERM, &on_stop, nullptr);
+  sigaction(SIGINT, &on_stop, nullptr);
+
+  std::unique_ptr<grpc::Server> health;
+  if (health_port >= 0) {
+    GrpcServerOptions health_options;
+    health_options.address = absl::StrFormat("0.0.0.0:%d", health_port);
+    health_options.ready = false;  // until the worker has joined the job
+    auto running = StartGrpcServer(health_options, {});
+    if (!running.ok()) {
+      Log("error: health service: %s", running.status().message());
+      return kExitFailure;
+    }
+    health = std::move(running->server);
+    Log("health service on port %d", running->port);
+  }
+
+  // Shared with the watcher, which may outlive Run: static.
+  static std::atomic<bool> stop{false};
+  static absl::Notification finished;
+  // The trainer stops after its current step.
+  std::thread watcher([stop_timeout_s] {
+    char sig = 0;
+    while (read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    Log("signal %d: stopping after the current step", sig);
+    stop.store(true);
+    if (!finished.WaitForNotificationWithTimeout(
+            absl::Seconds(stop_timeout_s))) {
+      Log("the current step did not end within %d s; exiting", stop_timeout_s);
+      std::_Exit(kExitInterrupted);
+    }
+  });
+  watcher.detach();
 
   PsClientOptions client_options;
   client_options.address = ps;
@@ -96,8 +194,19 @@ int Run(int argc, char** argv) {
   options.cpu_threads = threads;
   options.tf32 = tf32;
   options.fused = protocol == "fused";
+  options.stop = &stop;
+  options.on_joined = [&health] {
+    if (health) SetReady(health.get(), true);
+  };
   Trainer trainer(&client, options);
   absl::Status s = trainer.Run();
+  if (health) SetReady(health.get(), false);
+  finished.Notify();
+  if (!s.ok() && stop.load()) {
+    if (s.code() != absl::StatusCode::kCancelled)
+      Log("stopped: %s", s.ToString());
+    return kExitInterrupted;
+  }
   if (!s.ok()) {
     Log("error: %s", s.ToString());
     return IsConfigurationError(s) ? kExitConfigError : kExitFailure;

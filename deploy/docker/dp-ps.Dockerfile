@@ -1,0 +1,40 @@
+# syntax=docker/dockerfile:1
+# dp-ps: built on Debian 12 (the project's platform), run on debian:12-slim
+# with only the shared libraries it links, as a non-root user.
+# From the repository root:
+#   docker build -f deploy/docker/dp-ps.Dockerfile -t dp-ps:0.1.0 .
+# deploy/tests/check-dockerfiles.js checks this file against the build tree.
+
+FROM debian:12 AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      cmake ninja-build g++ pkg-config \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+      libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
+      libopenblas-dev zlib1g-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY CMakeLists.txt ./
+COPY proto proto
+COPY common common
+COPY server server
+COPY worker worker
+COPY tests tests
+COPY bench bench
+RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDP_ENABLE_CUDA=OFF \
+ && cmake --build build --target dp-ps
+
+FROM debian:12-slim
+# The packages of the libraries dp-ps links (ldd), beyond libc6, libgcc-s1,
+# libstdc++6 and zlib1g of the base image.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      libabsl20220623 libc-ares2 libgrpc++1.51 libgrpc29 libprotobuf32 \
+      libre2-9 libssl3 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/build/server/dp-ps /usr/local/bin/dp-ps
+# The uid/gid of the pods' securityContext in deploy/k8s.
+USER 65532:65532
+# grpc (--port), metrics (--metrics_port); set by DP_PORT, DP_METRICS_PORT.
+EXPOSE 5000 9090
+ENTRYPOINT ["/usr/local/bin/dp-ps"]

@@ -1,0 +1,239 @@
+// dp-ps and dp-worker as Kubernetes runs them, with real processes over
+// loopback gRPC: readiness and liveness (grpc.health.v1), SIGTERM during
+// training, --exit_when_done=false, and --dry_run.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/flags.h"
+#include "common/grpc_server.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint.h"
+#include "proto/dp.grpc.pb.h"
+#include "tests/health_client.h"
+#include "tests/subprocess.h"
+
+namespace dp {
+namespace {
+
+const absl::Duration kStartTimeout = absl::Seconds(60);
+// Well inside the pods' terminationGracePeriodSeconds in deploy/k8s (dp-ps
+// 60 s, workers 30 s).
+const absl::Duration kStopDeadline = absl::Seconds(10);
+
+// A job far longer than any test: stopping it is the point.
+const std::vector<std::string> kLongJob = {"--dataset=synthetic",
+                                           "--batch_size=8", "--epochs=100000"};
+
+std::string Address(int port) { return absl::StrCat("127.0.0.1:", port); }
+
+// The integer after `prefix` in the process's output.
+int64_t IntField(const Subprocess& p, const std::string& prefix) {
+  auto field = p.Field(prefix);
+  int64_t value = -1;
+  if (field.has_value()) {
+    const std::string digits = field->substr(0, field->find_first_of(" ;,"));
+    EXPECT_TRUE(absl::SimpleAtoi(digits, &value)) << *field;
+  }
+  return value;
+}
+
+std::unique_ptr<Subprocess> StartServer(std::vector<std::string> args,
+                                        int* port) {
+  std::vector<std::string> argv = {DP_PS_BINARY, "--host=127.0.0.1",
+                                   "--port=0"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto ps = std::make_unique<Subprocess>(argv);
+  EXPECT_TRUE(ps->WaitForOutput(" for ", kStartTimeout)) << ps->output();
+  *port = static_cast<int>(IntField(*ps, "listening on 127.0.0.1:"));
+  return ps;
+}
+
+std::unique_ptr<Subprocess> StartWorker(const std::string& ps, int rank,
+                                        std::vector<std::string> args = {}) {
+  std::vector<std::string> argv = {DP_WORKER_BINARY, "--ps=" + ps,
+                                   absl::StrCat("--rank=", rank),
+                                   "--backend=cpu"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return std::make_unique<Subprocess>(argv);
+}
+
+dp::v1::GetStatusResponse GetStatus(int port) {
+  auto stub = dp::v1::ParameterServer::NewStub(
+      grpc::CreateChannel(Address(port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  dp::v1::GetStatusResponse response;
+  grpc::Status s = stub->GetStatus(&context, {}, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response;
+}
+
+HealthStatus Health(const std::string& address, const std::string& service) {
+  auto status = CheckHealth(address, service);
+  EXPECT_TRUE(status.ok()) << status.status();
+  return status.value_or(HealthStatus{});
+}
+
+TEST(ShutdownTest, DpPsOnSigtermTurnsNotServingAndExitsInterruptedInTime) {
+  int port = 0;
+  TempDir dir;
+  std::vector<std::string> args = kLongJob;
+  args.push_back("--workers=2");
+  args.push_back("--checkpoint_dir=" + dir.File("ckpt"));
+  auto ps = StartServer(args, &port);
+  ASSERT_GT(port, 0);
+  HealthWatcher readiness(Address(port), "");
+  auto w0 = StartWorker(Address(port), 0, {"--retry_for_s=1"});
+  auto w1 = StartWorker(Address(port), 1, {"--retry_for_s=1"});
+  // A progress line: steps are being applied.
+  ASSERT_TRUE(ps->WaitForOutput("  step ", kStartTimeout)) << ps->output();
+  ASSERT_TRUE(readiness.WaitFor(kServing, kStopDeadline));
+  EXPECT_EQ(Health(Address(port), kLivenessService), kServing);
+
+  const absl::Time signalled = absl::Now();
+  ps->Signal(SIGTERM);
+  EXPECT_TRUE(readiness.WaitFor(kNotServing, kStopDeadline));
+  EXPECT_EQ(ps->Wait(kStopDeadline), kExitInterrupted) << ps->output();
+  EXPECT_LT(absl::Now() - signalled, kStopDeadline);
+  const int64_t stopped_at = IntField(*ps, "stopped by signal 15 at step ");
+  EXPECT_GT(stopped_at, 0) << ps->output();
+  // The checkpoint written while draining loads and holds that step.
+  CheckpointStore store(dir.File("ckpt"), ModelLayout::SimpleNet(), 3);
+  const std::optional<Checkpoint> saved = store.LoadNewest();
+  ASSERT_TRUE(saved.has_value()) << ps->output();
+  EXPECT_EQ(saved->state.step, stopped_at);
+  // Never SERVING again once draining began.
+  const std::vector<HealthStatus> seen = readiness.statuses();
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.front(), kServing);
+  EXPECT_EQ(seen.back(), kNotServing);
+  // The workers find dp-ps gone and give up after --retry_for_s; neither
+  // claims to have finished.
+  EXPECT_NE(w0->Wait(kStopDeadline + absl::Seconds(30)), 0) << w0->output();
+  EXPECT_NE(w1->Wait(kStopDeadline + absl::Seconds(30)), 0) << w1->output();
+}
+
+TEST(ShutdownTest, WorkerOnSigtermFinishesItsCurrentStepAndExitsInterrupted) {
+  int port = 0;
+  std::vector<std::string> args = kLongJob;
+  args.push_back("--workers=1");
+  auto ps = StartServer(args, &port);
+  ASSERT_GT(port, 0);
+  auto worker = StartWorker(Address(port), 0, {"--health_port=0"});
+  ASSERT_TRUE(worker->WaitForOutput("joined at step", kStartTimeout))
+      << worker->output();
+  const int health_port =
+      static_cast<int>(IntField(*worker, "health service on port "));
+  ASSERT_GT(health_port, 0) << worker->output();
+  // Readiness is set before "joined" is logged.
+  EXPECT_EQ(Health(Address(health_port), ""), kServing);
+  ASSERT_TRUE(ps->WaitForOutput("  step ", kStartTimeout)) << ps->output();
+
+  const absl::Time signalled = absl::Now();
+  worker->Signal(SIGTERM);
+  EXPECT_EQ(worker->Wait(kStopDeadline), kExitInterrupted) << worker->output();
+  EXPECT_LT(absl::Now() - signalled, kStopDeadline);
+  const int64_t stopped_at = IntField(*worker, "stopped at step ");
+  EXPECT_GT(stopped_at, 0) << worker->output();
+  // The step in progress was pushed and applied, none was left half done.
+  const dp::v1::GetStatusResponse status = GetStatus(port);
+  EXPECT_EQ(status.step(), stopped_at);
+  EXPECT_EQ(status.pushed_ranks_size(), 0);
+
+  ps->Signal(SIGTERM);
+  EXPECT_EQ(ps->Wait(kStopDeadline), kExitInterrupted) << ps->output();
+}
+
+TEST(ShutdownTest, WorkerIsNotReadyUntilJoinedAndStopsWhileWaitingForDpPs) {
+  // Nothing listens on port 1: the worker retries and never joins.
+  auto worker = StartWorker(
+      "127.0.0.1:1", 0,
+      {"--health_port=0", "--retry_for_s=600", "--stop_timeout_s=1"});
+  ASSERT_TRUE(worker->WaitForOutput("health service on port ", kStartTimeout))
+      << worker->output();
+  const std::string health =
+      Address(static_cast<int>(IntField(*worker, "health service on port ")));
+  EXPECT_EQ(Health(health, ""), kNotServing);
+  EXPECT_EQ(Health(health, kLivenessService), kServing);
+
+  const absl::Time signalled = absl::Now();
+  worker->Signal(SIGTERM);
+  EXPECT_EQ(worker->Wait(kStopDeadline), kExitInterrupted) << worker->output();
+  EXPECT_LT(absl::Now() - signalled, kStopDeadline);
+  EXPECT_NE(worker->output().find("did not end within 1 s"), std::string::npos)
+      << worker->output();
+}
+
+TEST(ShutdownTest, ExitWhenDoneFalseServesTheFinalStateUntilSigtermThenExits0) {
+  int port = 0;
+  auto ps = StartServer({"--workers=1", "--dataset=synthetic", "--max_steps=3",
+                         "--exit_when_done=false"},
+                        &port);
+  auto worker = StartWorker(Address(port), 0);
+  EXPECT_EQ(worker->Wait(kStartTimeout), kExitOk) << worker->output();
+  ASSERT_TRUE(ps->WaitForOutput("until SIGTERM", kStartTimeout))
+      << ps->output();
+  EXPECT_EQ(Health(Address(port), ""), kServing);
+  EXPECT_EQ(GetStatus(port).step(), 3);
+  ps->Signal(SIGTERM);
+  EXPECT_EQ(ps->Wait(kStopDeadline), kExitOk) << ps->output();
+}
+
+// --dry_run: what the manifests' cross-check relies on.
+
+TEST(DryRunTest, PrintsTheEffectiveConfigurationFlagsWinningOverEnvironment) {
+  Subprocess ps({DP_PS_BINARY, "--dry_run", "--epochs=7"},
+                {"DP_EPOCHS=5", "DP_WORKERS=4"});
+  EXPECT_EQ(ps.Wait(kStopDeadline), kExitOk) << ps.output();
+  EXPECT_NE(ps.output().find("--epochs=7\n"), std::string::npos) << ps.output();
+  EXPECT_NE(ps.output().find("--workers=4\n"), std::string::npos)
+      << ps.output();
+  // Nothing started.
+  EXPECT_EQ(ps.output().find("listening"), std::string::npos) << ps.output();
+
+  Subprocess worker({DP_WORKER_BINARY, "--dry_run"},
+                    {"JOB_COMPLETION_INDEX=3", "DP_PS=dp-ps:5000"});
+  EXPECT_EQ(worker.Wait(kStopDeadline), kExitOk) << worker.output();
+  EXPECT_NE(worker.output().find("--rank=3\n"), std::string::npos)
+      << worker.output();
+  EXPECT_NE(worker.output().find("--ps=dp-ps:5000\n"), std::string::npos)
+      << worker.output();
+}
+
+TEST(DryRunTest, RefusesDpVariablesThatNoFlagReads) {
+  // A typo, and a variable meant for the other program.
+  Subprocess ps({DP_PS_BINARY, "--dry_run"}, {"DP_EPOCH=5"});
+  EXPECT_EQ(ps.Wait(kStopDeadline), kExitConfigError);
+  EXPECT_NE(ps.output().find("DP_EPOCH"), std::string::npos) << ps.output();
+  Subprocess worker({DP_WORKER_BINARY, "--dry_run", "--rank=0"},
+                    {"DP_WORKERS=2"});
+  EXPECT_EQ(worker.Wait(kStopDeadline), kExitConfigError);
+  EXPECT_NE(worker.output().find("DP_WORKERS"), std::string::npos)
+      << worker.output();
+}
+
+TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
+  const std::vector<std::vector<std::string>> cases = {
+      {DP_PS_BINARY, "--dry_run", "--workers=0"},
+      {DP_PS_BINARY, "--dry_run", "--dataset=cifar"},
+      {DP_PS_BINARY, "--dry_run", "--port=70000"},
+      {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=no-port"},
+      {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--backend=tpu"},
+      {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--health_port=-2"},
+      {DP_WORKER_BINARY, "--dry_run"},  // no rank
+  };
+  for (const auto& argv : cases) {
+    Subprocess p(argv);
+    EXPECT_EQ(p.Wait(kStopDeadline), kExitConfigError)
+        << argv.back() << ": " << p.output();
+  }
+}
+
+}  // namespace
+}  // namespace dp
