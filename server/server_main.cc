@@ -384,6 +384,16 @@ int Run(int argc, char** argv) {
   Log("done: %d steps in %.1f s, %.0f samples/s while training, final loss "
       "%.4f",
       s.step, seconds, rate, s.last_loss);
+  if (s.applies > 0) {
+    std::string waits;
+    for (size_t r = 0; r < s.wait_time.size(); ++r) {
+      absl::StrAppendFormat(&waits, " rank %d %.3f ms", r,
+                            absl::ToDoubleMilliseconds(s.wait_time[r]) /
+                                s.applies);
+    }
+    Log("per step: update %.3f ms; from push to published update:%s",
+        absl::ToDoubleMilliseconds(s.apply_time) / s.applies, waits);
+  }
   if (have_eval) {
     Log("final test accuracy: %.4f", s.last_eval.accuracy);
   } else {

@@ -37,6 +37,8 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   pending_.assign(world, std::vector<float>(n));
   received_.assign(world, false);
   losses_.assign(world, 0.0f);
+  arrival_.assign(world, started_);
+  wait_time_.assign(world, absl::ZeroDuration());
   last_seen_.assign(world, started_);
   reported_missing_.assign(world, false);
   missing_since_.assign(world, started_);
@@ -189,6 +191,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     Decode(encoding, gradient.data(), n, pending_[rank].data());
     received_[rank] = true;
     losses_[rank] = loss;
+    arrival_[rank] = absl::Now();
     bool all = true;
     for (bool r : received_) all = all && r;
     if (all) {
@@ -206,6 +209,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
 }
 
 std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
+  const absl::Time begin = absl::Now();
   std::vector<const float*> grads;
   grads.reserve(pending_.size());
   float loss_sum = 0.0f;
@@ -219,6 +223,11 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   last_loss_ = loss_sum / static_cast<float>(losses_.size());
   ++state_.step;
   last_apply_ = absl::Now();
+  apply_time_ += last_apply_ - begin;
+  ++applies_;
+  for (size_t r = 0; r < arrival_.size(); ++r) {
+    wait_time_[r] += last_apply_ - arrival_[r];
+  }
   if (first_applied_step_ < 0) {
     first_applied_step_ = state_.step;
     first_apply_ = last_apply_;
@@ -424,6 +433,9 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.first_applied_step = first_applied_step_;
   s.first_apply = first_apply_;
   s.last_apply = last_apply_;
+  s.applies = applies_;
+  s.apply_time = apply_time_;
+  s.wait_time = wait_time_;
   return s;
 }
 

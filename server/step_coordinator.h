@@ -63,6 +63,11 @@ struct CoordinatorStatus {
   int64_t first_applied_step = 0;
   absl::Time first_apply = absl::InfinitePast();
   absl::Time last_apply = absl::InfinitePast();
+  // Where a step's time goes on the server: the update itself, and per rank
+  // the time from its push to the published update (waiting for the others).
+  int64_t applies = 0;
+  absl::Duration apply_time;
+  std::vector<absl::Duration> wait_time;
 };
 
 class StepCoordinator {
@@ -186,6 +191,10 @@ class StepCoordinator {
   int64_t first_applied_step_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time first_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t applies_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration apply_time_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> arrival_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Duration> wait_time_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool has_eval_ ABSL_GUARDED_BY(mu_) = false;

@@ -186,6 +186,8 @@ absl::Status Trainer::Run() {
     RETURN_IF_ERROR(backend->SetWeights(AsFloats(weights.params())));
     stats_.compute_seconds += absl::ToDoubleSeconds(t1 - t0);
     stats_.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - t1);
+    stats_.bytes_sent += push.ByteSizeLong();
+    stats_.bytes_received += weights.ByteSizeLong();
     ++stats_.steps;
     const int64_t finished = step;
     step = weights.step();
@@ -207,12 +209,14 @@ absl::Status Trainer::Run() {
       }
     }
   }
+  const double per_step = stats_.steps ? 1.0 / stats_.steps : 0.0;
   Log("rank %d: finished at step %d: %d steps here, %.3f ms compute + %.3f "
-      "ms exchange per step, %d re-syncs",
-      rank, step, stats_.steps,
-      stats_.steps ? 1e3 * stats_.compute_seconds / stats_.steps : 0.0,
-      stats_.steps ? 1e3 * stats_.exchange_seconds / stats_.steps : 0.0,
-      stats_.resyncs);
+      "ms exchange per step, %.3f MB sent + %.3f MB received per step, %d "
+      "re-syncs",
+      rank, step, stats_.steps, 1e3 * stats_.compute_seconds * per_step,
+      1e3 * stats_.exchange_seconds * per_step,
+      1e-6 * stats_.bytes_sent * per_step,
+      1e-6 * stats_.bytes_received * per_step, stats_.resyncs);
   return absl::OkStatus();
 }
 

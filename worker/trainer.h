@@ -34,6 +34,8 @@ struct TrainerStats {
   int64_t resyncs = 0;          // ABORTED answers that made it re-register
   double compute_seconds = 0;   // forward + backward
   double exchange_seconds = 0;  // push, barrier wait, pull
+  int64_t bytes_sent = 0;       // message payloads of the exchange
+  int64_t bytes_received = 0;
 };
 
 class Trainer {
