@@ -127,6 +127,11 @@ class StepCoordinator {
   // Rejects further requests with UNAVAILABLE and fails pending waits.
   void Shutdown();
 
+  // Called with the time the average + Adam took, after every update, under
+  // the coordinator's lock: it must be quick and must not call back. For
+  // metrics; set it before serving.
+  void SetUpdateObserver(std::function<void(absl::Duration)> observer);
+
   TrainingState Snapshot() const;
   CoordinatorStatus Status() const;
 
@@ -159,6 +164,7 @@ class StepCoordinator {
   bool final_eval_ ABSL_GUARDED_BY(mu_) = false;
   EvalReport last_eval_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dp
