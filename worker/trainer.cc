@@ -33,6 +33,16 @@ void Gather(const Dataset& data, absl::Span<const int32_t> indices,
   }
 }
 
+// Runs one call to dp-ps and records how long it took.
+template <typename Call>
+absl::Status Timed(WorkerMetrics& metrics, WorkerMetrics::Call what,
+                   Call call) {
+  const absl::Time start = absl::Now();
+  absl::Status s = call();
+  metrics.ObserveCall(what, absl::Now() - start);
+  return s;
+}
+
 }  // namespace
 
 Trainer::Trainer(PsClient* client, TrainerOptions options)
@@ -40,6 +50,8 @@ Trainer::Trainer(PsClient* client, TrainerOptions options)
 
 absl::Status Trainer::Run() {
   const int rank = options_.rank;
+  WorkerMetrics unexported(rank);
+  WorkerMetrics& metrics = options_.metrics ? *options_.metrics : unexported;
   // The job's configuration lives in dp-ps: ask before loading any data.
   ASSIGN_OR_RETURN(dp::v1::GetStatusResponse job, client_->GetStatus());
   const dp::v1::JobConfig& cfg = job.config();
@@ -89,7 +101,9 @@ absl::Status Trainer::Run() {
     schedule.max_steps = c.max_steps();
     schedule.seed = c.seed();
     schedule.shuffle = c.shuffle();
-    RETURN_IF_ERROR(client_->Pull(rank, &weights));
+    RETURN_IF_ERROR(Timed(metrics, WorkerMetrics::Call::kPull,
+                          [&] { return client_->Pull(rank, &weights); }));
+    metrics.AddReceivedBytes(weights.ByteSizeLong());
     step = weights.step();
     return backend->SetWeights(AsFloats(weights.params()));
   };
@@ -115,16 +129,29 @@ absl::Status Trainer::Run() {
     Gather(train, sampler.Indices(step, rank), &x, &y);
     ASSIGN_OR_RETURN(float loss, backend->ForwardBackward(x, y, grad));
     const absl::Time t1 = absl::Now();
+    metrics.ObserveCompute(t1 - t0, loss);
     push.set_step(step);
     push.set_loss(loss);
     absl::Status exchanged;
+    using C = WorkerMetrics::Call;
     if (options_.fused) {
-      exchanged = client_->PushPull(push, &weights);
+      exchanged = Timed(metrics, C::kPushPull,
+                        [&] { return client_->PushPull(push, &weights); });
     } else {
-      exchanged = client_->Push(push).status();
-      if (exchanged.ok()) exchanged = client_->Barrier(rank, step).status();
-      if (exchanged.ok()) exchanged = client_->Pull(rank, &weights);
+      exchanged = Timed(metrics, C::kPush,
+                        [&] { return client_->Push(push).status(); });
+      if (exchanged.ok()) {
+        exchanged = Timed(metrics, C::kBarrier, [&] {
+          return client_->Barrier(rank, step).status();
+        });
+      }
+      if (exchanged.ok()) {
+        exchanged = Timed(metrics, C::kPull,
+                          [&] { return client_->Pull(rank, &weights); });
+      }
     }
+    metrics.AddSentBytes(push.ByteSizeLong());
+    if (exchanged.ok()) metrics.AddReceivedBytes(weights.ByteSizeLong());
     if (exchanged.code() == absl::StatusCode::kDeadlineExceeded) {
       auto st = client_->GetStatus();
       std::vector<int> missing;
@@ -144,6 +171,7 @@ absl::Status Trainer::Run() {
       Log("rank %d: re-syncing at step %d: %s", rank, step,
           exchanged.ok() ? "unexpected version" : exchanged.message());
       ++stats_.resyncs;
+      metrics.CountResync();
       RETURN_IF_ERROR(sync());
       continue;
     }
@@ -151,6 +179,7 @@ absl::Status Trainer::Run() {
     RETURN_IF_ERROR(backend->SetWeights(AsFloats(weights.params())));
     stats_.compute_seconds += absl::ToDoubleSeconds(t1 - t0);
     stats_.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - t1);
+    metrics.ObserveStep(absl::Now() - t0, schedule.batch_size);
     ++stats_.steps;
     const int64_t finished = step;
     step = weights.step();

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/metrics.h"
 #include "worker/backend.h"
 #include "worker/ps_client.h"
 
@@ -18,6 +19,7 @@ struct TrainerOptions {
   std::string backend = "auto";
   int cpu_threads = 1;
   bool fused = true;            // PushPull instead of Push + Barrier + Pull
+  WorkerMetrics* metrics = nullptr;  // not owned; null: an unexported one
 };
 
 struct TrainerStats {

@@ -5,6 +5,7 @@
 #include "common/flags.h"
 #include "common/grpc_server.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/model_layout.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
@@ -25,6 +26,7 @@ int Run(int argc, char** argv) {
   std::string data_dir;
   std::string backend = "auto";
   int metrics_port = 0;
+  std::string metrics_host = "0.0.0.0";
   int threads = 1;
   std::string protocol = "fused";
   int wait_timeout_s = 30;
@@ -38,7 +40,9 @@ int Run(int argc, char** argv) {
                   "directory of the IDX files (empty: the data set's default)");
   flags.AddString("backend", &backend, "auto | cpu | cuda");
   flags.AddInt("metrics_port", &metrics_port,
-               "Prometheus metrics port (0 = off)");
+               "Prometheus metrics port (0 = off, -1 = any free port)");
+  flags.AddString("metrics_host", &metrics_host,
+                  "address the metrics endpoint listens on");
   flags.AddInt("threads", &threads, "BLAS threads of the CPU backend");
   flags.AddString("protocol", &protocol,
                   "fused (PushPull, one round trip) | plain (Push, Barrier, "
@@ -70,7 +74,23 @@ int Run(int argc, char** argv) {
         "--retry_for_s >= 0");
     return kExitConfigError;
   }
+  if (absl::Status s = ValidateMetricsPort(metrics_port); !s.ok()) {
+    Log("configuration error: %s", s.message());
+    return kExitConfigError;
+  }
   Log("dp-worker %s starting: %s", DP_VERSION, flags.Effective());
+
+  WorkerMetrics metrics(rank);
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
+  if (metrics_port != kMetricsOff) {
+    auto endpoint = metrics.Serve(metrics_host, metrics_port);
+    if (!endpoint.ok()) {
+      Log("error: %s", endpoint.status().message());
+      return kExitFailure;
+    }
+    metrics_endpoint = std::move(*endpoint);
+    Log("metrics on %s:%d", metrics_host, metrics_endpoint->port());
+  }
 
   PsClientOptions client_options;
   client_options.address = ps;
@@ -85,6 +105,7 @@ int Run(int argc, char** argv) {
   options.backend = backend;
   options.cpu_threads = threads;
   options.fused = protocol == "fused";
+  options.metrics = &metrics;
   Trainer trainer(&client, options);
   absl::Status s = trainer.Run();
   if (!s.ok()) {
