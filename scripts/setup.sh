@@ -11,8 +11,8 @@ PACKAGES=(
   libopenblas-dev zlib1g-dev
   # data
   dataset-fashion-mnist
-  # tests
-  prometheus openssl
+  # tests (prometheus: promtool and the server the monitoring test scrapes with)
+  prometheus openssl python3 python3-yaml
 )
 
 missing=()
