@@ -44,7 +44,9 @@ inline constexpr int kMetricsAnyPort = -1;
 // INVALID_ARGUMENT naming the flag unless port is -1..65535.
 absl::Status ValidateMetricsPort(int port);
 
-// An HTTP server answering GET /metrics; stops serving when destroyed.
+// An HTTP server answering GET /metrics; stops serving when destroyed. Once
+// it has served a scrape, destruction takes about 2 s (civetweb's listener
+// wakes up in steps of that length), which delays the process's exit.
 class MetricsEndpoint {
  public:
   ~MetricsEndpoint();

@@ -30,6 +30,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+case "$metrics_port" in
+  '' | *[!0-9]*) echo "launch: --metrics_port must be a port number, got '$metrics_port'" >&2; exit 2 ;;
+esac
+
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/dp-run-XXXXXX")
 pids=()
 stop_all() {
