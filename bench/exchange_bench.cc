@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
+#include "common/malloc_tuning.h"
 #include "server/ps_service.h"
 
 namespace dp {
@@ -98,4 +99,7 @@ int Main() {
 }  // namespace
 }  // namespace dp
 
-int main() { return dp::Main(); }
+int main() {
+  dp::KeepLargeBuffersInHeap();
+  return dp::Main();
+}

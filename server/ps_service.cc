@@ -77,18 +77,6 @@ class StepWaitReactor final : public ServerUnaryReactor {
 
 }  // namespace
 
-void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
-  const Schedule& s = config.schedule;
-  out->set_world_size(s.world_size);
-  out->set_batch_size(s.batch_size);
-  out->set_epochs(s.epochs);
-  out->set_lr(config.adam.lr);
-  out->set_seed(s.seed);
-  out->set_shuffle(s.shuffle);
-  out->set_dataset(config.dataset);
-  out->set_max_steps(s.max_steps);
-}
-
 PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics)
     : coordinator_(coordinator),
       own_metrics_(metrics != nullptr

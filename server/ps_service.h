@@ -53,9 +53,6 @@ class PsService final : public dp::v1::ParameterServer::CallbackService {
   ServerMetrics* const metrics_;
 };
 
-// Wire form of the job configuration.
-void ToProto(const JobConfig& config, dp::v1::JobConfig* out);
-
 }  // namespace dp
 
 #endif  // DP_SERVER_PS_SERVICE_H_

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -13,9 +14,11 @@
 #include "common/flags.h"
 #include "common/grpc_server.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/model_layout.h"
 #include "common/safetensors.h"
+#include "server/checkpoint.h"
 #include "server/ps_service.h"
 #include "server/step_coordinator.h"
 
@@ -38,6 +41,11 @@ struct ServerFlags {
   std::string init_model;
   std::string save_model;
   int final_eval_timeout_s = 120;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 100;
+  int keep_checkpoints = 3;
+  double worker_timeout_s = 10;
+  std::string on_worker_loss = "wait";
 };
 
 absl::Status Validate(const ServerFlags& f) {
@@ -71,6 +79,20 @@ absl::Status Validate(const ServerFlags& f) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--dataset must be fashion-mnist, mnist or synthetic, got '%s'",
         f.dataset));
+  }
+  if (f.checkpoint_every < 0 || f.keep_checkpoints < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--checkpoint_every must be >= 0 and --keep_checkpoints >= 1, got %d "
+        "and %d",
+        f.checkpoint_every, f.keep_checkpoints));
+  }
+  if (!(f.worker_timeout_s > 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--worker_timeout_s must be > 0, got %g", f.worker_timeout_s));
+  }
+  if (f.on_worker_loss != "wait" && f.on_worker_loss != "fail") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--on_worker_loss must be wait or fail, got '%s'", f.on_worker_loss));
   }
   return absl::OkStatus();
 }
@@ -128,6 +150,19 @@ int Run(int argc, char** argv) {
                   "write the final weights here (safetensors)");
   flags.AddInt("final_eval_timeout_s", &f.final_eval_timeout_s,
                "how long to wait for rank 0's final test accuracy");
+  flags.AddString("checkpoint_dir", &f.checkpoint_dir,
+                  "write checkpoints here and resume from the newest valid "
+                  "one at start (empty = no checkpoints)");
+  flags.AddInt("checkpoint_every", &f.checkpoint_every,
+               "steps between checkpoints (0 = only at shutdown and the end)");
+  flags.AddInt("keep_checkpoints", &f.keep_checkpoints,
+               "how many checkpoints to keep");
+  flags.AddDouble("worker_timeout_s", &f.worker_timeout_s,
+                  "a worker the step needs that has not called for this long "
+                  "is reported missing");
+  flags.AddString("on_worker_loss", &f.on_worker_loss,
+                  "wait (keep the step open until the rank comes back) | fail "
+                  "(end the job with an error)");
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
     std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
@@ -141,8 +176,46 @@ int Run(int argc, char** argv) {
   Log("dp-ps %s starting: %s", DP_VERSION, flags.Effective());
 
   const ModelLayout layout = ModelLayout::SimpleNet();
+  JobConfig config;
+  config.schedule.world_size = f.workers;
+  config.schedule.batch_size = f.batch_size;
+  config.schedule.epochs = f.epochs;
+  config.schedule.max_steps = f.max_steps;
+  config.schedule.seed = static_cast<uint64_t>(f.seed);
+  config.schedule.shuffle = f.shuffle;
+  config.dataset = f.dataset;
+  config.adam.lr = f.lr;
+
+  // A write beyond a file-size limit must be an error, not a crash.
+  signal(SIGXFSZ, SIG_IGN);
+  // Before any thread starts, so that every thread inherits the mask.
+  sigset_t stop_signals;
+  BlockStopSignals(&stop_signals);
+
+  std::unique_ptr<CheckpointStore> store;
+  std::optional<Checkpoint> resumed;
+  if (!f.checkpoint_dir.empty()) {
+    store = std::make_unique<CheckpointStore>(f.checkpoint_dir, layout,
+                                              f.keep_checkpoints);
+    if (absl::Status s = store->Open(); !s.ok()) {
+      Log("configuration error: %s", s.message());
+      return kExitConfigError;
+    }
+    resumed = store->LoadNewest();
+    if (resumed.has_value()) {
+      if (absl::Status s = CheckResumable(resumed->config, config); !s.ok()) {
+        Log("configuration error: %s: %s", f.checkpoint_dir, s.message());
+        return kExitConfigError;
+      }
+    }
+  }
+
   TrainingState state;
-  if (!f.init_model.empty()) {
+  if (resumed.has_value()) {
+    state = resumed->state;
+    Log("resuming from the checkpoint of step %d in %s", state.step,
+        f.checkpoint_dir);
+  } else if (!f.init_model.empty()) {
     auto params = LoadSafetensors(f.init_model, layout);
     if (!params.ok()) {
       Log("configuration error: --init_model: %s", params.status().message());
@@ -154,23 +227,40 @@ int Run(int argc, char** argv) {
     state.params = InitParams(layout, static_cast<uint64_t>(f.seed));
   }
 
-  JobConfig config;
-  config.schedule.world_size = f.workers;
-  config.schedule.batch_size = f.batch_size;
-  config.schedule.epochs = f.epochs;
-  config.schedule.max_steps = f.max_steps;
-  config.schedule.seed = static_cast<uint64_t>(f.seed);
-  config.schedule.shuffle = f.shuffle;
-  config.dataset = f.dataset;
-  config.adam.lr = f.lr;
-
-  sigset_t stop_signals;
-  BlockStopSignals(&stop_signals);
-
   ServerMetrics metrics(f.workers);
   StepCoordinator coordinator(layout, config, std::move(state));
   coordinator.SetUpdateObserver(
       [&metrics](absl::Duration d) { metrics.ObserveUpdate(d); });
+  if (resumed.has_value() && resumed->data.has_value()) {
+    if (absl::Status s = coordinator.RestoreData(*resumed->data); !s.ok()) {
+      Log("configuration error: checkpoint in %s: %s", f.checkpoint_dir,
+          s.message());
+      return kExitConfigError;
+    }
+  }
+  // The state as a checkpoint; the data fingerprint is whatever the
+  // coordinator knows now.
+  auto make_checkpoint = [&](TrainingState s) {
+    return Checkpoint{config, coordinator.data(), std::move(s)};
+  };
+  if (store != nullptr) {
+    coordinator.SetCheckpointHook(f.checkpoint_every, [&](TrainingState s) {
+      store->WriteAsync(make_checkpoint(std::move(s)));
+    });
+  }
+  // Written synchronously at shutdown and at the end.
+  auto final_checkpoint = [&]() {
+    if (store == nullptr) return;
+    store->Flush();
+    TrainingState s = coordinator.Snapshot();
+    const int64_t step = s.step;
+    if (absl::Status st = store->Write(make_checkpoint(std::move(s))); !st.ok()) {
+      Log("error: %s", st.message());
+    } else {
+      Log("checkpoint of step %d written to %s", step, f.checkpoint_dir);
+    }
+  };
+
   PsService service(&coordinator, &metrics);
   // Declared after what it reads, so it stops serving before they go.
   std::unique_ptr<MetricsEndpoint> metrics_endpoint;
@@ -194,30 +284,56 @@ int Run(int argc, char** argv) {
     return kExitFailure;
   }
   Log("listening on %s:%d for %d workers", f.host, running->port, f.workers);
+  auto stop_server = [&]() {
+    coordinator.Shutdown();
+    running->server->Shutdown(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  };
 
   std::atomic<int> stop_signal{0};
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
     stop_signal.store(sig);
-    coordinator.Shutdown();  // wakes the progress loop below
+    coordinator.Shutdown();  // wakes the loop below
   });
   watcher.detach();
 
-  // Progress, once a second: epoch, step/total, loss, samples/s, ETA.
+  // Every 100 ms: worker leases; every second: progress (epoch, step/total,
+  // loss, samples/s, ETA).
   const absl::Time start = absl::Now();
-  absl::Time last_time = start;
-  int64_t last_step = -1, first_step = -1;
-  while (!coordinator.AwaitDone(absl::Seconds(1))) {
+  const absl::Duration worker_timeout = absl::Seconds(f.worker_timeout_s);
+  absl::Time last_print = start;
+  int64_t last_step = -1;
+  absl::Status failure;
+  while (!coordinator.AwaitDone(absl::Milliseconds(100))) {
     if (stop_signal.load() != 0) break;
+    for (const auto& e : coordinator.CheckLeases(worker_timeout)) {
+      const double secs = absl::ToDoubleSeconds(e.silent);
+      if (e.kind == StepCoordinator::LeaseEvent::kNeverRegistered) {
+        Log("rank %d has not registered yet (%.1f s since start)", e.rank, secs);
+      } else if (e.kind == StepCoordinator::LeaseEvent::kBack) {
+        Log("rank %d is back after %.1f s", e.rank, secs);
+      } else if (f.on_worker_loss == "fail") {
+        failure = absl::CancelledError(absl::StrFormat(
+            "the job failed: rank %d was lost (no call for %.1f s, "
+            "--on_worker_loss=fail)",
+            e.rank, secs));
+      } else {
+        Log("rank %d is missing: no call for %.1f s; step %d waits for it "
+            "(--on_worker_loss=wait)",
+            e.rank, secs, coordinator.Status().step);
+      }
+    }
+    if (!failure.ok()) break;
+    const absl::Time now = absl::Now();
+    if (now - last_print < absl::Seconds(1)) continue;
     CoordinatorStatus s = coordinator.Status();
     if (s.total_steps == 0 || s.step == last_step) continue;
-    const absl::Time now = absl::Now();
-    if (first_step < 0) first_step = s.step;
     const double rate =
         last_step < 0 ? 0.0
                       : (s.step - last_step) /
-                            absl::ToDoubleSeconds(now - last_time);
+                            absl::ToDoubleSeconds(now - last_print);
     const double samples_per_s = rate * s.config.schedule.global_batch();
     const double eta = rate > 0 ? (s.total_steps - s.step) / rate : 0.0;
     Log("epoch %d/%d  step %d/%d  loss %.4f  %.0f samples/s  ETA %.0fs",
@@ -225,22 +341,33 @@ int Run(int argc, char** argv) {
         s.config.schedule.epochs, s.step, s.total_steps, s.last_loss,
         samples_per_s, eta);
     last_step = s.step;
-    last_time = now;
+    last_print = now;
+  }
+  if (!failure.ok()) {
+    Log("error: %s", failure.message());
+    coordinator.Fail(failure);
+    final_checkpoint();
+    // Serve the failure to workers already in a call before going away.
+    running->server->Shutdown(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+    return kExitFailure;
   }
   if (int sig = stop_signal.load(); sig != 0) {
     Log("stopped by signal %d at step %d", sig, coordinator.Status().step);
-    running->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    final_checkpoint();
+    stop_server();
     return kExitInterrupted;
   }
 
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  TrainingState final_state = coordinator.Snapshot();
+  final_checkpoint();
   if (!f.save_model.empty()) {
-    if (absl::Status s = SaveSafetensors(f.save_model, layout, final_state.params);
+    const TrainingState final_state = coordinator.Snapshot();
+    if (absl::Status s =
+            SaveSafetensors(f.save_model, layout, final_state.params);
         !s.ok()) {
       Log("error: cannot save the model: %s", s.message());
-      coordinator.Shutdown();
-      running->server->Shutdown();
+      stop_server();
       return kExitFailure;
     }
     Log("saved the model to %s", f.save_model);
@@ -248,12 +375,18 @@ int Run(int argc, char** argv) {
   const bool have_eval =
       coordinator.AwaitFinalEval(absl::Seconds(f.final_eval_timeout_s));
   CoordinatorStatus s = coordinator.Status();
-  coordinator.Shutdown();
-  running->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  const double samples = static_cast<double>(s.step) *
-                         s.config.schedule.global_batch();
-  Log("done: %d steps, %.1f s, %.0f samples/s, final loss %.4f", s.step,
-      seconds, samples / seconds, s.last_loss);
+  stop_server();
+  // The training rate, from the first update to the last.
+  const double train_seconds =
+      absl::ToDoubleSeconds(s.last_apply - s.first_apply);
+  const double rate = train_seconds > 0
+                          ? (s.step - s.first_applied_step) *
+                                double(s.config.schedule.global_batch()) /
+                                train_seconds
+                          : 0.0;
+  Log("done: %d steps in %.1f s, %.0f samples/s while training, final loss "
+      "%.4f",
+      s.step, seconds, rate, s.last_loss);
   if (have_eval) {
     Log("final test accuracy: %.4f", s.last_eval.accuracy);
   } else {
@@ -266,4 +399,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace dp
 
-int main(int argc, char** argv) { return dp::Run(argc, argv); }
+int main(int argc, char** argv) {
+  dp::KeepLargeBuffersInHeap();
+  return dp::Run(argc, argv);
+}

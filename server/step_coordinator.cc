@@ -40,7 +40,8 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
                                  TrainingState state)
     : layout_(std::move(layout)),
       config_(std::move(config)),
-      state_(std::move(state)) {
+      state_(std::move(state)),
+      started_(absl::Now()) {
   const int64_t n = layout_.num_params();
   DP_CHECK(static_cast<int64_t>(state_.params.size()) == n);
   if (state_.m.empty()) state_.m.assign(n, 0.0f);
@@ -53,7 +54,19 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   pending_.assign(world, std::vector<float>(n));
   received_.assign(world, false);
   losses_.assign(world, 0.0f);
+  last_seen_.assign(world, started_);
+  reported_missing_.assign(world, false);
+  missing_since_.assign(world, started_);
+  reported_unregistered_.assign(world, false);
 }
+
+absl::Status StepCoordinator::RefusalLocked() const {
+  if (!failed_.ok()) return failed_;
+  if (shutdown_) return Unavailable();
+  return absl::OkStatus();
+}
+
+void StepCoordinator::Touch(int rank) { last_seen_[rank] = absl::Now(); }
 
 absl::Status StepCoordinator::CheckRank(int rank) const {
   if (rank < 0 || rank >= config_.schedule.world_size) {
@@ -73,8 +86,9 @@ int64_t StepCoordinator::TotalStepsLocked() const {
 absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
     int rank, uint64_t model_fingerprint, const DataFingerprint& data) {
   absl::MutexLock lock(&mu_);
-  if (shutdown_) return Unavailable();
+  RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
+  Touch(rank);
   if (model_fingerprint != layout_.Fingerprint()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "rank %d runs a different model (fingerprint %016x, dp-ps has "
@@ -110,10 +124,11 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
 
 absl::StatusOr<int64_t> StepCoordinator::Pull(int rank, int64_t offset,
                                               int64_t length,
-                                              std::string* out) const {
-  absl::ReaderMutexLock lock(&mu_);
-  if (shutdown_) return Unavailable();
+                                              std::string* out) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
+  Touch(rank);
   const int64_t n = layout_.num_params();
   if (length == 0 && offset >= 0 && offset <= n) length = n - offset;
   if (offset < 0 || length < 0 || offset + length > n) {
@@ -131,11 +146,14 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     int rank, int64_t step, int64_t offset, absl::string_view gradient,
     float loss) {
   std::vector<WaitCallback> to_notify;
+  std::function<void(TrainingState)> hook;
+  TrainingState checkpoint;
   PushResult result;
   {
     absl::MutexLock lock(&mu_);
-    if (shutdown_) return Unavailable();
+    RETURN_IF_ERROR(RefusalLocked());
     RETURN_IF_ERROR(CheckRank(rank));
+    Touch(rank);
     if (!registered_[rank]) {
       return absl::FailedPreconditionError(
           absl::StrFormat("rank %d has not registered", rank));
@@ -181,10 +199,17 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     losses_[rank] = loss;
     bool all = true;
     for (bool r : received_) all = all && r;
-    if (all) to_notify = ApplyLocked();
+    if (all) {
+      to_notify = ApplyLocked();
+      if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
+        hook = checkpoint_hook_;
+        checkpoint = state_;  // consistent: taken at a step boundary
+      }
+    }
     result.step = state_.step;
   }
   for (WaitCallback& cb : to_notify) cb(absl::OkStatus(), result.step);
+  if (hook) hook(std::move(checkpoint));
   return result;
 }
 
@@ -203,6 +228,11 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = loss_sum / static_cast<float>(losses_.size());
   ++state_.step;
+  last_apply_ = absl::Now();
+  if (first_applied_step_ < 0) {
+    first_applied_step_ = state_.step;
+    first_apply_ = last_apply_;
+  }
   received_.assign(received_.size(), false);
   std::vector<WaitCallback> ready;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
@@ -219,8 +249,9 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
 absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
     int rank, int64_t step, WaitCallback done) {
   absl::MutexLock lock(&mu_);
-  if (shutdown_) return Unavailable();
+  RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
+  Touch(rank);
   if (!registered_[rank]) {
     return absl::FailedPreconditionError(
         absl::StrFormat("rank %d has not registered", rank));
@@ -240,7 +271,7 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
         rank, step));
   }
   const int64_t id = next_wait_id_++;
-  waiters_.emplace(id, Waiter{step, std::move(done)});
+  waiters_.emplace(id, Waiter{rank, step, std::move(done)});
   return WaitTicket{false, current, id};
 }
 
@@ -251,8 +282,9 @@ bool StepCoordinator::CancelWait(int64_t id) {
 
 absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
   absl::MutexLock lock(&mu_);
-  if (shutdown_) return Unavailable();
+  RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
+  Touch(rank);
   if (!std::isfinite(r.accuracy) || r.accuracy < 0.0 || r.accuracy > 1.0 ||
       !std::isfinite(r.loss) || r.num_samples < 0 || r.step < 0 ||
       r.step > state_.step) {
@@ -279,9 +311,11 @@ bool StepCoordinator::done() const {
 bool StepCoordinator::AwaitDone(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return shutdown_ || (have_data_ && state_.step >= TotalStepsLocked());
+    return shutdown_ || !failed_.ok() ||
+           (have_data_ && state_.step >= TotalStepsLocked());
   };
-  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout) && !shutdown_;
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout) &&
+         !shutdown_ && failed_.ok();
 }
 
 bool StepCoordinator::AwaitFinalEval(absl::Duration timeout) const {
@@ -312,6 +346,78 @@ void StepCoordinator::SetUpdateObserver(
   update_observer_ = std::move(observer);
 }
 
+void StepCoordinator::Fail(const absl::Status& reason) {
+  std::vector<WaitCallback> to_fail;
+  int64_t step;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failed_.ok()) return;
+    failed_ = reason;
+    step = state_.step;
+    for (auto& [id, w] : waiters_) to_fail.push_back(std::move(w.done));
+    waiters_.clear();
+  }
+  for (WaitCallback& cb : to_fail) cb(reason, step);
+}
+
+absl::Status StepCoordinator::RestoreData(const DataFingerprint& data) {
+  absl::MutexLock lock(&mu_);
+  Schedule schedule = config_.schedule;
+  schedule.num_samples = data.num_samples;
+  RETURN_IF_ERROR(ValidateSchedule(schedule));
+  config_.schedule = schedule;
+  data_ = data;
+  have_data_ = true;
+  return absl::OkStatus();
+}
+
+std::optional<DataFingerprint> StepCoordinator::data() const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (!have_data_) return std::nullopt;
+  return data_;
+}
+
+void StepCoordinator::SetCheckpointHook(
+    int64_t every, std::function<void(TrainingState)> hook) {
+  absl::MutexLock lock(&mu_);
+  checkpoint_every_ = every;
+  checkpoint_hook_ = every > 0 ? std::move(hook) : nullptr;
+}
+
+std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeases(
+    absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  std::vector<LeaseEvent> events;
+  if (have_data_ && state_.step >= TotalStepsLocked()) return events;
+  const absl::Time now = absl::Now();
+  std::vector<bool> waiting(registered_.size(), false);
+  for (const auto& [id, w] : waiters_) waiting[w.rank] = true;
+  for (size_t r = 0; r < registered_.size(); ++r) {
+    const absl::Duration silent = now - last_seen_[r];
+    const int rank = static_cast<int>(r);
+    if (!registered_[r]) {
+      if (silent > timeout && !reported_unregistered_[r]) {
+        reported_unregistered_[r] = true;
+        events.push_back({rank, LeaseEvent::kNeverRegistered, silent});
+      }
+      continue;
+    }
+    // Waiting in a call (barrier) or already pushed: not what the step lacks.
+    const bool needed = !received_[r] && !waiting[r];
+    const bool missing = needed && silent > timeout;
+    if (missing && !reported_missing_[r]) {
+      reported_missing_[r] = true;
+      missing_since_[r] = last_seen_[r];
+      events.push_back({rank, LeaseEvent::kMissing, silent});
+    } else if (!missing && reported_missing_[r] && silent <= timeout) {
+      reported_missing_[r] = false;
+      events.push_back(
+          {rank, LeaseEvent::kBack, last_seen_[r] - missing_since_[r]});
+    }
+  }
+  return events;
+}
+
 TrainingState StepCoordinator::Snapshot() const {
   absl::ReaderMutexLock lock(&mu_);
   return state_;
@@ -331,6 +437,9 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.last_loss = last_loss_;
   s.has_eval = has_eval_;
   s.last_eval = last_eval_;
+  s.first_applied_step = first_applied_step_;
+  s.first_apply = first_apply_;
+  s.last_apply = last_apply_;
   return s;
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,16 +28,9 @@
 #include "common/dataset.h"
 #include "common/model_layout.h"
 #include "server/adam.h"
+#include "server/job_config.h"
 
 namespace dp {
-
-// The job's hyper-parameters, owned by dp-ps and handed to workers.
-// schedule.num_samples is learnt from the first worker that registers.
-struct JobConfig {
-  Schedule schedule;
-  std::string dataset = "fashion-mnist";
-  AdamOptions adam;
-};
 
 // The optimiser state: what a checkpoint holds.
 struct TrainingState {
@@ -64,6 +58,11 @@ struct CoordinatorStatus {
   float last_loss = 0.0f;      // mean of the ranks' losses of the last step
   bool has_eval = false;
   EvalReport last_eval;
+  // When the first and the latest update of this process were applied:
+  // the training rate without start-up and data loading.
+  int64_t first_applied_step = 0;
+  absl::Time first_apply = absl::InfinitePast();
+  absl::Time last_apply = absl::InfinitePast();
 };
 
 class StepCoordinator {
@@ -84,7 +83,7 @@ class StepCoordinator {
   // Copies params[offset, offset+length) as little-endian float32 into *out
   // and returns their version. length 0 means "to the end".
   absl::StatusOr<int64_t> Pull(int rank, int64_t offset, int64_t length,
-                               std::string* out) const;
+                               std::string* out);
 
   struct PushResult {
     int64_t step = 0;        // the job's step after this push
@@ -120,12 +119,37 @@ class StepCoordinator {
   // Every step is applied.
   bool done() const;
 
-  // Blocks until every step is applied, or `timeout` passes; true if done.
+  // Blocks until every step is applied, or `timeout` passes, or the job
+  // fails or shuts down; true only if every step is applied.
   bool AwaitDone(absl::Duration timeout) const;
   // Blocks until the final evaluation is reported or `timeout` passes.
   bool AwaitFinalEval(absl::Duration timeout) const;
   // Rejects further requests with UNAVAILABLE and fails pending waits.
   void Shutdown();
+  // Ends the job with `reason`: pending waits and every later request get it.
+  void Fail(const absl::Status& reason);
+
+  // Restores the data fingerprint saved with a checkpoint, as if the worker
+  // that defined it had registered. INVALID_ARGUMENT if the schedule cannot
+  // run on it.
+  absl::Status RestoreData(const DataFingerprint& data);
+  std::optional<DataFingerprint> data() const;
+
+  // Calls hook(state) with a consistent copy of the state after every
+  // `every`-th step, outside the lock, in the thread that applied the step.
+  void SetCheckpointHook(int64_t every,
+                         std::function<void(TrainingState)> hook);
+
+  // Lease events since the last call. A rank the current step still needs
+  // is "missing" once it has made no call for `timeout` while not waiting in
+  // a call; "back" when it calls again. Ranks that never registered are
+  // reported as "not registered yet".
+  struct LeaseEvent {
+    int rank;
+    enum Kind { kMissing, kBack, kNeverRegistered } kind;
+    absl::Duration silent;   // how long it has been (kBack: was) silent
+  };
+  std::vector<LeaseEvent> CheckLeases(absl::Duration timeout);
 
   // Called with the time the average + Adam took, after every update, under
   // the coordinator's lock: it must be quick and must not call back. For
@@ -137,10 +161,15 @@ class StepCoordinator {
 
  private:
   struct Waiter {
+    int rank;
     int64_t step;
     WaitCallback done;
   };
+  // Records that `rank` is alive (any call renews its lease).
+  void Touch(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRank(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The error every request gets once the job failed or is shutting down.
+  absl::Status RefusalLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Averages the pushes, applies Adam, publishes the next version; returns
   // the waiters to call once the lock is released.
   std::vector<WaitCallback> ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -158,12 +187,23 @@ class StepCoordinator {
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
   std::vector<float> losses_ ABSL_GUARDED_BY(mu_);
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
+  int64_t first_applied_step_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time first_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool has_eval_ ABSL_GUARDED_BY(mu_) = false;
   bool final_eval_ ABSL_GUARDED_BY(mu_) = false;
   EvalReport last_eval_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  int64_t checkpoint_every_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(TrainingState)> checkpoint_hook_ ABSL_GUARDED_BY(mu_);
+  const absl::Time started_;
+  std::vector<absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> reported_missing_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> missing_since_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> reported_unregistered_ ABSL_GUARDED_BY(mu_);
   std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
 #include "common/dataset.h"
 #include "common/file_util.h"
@@ -12,61 +13,10 @@
 #include "common/model_layout.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
-#include "tests/subprocess.h"
+#include "tests/job_runner.h"
 
 namespace dp {
 namespace {
-
-const absl::Duration kJobTimeout = absl::Minutes(5);
-
-// Starts dp-ps on a free loopback port; returns it once it listens.
-std::unique_ptr<Subprocess> StartServer(std::vector<std::string> args,
-                                        int* port) {
-  std::vector<std::string> argv = {DP_PS_BINARY, "--host=127.0.0.1",
-                                   "--port=0"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto ps = std::make_unique<Subprocess>(argv);
-  EXPECT_TRUE(ps->WaitForOutput(" for ", absl::Seconds(30))) << ps->output();
-  auto field = ps->Field("listening on 127.0.0.1:");
-  *port = 0;
-  if (field.has_value()) {
-    EXPECT_TRUE(absl::SimpleAtoi(field->substr(0, field->find(' ')), port));
-  }
-  return ps;
-}
-
-std::unique_ptr<Subprocess> StartWorker(int port, int rank,
-                                        std::vector<std::string> args = {}) {
-  std::vector<std::string> argv = {
-      DP_WORKER_BINARY, absl::StrCat("--ps=127.0.0.1:", port),
-      absl::StrCat("--rank=", rank), "--backend=cpu"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return std::make_unique<Subprocess>(argv);
-}
-
-struct JobResult {
-  int ps_exit = -1;
-  std::vector<int> worker_exits;
-  std::string ps_output;
-};
-
-// dp-ps with `ps_args` and `workers` dp-workers; waits for all to exit.
-JobResult RunJob(std::vector<std::string> ps_args, int workers,
-                 std::vector<std::string> worker_args = {}) {
-  ps_args.push_back(absl::StrCat("--workers=", workers));
-  int port = 0;
-  auto ps = StartServer(ps_args, &port);
-  std::vector<std::unique_ptr<Subprocess>> ws;
-  for (int r = 0; r < workers; ++r) ws.push_back(StartWorker(port, r, worker_args));
-  JobResult result;
-  for (auto& w : ws) {
-    result.worker_exits.push_back(w->Wait(kJobTimeout).value_or(-1));
-    if (result.worker_exits.back() != 0) ADD_FAILURE() << w->output();
-  }
-  result.ps_exit = ps->Wait(kJobTimeout).value_or(-1);
-  result.ps_output = ps->output();
-  return result;
-}
 
 TEST(JobTest, TwoWorkersOneEpochOfFashionMnistReachTestAccuracy084) {
   TempDir dir;
@@ -138,6 +88,15 @@ TEST(JobTest, UnknownFlagIsAConfigurationErrorNamingTheFlag) {
   Subprocess w({DP_WORKER_BINARY, "--rank=zero"});
   EXPECT_EQ(w.Wait(absl::Seconds(30)), kExitConfigError);
   EXPECT_NE(w.output().find("'zero'"), std::string::npos) << w.output();
+}
+
+TEST(JobTest, UnknownBackendFailsBeforeConnecting) {
+  // No dp-ps is listening on port 1: the worker must not even try.
+  Subprocess w({DP_WORKER_BINARY, "--rank=0", "--backend=gpu",
+                "--ps=127.0.0.1:1"});
+  EXPECT_EQ(w.Wait(absl::Seconds(30)), kExitConfigError);
+  EXPECT_NE(w.output().find("unknown backend \"gpu\""), std::string::npos)
+      << w.output();
 }
 
 TEST(JobTest, HelpAndVersionExitZero) {

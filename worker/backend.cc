@@ -23,6 +23,23 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpu(
 
 }  // namespace
 
+absl::Status CheckBackend(absl::string_view name) {
+  if (name == "cpu" || name == "auto") return absl::OkStatus();
+  if (name == "cuda") {
+#ifdef DP_HAVE_CUDA
+    std::string why;
+    if (CudaDeviceAvailable(&why)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("backend \"cuda\": ", why));
+#else
+    return absl::FailedPreconditionError(
+        "backend \"cuda\": this dp-worker was built without CUDA");
+#endif
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown backend \"", name, "\"; valid names: auto, cpu, cuda"));
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
     absl::string_view name, const ModelLayout& layout,
     const BackendOptions& options) {

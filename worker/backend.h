@@ -56,6 +56,10 @@ struct BackendOptions {
 // name: "cpu" | "cuda" | "auto" (cuda when a GPU is usable, else cpu).
 // "cuda" without a usable GPU (or in a build without CUDA) is
 // FAILED_PRECONDITION with the reason; unknown names INVALID_ARGUMENT.
+// Cheap check of what CreateBackend(name, ...) would refuse (unknown name,
+// "cuda" without a usable GPU), so a worker can fail before it connects.
+absl::Status CheckBackend(absl::string_view name);
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
     absl::string_view name, const ModelLayout& layout,
     const BackendOptions& options);

@@ -17,8 +17,9 @@ namespace dp {
 
 // Knobs of the CUDA backend that the generic BackendOptions do not have.
 struct CudaOptions {
-  // Capture forward+backward in one CUDA graph per batch size (a handful of
-  // sizes are cached) and replay it: one launch per step instead of ~15.
+  // Capture forward+backward in one CUDA graph per batch size (from the
+  // second step of that size; a handful of sizes are cached) and replay it:
+  // one launch per step instead of ~15.
   // Off: every kernel and cuBLAS call is launched one by one. Both give
   // bitwise-identical results.
   bool graphs = true;

@@ -17,6 +17,10 @@
 namespace dp {
 namespace {
 
+// A re-sync that does not lead to a completed step, repeated this often,
+// means something other than a restart is wrong.
+constexpr int kMaxResyncsInARow = 20;
+
 absl::Span<const float> AsFloats(const std::string& bytes) {
   return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()),
                                  bytes.size() / sizeof(float));
@@ -71,6 +75,7 @@ absl::Status Trainer::Run() {
   BackendOptions backend_options;
   backend_options.max_batch = std::max(cfg.batch_size(), 1000);
   backend_options.cpu_threads = options_.cpu_threads;
+  backend_options.tf32 = options_.tf32;
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                    CreateBackend(options_.backend, layout, backend_options));
   Log("rank %d: %d training samples of %s, backend %s", rank,
@@ -124,6 +129,7 @@ absl::Status Trainer::Run() {
   absl::Span<float> grad(reinterpret_cast<float*>(grad_bytes->data()),
                          layout.num_params());
 
+  int resyncs_in_a_row = 0;
   while (step < total) {
     const absl::Time t0 = absl::Now();
     Gather(train, sampler.Indices(step, rank), &x, &y);
@@ -166,15 +172,25 @@ absl::Status Trainer::Run() {
           absl::StrJoin(missing, ","));
       continue;  // the push is recorded; a retry is acknowledged, not counted
     }
+    // ABORTED: stale or future step; FAILED_PRECONDITION: dp-ps restarted
+    // and no longer knows this rank. Both: register again and continue from
+    // the step dp-ps is at. A registration refused for good ends the loop.
     if (exchanged.code() == absl::StatusCode::kAborted ||
+        exchanged.code() == absl::StatusCode::kFailedPrecondition ||
         (exchanged.ok() && weights.step() != step + 1)) {
       Log("rank %d: re-syncing at step %d: %s", rank, step,
           exchanged.ok() ? "unexpected version" : exchanged.message());
+      if (++resyncs_in_a_row > kMaxResyncsInARow) {
+        return absl::AbortedError(absl::StrFormat(
+            "rank %d: %d re-syncs in a row without progress; last error: %s",
+            rank, resyncs_in_a_row - 1, exchanged.message()));
+      }
       ++stats_.resyncs;
       metrics.CountResync();
       RETURN_IF_ERROR(sync());
       continue;
     }
+    resyncs_in_a_row = 0;
     RETURN_IF_ERROR(exchanged);
     RETURN_IF_ERROR(backend->SetWeights(AsFloats(weights.params())));
     stats_.compute_seconds += absl::ToDoubleSeconds(t1 - t0);
@@ -195,7 +211,10 @@ absl::Status Trainer::Run() {
       report.set_final(step == total);
       Log("rank 0: test accuracy %.4f after epoch %d", report.accuracy(),
           report.epoch());
-      RETURN_IF_ERROR(client_->ReportEval(report));
+      // The number is informative: a refused report must not stop training.
+      if (absl::Status s = client_->ReportEval(report); !s.ok()) {
+        Log("rank 0: evaluation report not accepted: %s", s.message());
+      }
     }
   }
   Log("rank %d: finished at step %d: %d steps here, %.3f ms compute + %.3f "

@@ -18,6 +18,7 @@ struct TrainerOptions {
   std::string data_dir;         // empty: the data set's default location
   std::string backend = "auto";
   int cpu_threads = 1;
+  bool tf32 = false;            // CUDA: TF32 tensor-core matrix products
   bool fused = true;            // PushPull instead of Push + Barrier + Pull
   WorkerMetrics* metrics = nullptr;  // not owned; null: an unexported one
 };

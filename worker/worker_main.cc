@@ -5,8 +5,10 @@
 #include "common/flags.h"
 #include "common/grpc_server.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/model_layout.h"
+#include "worker/backend.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
 
@@ -28,6 +30,7 @@ int Run(int argc, char** argv) {
   int metrics_port = 0;
   std::string metrics_host = "0.0.0.0";
   int threads = 1;
+  bool tf32 = false;
   std::string protocol = "fused";
   int wait_timeout_s = 30;
   int retry_for_s = 120;
@@ -44,6 +47,9 @@ int Run(int argc, char** argv) {
   flags.AddString("metrics_host", &metrics_host,
                   "address the metrics endpoint listens on");
   flags.AddInt("threads", &threads, "BLAS threads of the CPU backend");
+  flags.AddBool("tf32", &tf32,
+                "CUDA backend: allow TF32 tensor-core matrix products (off: "
+                "exact float32)");
   flags.AddString("protocol", &protocol,
                   "fused (PushPull, one round trip) | plain (Push, Barrier, "
                   "Pull)");
@@ -72,6 +78,10 @@ int Run(int argc, char** argv) {
   if (threads < 1 || wait_timeout_s < 1 || retry_for_s < 0) {
     Log("configuration error: --threads and --wait_timeout_s must be >= 1, "
         "--retry_for_s >= 0");
+    return kExitConfigError;
+  }
+  if (absl::Status s = CheckBackend(backend); !s.ok()) {
+    Log("configuration error: %s", s.message());
     return kExitConfigError;
   }
   if (absl::Status s = ValidateMetricsPort(metrics_port); !s.ok()) {
@@ -104,6 +114,7 @@ int Run(int argc, char** argv) {
   options.data_dir = data_dir;
   options.backend = backend;
   options.cpu_threads = threads;
+  options.tf32 = tf32;
   options.fused = protocol == "fused";
   options.metrics = &metrics;
   Trainer trainer(&client, options);
@@ -118,4 +129,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace dp
 
-int main(int argc, char** argv) { return dp::Run(argc, argv); }
+int main(int argc, char** argv) {
+  dp::KeepLargeBuffersInHeap();
+  return dp::Run(argc, argv);
+}

@@ -1,0 +1,84 @@
+// Checkpoints of dp-ps: weights, Adam m and v, step, job configuration and
+// data fingerprint, with a checksum. File: 8-byte magic, 8-byte little-endian
+// payload length, 4-byte little-endian CRC-32 of the payload, then the
+// payload (a serialised dp.v1.Checkpoint). Written atomically (temporary
+// file, fsync, rename, fsync of the directory); the newest `keep` are kept.
+#ifndef DP_SERVER_CHECKPOINT_H_
+#define DP_SERVER_CHECKPOINT_H_
+
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "common/dataset.h"
+#include "common/model_layout.h"
+#include "server/job_config.h"
+#include "server/step_coordinator.h"
+
+namespace dp {
+
+struct Checkpoint {
+  JobConfig config;
+  std::optional<DataFingerprint> data;
+  TrainingState state;
+};
+
+std::string EncodeCheckpoint(const ModelLayout& layout, const Checkpoint& c);
+// DATA_LOSS for a truncated or corrupt image (bad magic, length, checksum,
+// payload); FAILED_PRECONDITION when it holds another model.
+absl::StatusOr<Checkpoint> DecodeCheckpoint(const ModelLayout& layout,
+                                            absl::string_view bytes);
+
+// "ckpt-000000000123.dpckpt" for step 123: names sort by step.
+std::string CheckpointFileName(int64_t step);
+
+class CheckpointStore {
+ public:
+  CheckpointStore(std::string dir, ModelLayout layout, int keep);
+  ~CheckpointStore();  // finishes a pending write
+
+  // Creates the directory if needed and proves it writable with a probe
+  // file. Errors name the directory.
+  [[nodiscard]] absl::Status Open();
+
+  // The newest checkpoint that verifies, or nullopt when there is none.
+  // Every file skipped is logged with its reason.
+  std::optional<Checkpoint> LoadNewest() const;
+
+  // Writes now, then removes all but the newest `keep` checkpoints. On error
+  // the files already there are untouched.
+  [[nodiscard]] absl::Status Write(const Checkpoint& c);
+
+  // Hands the checkpoint to a background writer so training does not wait
+  // for the disk; a newer checkpoint replaces one still waiting. Errors are
+  // logged, and counted in failures().
+  void WriteAsync(Checkpoint c);
+  // Blocks until the background writer is idle.
+  void Flush();
+  int64_t failures() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  void WriterLoop();
+  std::vector<std::pair<int64_t, std::string>> ListNewestFirst() const;
+
+  const std::string dir_;
+  const ModelLayout layout_;
+  const int keep_;
+  mutable absl::Mutex mu_;
+  std::optional<Checkpoint> pending_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread writer_;
+};
+
+}  // namespace dp
+
+#endif  // DP_SERVER_CHECKPOINT_H_

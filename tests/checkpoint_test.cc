@@ -1,0 +1,155 @@
+// Checkpoints: exact round trip, corruption detected, newest valid one
+// chosen, retention, compatibility of job configurations.
+#include "server/checkpoint.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "tests/subprocess.h"
+
+namespace dp {
+namespace {
+
+const ModelLayout kLayout = ModelLayout::Mlp({6, 5, 3});
+
+Checkpoint Make(int64_t step) {
+  Checkpoint c;
+  c.config.schedule.world_size = 2;
+  c.config.schedule.batch_size = 8;
+  c.config.dataset = "synthetic";
+  c.data = DataFingerprint{1000, 0xabcdef};
+  c.state.step = step;
+  c.state.params = InitParams(kLayout, step);
+  c.state.m.assign(kLayout.num_params(), 0.25f * step);
+  c.state.v.assign(kLayout.num_params(), 0.5f * step);
+  return c;
+}
+
+bool SameState(const TrainingState& a, const TrainingState& b) {
+  auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
+  return a.step == b.step && eq(a.params, b.params) && eq(a.m, b.m) && eq(a.v, b.v);
+}
+
+TEST(CheckpointTest, RoundTripIsBitExact) {
+  const Checkpoint c = Make(42);
+  auto back = DecodeCheckpoint(kLayout, EncodeCheckpoint(kLayout, c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(SameState(c.state, back->state));
+  ASSERT_TRUE(back->data.has_value());
+  EXPECT_EQ(*back->data, *c.data);
+  EXPECT_TRUE(CheckResumable(c.config, back->config).ok());
+}
+
+TEST(CheckpointTest, EveryTruncationAndEveryFlippedByteIsDetected) {
+  const std::string bytes = EncodeCheckpoint(kLayout, Make(7));
+  int undetected = 0;
+  for (size_t n = 0; n < bytes.size(); n += 7) {
+    if (DecodeCheckpoint(kLayout, bytes.substr(0, n)).ok()) ++undetected;
+  }
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string bad = bytes;
+    bad[i] ^= 0x10;
+    auto d = DecodeCheckpoint(kLayout, bad);
+    if (d.ok()) ++undetected;
+    else EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << i;
+  }
+  EXPECT_EQ(undetected, 0);
+}
+
+TEST(CheckpointTest, OtherModelIsRefused) {
+  const std::string bytes = EncodeCheckpoint(kLayout, Make(1));
+  auto d = DecodeCheckpoint(ModelLayout::Mlp({6, 4, 3}), bytes);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CheckpointStoreTest, NewestValidIsLoadedAndCorruptOnesAreSkipped) {
+  TempDir dir;
+  CheckpointStore store(dir.path(), kLayout, 10);
+  ASSERT_TRUE(store.Open().ok());
+  for (int step : {10, 20, 30}) ASSERT_TRUE(store.Write(Make(step)).ok());
+  // Truncate the newest, flip a byte in the one before.
+  const std::string newest = dir.File(CheckpointFileName(30));
+  const std::string middle = dir.File(CheckpointFileName(20));
+  auto n = ReadFile(newest);
+  ASSERT_TRUE(n.ok());
+  ASSERT_TRUE(WriteFileAtomic(newest, n->substr(0, n->size() / 2)).ok());
+  auto m = ReadFile(middle);
+  ASSERT_TRUE(m.ok());
+  (*m)[m->size() - 100] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(middle, *m).ok());
+  auto loaded = store.LoadNewest();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_TRUE(SameState(loaded->state, Make(10).state));
+}
+
+TEST(CheckpointStoreTest, OnlyTheNewestKAreKept) {
+  TempDir dir;
+  CheckpointStore store(dir.path(), kLayout, 2);
+  ASSERT_TRUE(store.Open().ok());
+  for (int step = 1; step <= 5; ++step) store.WriteAsync(Make(step * 10));
+  store.Flush();
+  ASSERT_TRUE(store.Write(Make(60)).ok());
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    names.push_back(e.path().filename());
+  }
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names.back(), CheckpointFileName(60));
+  EXPECT_EQ(store.failures(), 0);
+}
+
+TEST(CheckpointStoreTest, DirectoryThatIsAFileIsAClearError) {
+  TempDir dir;
+  ASSERT_TRUE(WriteFileAtomic(dir.File("file"), "x").ok());
+  CheckpointStore store(dir.File("file"), kLayout, 2);
+  absl::Status s = store.Open();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(dir.File("file")), std::string::npos) << s;
+}
+
+TEST(CheckpointStoreTest, FailedWriteKeepsThePreviousCheckpoints) {
+  TempDir dir;
+  CheckpointStore store(dir.path(), kLayout, 3);
+  ASSERT_TRUE(store.Open().ok());
+  ASSERT_TRUE(store.Write(Make(10)).ok());
+  // A file-size limit smaller than a checkpoint makes the next write fail
+  // the way a full disk does, even for root.
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit old;
+  getrlimit(RLIMIT_FSIZE, &old);
+  struct rlimit tiny = old;
+  tiny.rlim_cur = 64;
+  setrlimit(RLIMIT_FSIZE, &tiny);
+  absl::Status s = store.Write(Make(20));
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("step 20"), std::string::npos) << s;
+  auto loaded = store.LoadNewest();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_TRUE(SameState(loaded->state, Make(10).state));
+}
+
+TEST(JobConfigTest, ResumeRefusesOtherHyperParametersButAllowsMoreEpochs) {
+  JobConfig a = Make(1).config;
+  JobConfig b = a;
+  b.schedule.epochs = 9;
+  b.schedule.max_steps = 1234;
+  EXPECT_TRUE(CheckResumable(a, b).ok());
+  b.schedule.batch_size = 16;
+  b.adam.lr = 0.5;
+  absl::Status s = CheckResumable(a, b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("--batch_size=16 (saved: 8)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--lr=0.5"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,681 @@
+// CudaBackend against the CPU reference (CpuBackend and the loops of
+// worker/cpu_backend.cc): each fused kernel, the whole forward+backward,
+// evaluation, determinism, input validation. Every test that needs a GPU
+// skips, saying why, where there is none or in a build without CUDA.
+//
+// Tolerances, llm.c style: a value passes when |cuda - cpu| <= atol + rtol *
+// |cpu|; failures are counted and the first ones printed.
+#include "worker/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_layout.h"
+#include "common/random.h"
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+#include "worker/cpu_backend.h"
+#ifdef DP_HAVE_CUDA
+#include "worker/cuda_kernels_testing.h"
+#endif
+
+namespace dp {
+namespace {
+
+#ifndef DP_HAVE_CUDA
+
+TEST(CudaBackendTest, NeedsACudaBuild) {
+  GTEST_SKIP() << "built without CUDA (nvcc not found or "
+                  "-DDP_ENABLE_CUDA=OFF): no CUDA backend to test";
+}
+
+TEST(CudaBackendTest, CudaBackendByNameIsFailedPreconditionWithoutCuda) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  auto backend = CreateBackend("cuda", layout, BackendOptions());
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(backend.status().message().find("without CUDA"), std::string::npos);
+}
+
+#else  // DP_HAVE_CUDA
+
+// Gradients: rtol 1e-5 is the contract (float32 parity). The entries of these
+// gradients are O(1e-5..1e-1); two float32 sums of the same terms in a
+// different order differ by about eps * sqrt(K) relative to the sum of the
+// magnitudes, a few 1e-9 here, so atol 1e-6 only matters for entries that
+// nearly cancel, and is still 100x below a typical entry. The inputs are
+// drawn so that no ReLU input lies within kKinkMargin of 0 (see
+// DrawBatch): otherwise a rounding difference could flip a ReLU and change
+// a gradient row legitimately.
+constexpr double kGradAtol = 1e-6;
+constexpr double kGradRtol = 1e-5;
+// Per tensor, ||cuda - cpu|| / ||cpu|| must also stay below this: an error
+// spread over a whole tensor is a bug even when every entry passes.
+constexpr double kGradRelL2 = 1e-5;
+// Mean loss over the batch, absolute (the loss is about ln 10 = 2.3).
+constexpr double kLossTol = 1e-6;
+// Minimum |pre-activation| of every ReLU and minimum gap between the two
+// largest logits in the test batches (float64 forward).
+constexpr double kKinkMargin = 1e-4;
+// Column sums: |sum - exact| <= kSumRtol * sum_i |term_i| (float32 rounding
+// of a sum of n terms, either order, is ~eps * sqrt(n) of that).
+constexpr double kSumRtol = 1e-6;
+
+bool GpuUsable(std::string* why) { return CudaDeviceAvailable(why); }
+
+#define SKIP_WITHOUT_GPU()                                   \
+  do {                                                       \
+    std::string why_no_gpu;                                  \
+    if (!GpuUsable(&why_no_gpu)) GTEST_SKIP() << why_no_gpu; \
+  } while (0)
+
+// ---------------------------------------------------------------------------
+// Mixed-tolerance comparison that counts failures and prints the first ones.
+struct Compare {
+  int64_t mismatches = 0;
+  double max_abs = 0.0;
+  double diff_l2 = 0.0;  // sum of squared differences
+  double ref_l2 = 0.0;   // sum of squared reference values
+};
+
+// name(i) labels entry i in the printout.
+template <typename NameFn>
+Compare CompareValues(absl::Span<const float> got, absl::Span<const float> want,
+                      double atol, double rtol, NameFn name) {
+  Compare c;
+  constexpr int kShow = 10;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double a = got[i], b = want[i];
+    const double diff = std::fabs(a - b);
+    const double tol = atol + rtol * std::fabs(b);
+    c.diff_l2 += diff * diff;
+    c.ref_l2 += b * b;
+    if (!(diff <= tol)) {  // NaN counts as a mismatch
+      if (c.mismatches < kShow) {
+        std::printf("  mismatch %s: cuda %.9g cpu %.9g |diff| %.3g > %.3g\n",
+                    name(i).c_str(), a, b, diff, tol);
+      }
+      ++c.mismatches;
+    }
+    if (diff > c.max_abs || std::isnan(diff)) c.max_abs = diff;
+  }
+  return c;
+}
+
+Compare CompareFlat(const char* what, absl::Span<const float> got,
+                    absl::Span<const float> want, double atol, double rtol) {
+  return CompareValues(got, want, atol, rtol, [&](size_t i) {
+    return absl::StrCat(what, "[", i, "]");
+  });
+}
+
+// Compares two flat gradients tensor by tensor; returns total mismatches.
+int64_t CompareGradients(const ModelLayout& layout,
+                         const std::vector<float>& got,
+                         const std::vector<float>& want) {
+  int64_t total = 0;
+  for (const TensorInfo& t : layout.tensors()) {
+    absl::Span<const float> g(got.data() + t.offset, t.size);
+    absl::Span<const float> w(want.data() + t.offset, t.size);
+    const Compare c = CompareFlat(t.name.c_str(), g, w, kGradAtol, kGradRtol);
+    const double rel_l2 = std::sqrt(c.diff_l2 / std::max(c.ref_l2, 1e-300));
+    std::printf(
+        "  %-11s %7lld values: %lld mismatches, max |diff| %.3g, "
+        "rel L2 %.3g\n",
+        t.name.c_str(), static_cast<long long>(t.size),
+        static_cast<long long>(c.mismatches), c.max_abs, rel_l2);
+    EXPECT_LE(rel_l2, kGradRelL2) << t.name;
+    total += c.mismatches;
+  }
+  return total;
+}
+
+// ---------------------------------------------------------------------------
+// Test data.
+struct Batch {
+  std::vector<float> x;         // (n, input_dim)
+  std::vector<int32_t> labels;  // (n)
+};
+
+// Float64 forward of one sample x (input_dim) with float32 params p: false
+// when any ReLU input lies within kKinkMargin of 0 or the two largest logits
+// lie within kKinkMargin of each other, i.e. when float32 rounding could
+// decide a branch differently on the two backends.
+bool FarFromKinks(const ModelLayout& layout, const std::vector<float>& p,
+                  const float* x) {
+  const std::vector<int>& d = layout.dims();
+  const int L = layout.num_layers();
+  std::vector<double> h(x, x + d[0]), y;
+  for (int l = 0; l < L; ++l) {
+    const float* w = p.data() + layout.weight(l).offset;  // (out, in)
+    const float* b = p.data() + layout.bias(l).offset;    // (out)
+    y.assign(d[l + 1], 0.0);
+    for (int o = 0; o < d[l + 1]; ++o) {
+      double acc = b[o];
+      const float* row = w + static_cast<int64_t>(o) * d[l];
+      for (int i = 0; i < d[l]; ++i) acc += static_cast<double>(row[i]) * h[i];
+      if (l + 1 < L) {
+        if (std::fabs(acc) < kKinkMargin) return false;
+        acc = acc > 0.0 ? acc : 0.0;
+      }
+      y[o] = acc;
+    }
+    h.swap(y);
+  }
+  std::vector<double> z = h;
+  std::sort(z.begin(), z.end());
+  return z.size() < 2 || z[z.size() - 1] - z[z.size() - 2] >= kKinkMargin;
+}
+
+// n samples of N(0,1) features and uniform labels, redrawing any sample that
+// is not FarFromKinks.
+Batch DrawBatch(const ModelLayout& layout, const std::vector<float>& params,
+                int n, uint64_t seed) {
+  Rng rng(seed, 11);
+  const int D = layout.input_dim();
+  Batch b;
+  b.x.resize(static_cast<size_t>(n) * D);
+  for (int s = 0; s < n; ++s) {
+    float* xs = b.x.data() + static_cast<size_t>(s) * D;
+    do {
+      for (int i = 0; i < D; ++i) xs[i] = static_cast<float>(rng.Normal());
+    } while (!FarFromKinks(layout, params, xs));
+    b.labels.push_back(static_cast<int32_t>(rng.Below(layout.num_classes())));
+  }
+  return b;
+}
+
+std::vector<float> RandomVector(size_t n, uint64_t seed, double scale) {
+  Rng rng(seed, 3);
+  std::vector<float> v(n);
+  for (float& f : v) f = static_cast<float>(scale * rng.Normal());
+  return v;
+}
+
+std::unique_ptr<CpuBackend> MakeCpu(const ModelLayout& layout, int max_batch) {
+  BackendOptions options;
+  options.max_batch = max_batch;
+  auto cpu = CpuBackend::Create(layout, options);
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  return cpu.ok() ? std::move(cpu).value() : nullptr;
+}
+
+std::unique_ptr<CudaBackend> MakeCuda(const ModelLayout& layout, int max_batch,
+                                      bool graphs = true, bool tf32 = false) {
+  BackendOptions options;
+  options.max_batch = max_batch;
+  options.tf32 = tf32;
+  CudaOptions cuda_options;
+  cuda_options.graphs = graphs;
+  auto cuda = CudaBackend::Create(layout, options, cuda_options);
+  EXPECT_TRUE(cuda.ok()) << cuda.status();
+  return cuda.ok() ? std::move(cuda).value() : nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// Without a GPU (these run everywhere).
+
+TEST(CudaBackendTest, DeviceAvailabilityAgreesWithCreateBackend) {
+  std::string why;
+  const bool usable = CudaDeviceAvailable(&why);
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  auto cuda = CreateBackend("cuda", layout, BackendOptions());
+  auto any = CreateBackend("auto", layout, BackendOptions());
+  ASSERT_TRUE(any.ok()) << any.status();
+  if (usable) {
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    EXPECT_EQ((*cuda)->Name().rfind("cuda (", 0), 0u) << (*cuda)->Name();
+    EXPECT_EQ((*any)->Name().rfind("cuda", 0), 0u) << (*any)->Name();
+  } else {
+    std::printf("no usable GPU: %s\n", why.c_str());
+    EXPECT_FALSE(why.empty());
+    ASSERT_FALSE(cuda.ok());
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(cuda.status().message().find(why), std::string::npos)
+        << cuda.status();
+    EXPECT_EQ((*any)->Name(), "cpu");
+  }
+}
+
+TEST(CudaBackendTest, MaxBatchBelowOneIsInvalidArgument) {
+  BackendOptions options;
+  options.max_batch = 0;
+  auto cuda = CudaBackend::Create(ModelLayout::SimpleNet(), options);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// Kernels against the loops of worker/cpu_backend.cc, copied here.
+
+TEST(CudaKernelTest, BiasReluIsBitwiseTheCpuLoop) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int B, out;
+  };
+  // out % 4 == 0 takes the float4 path, the others the scalar one.
+  for (const Case& k :
+       {Case{1, 256}, Case{63, 128}, Case{64, 10}, Case{1000, 7}, Case{5, 1}}) {
+    for (bool relu : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("B=", k.B, " out=", k.out, " relu=", relu));
+      const size_t n = static_cast<size_t>(k.B) * k.out;
+      std::vector<float> y = RandomVector(n, 100 + k.B, 1.0);
+      const std::vector<float> bias = RandomVector(k.out, 200 + k.out, 0.5);
+      std::vector<float> want = y;
+      for (size_t i = 0; i < n; ++i) {
+        const float v = want[i] + bias[i % k.out];
+        want[i] = relu ? (v < 0.0f ? 0.0f : v) : v;
+      }
+      ASSERT_TRUE(
+          CudaBiasReluForTest(absl::MakeSpan(y), bias, k.B, k.out, relu).ok());
+      EXPECT_EQ(std::memcmp(y.data(), want.data(), n * sizeof(float)), 0);
+    }
+  }
+}
+
+TEST(CudaKernelTest, SoftmaxCrossEntropyMatchesTheCpuLoop) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int B, C;
+  };
+  // C = 100 spreads a row over several columns per lane.
+  for (const Case& k : {Case{1, 10}, Case{63, 10}, Case{64, 7}, Case{1000, 10},
+                        Case{33, 100}}) {
+    SCOPED_TRACE(absl::StrCat("B=", k.B, " C=", k.C));
+    const size_t n = static_cast<size_t>(k.B) * k.C;
+    std::vector<float> logits = RandomVector(n, 300 + k.B, 2.0);
+    logits[0] = 80.0f;  // exp would overflow without the max shift
+    std::vector<int32_t> labels(k.B);
+    Rng rng(400 + k.B, 0);
+    for (int32_t& l : labels) l = static_cast<int32_t>(rng.Below(k.C));
+
+    // cpu_backend.cc: SoftmaxCrossEntropy with ExpRow.
+    std::vector<float> want_dz(n), want_loss(k.B);
+    const float inv_b = 1.0f / static_cast<float>(k.B);
+    for (int i = 0; i < k.B; ++i) {
+      const float* z = logits.data() + static_cast<size_t>(i) * k.C;
+      float* dz = want_dz.data() + static_cast<size_t>(i) * k.C;
+      float m = z[0];
+      for (int j = 1; j < k.C; ++j) m = std::max(m, z[j]);
+      float s = 0.0f;
+      for (int j = 0; j < k.C; ++j) s += (dz[j] = std::exp(z[j] - m));
+      want_loss[i] = (m + std::log(s)) - z[labels[i]];
+      const float scale = inv_b / s;
+      for (int j = 0; j < k.C; ++j) dz[j] *= scale;
+      dz[labels[i]] -= inv_b;
+    }
+
+    std::vector<float> dz(n), loss(k.B);
+    ASSERT_TRUE(CudaSoftmaxCrossEntropyForTest(logits, labels, k.B, k.C,
+                                               absl::MakeSpan(dz),
+                                               absl::MakeSpan(loss))
+                    .ok());
+    // expf/logf differ from glibc's by a few ulp; the sum order differs.
+    EXPECT_EQ(CompareFlat("dlogits", dz, want_dz, 1e-12, kGradRtol).mismatches,
+              0);
+    EXPECT_EQ(
+        CompareFlat("row_loss", loss, want_loss, kLossTol, 1e-6).mismatches, 0);
+  }
+}
+
+TEST(CudaKernelTest, ColumnSumsOfIntegersAreExact) {
+  SKIP_WITHOUT_GPU();
+  // Integer values: every partial sum is exact in float32, whatever the
+  // order, so the sums must be exact. Sizes cross the chunk (128 rows) and
+  // tile (32 columns) boundaries.
+  for (int B : {1, 63, 64, 128, 129, 1000, 4096}) {
+    for (int out : {10, 33, 256}) {
+      SCOPED_TRACE(absl::StrCat("B=", B, " out=", out));
+      const size_t n = static_cast<size_t>(B) * out;
+      Rng rng(B * 1000 + out, 5);
+      std::vector<float> dy(n);
+      for (float& v : dy) v = static_cast<float>(rng.Below(201)) - 100.0f;
+      std::vector<float> want(out, 0.0f);
+      for (size_t i = 0; i < n; ++i) want[i % out] += dy[i];
+      std::vector<float> db(out);
+      ASSERT_TRUE(CudaColumnSumsForTest(absl::MakeSpan(dy), {}, B, out,
+                                        absl::MakeSpan(db))
+                      .ok());
+      EXPECT_EQ(CompareFlat("db", db, want, 0.0, 0.0).mismatches, 0);
+    }
+  }
+}
+
+TEST(CudaKernelTest, ReluBackwardColumnSumsMatchTheCpuLoops) {
+  SKIP_WITHOUT_GPU();
+  for (int B : {1, 63, 64, 1000}) {
+    for (int out : {13, 128, 256}) {
+      SCOPED_TRACE(absl::StrCat("B=", B, " out=", out));
+      const size_t n = static_cast<size_t>(B) * out;
+      std::vector<float> dy = RandomVector(n, 500 + B, 1e-3);
+      std::vector<float> act = RandomVector(n, 600 + out, 1.0);
+      for (size_t i = 0; i < n; i += 7) act[i] = 0.0f;  // ReLU's exact zeros
+      for (float& a : act) a = a < 0.0f ? 0.0f : a;
+      // cpu_backend.cc: the mask of LinearReluBackwardInput, then ColumnSums;
+      // the sums also in float64 with the sum of magnitudes.
+      std::vector<float> want_dy(n);
+      std::vector<double> exact(out, 0.0), magnitude(out, 0.0);
+      for (size_t i = 0; i < n; ++i) {
+        want_dy[i] = act[i] <= 0.0f ? 0.0f : dy[i];
+        exact[i % out] += want_dy[i];
+        magnitude[i % out] += std::fabs(want_dy[i]);
+      }
+      std::vector<float> db(out);
+      ASSERT_TRUE(CudaColumnSumsForTest(absl::MakeSpan(dy), act, B, out,
+                                        absl::MakeSpan(db))
+                      .ok());
+      EXPECT_EQ(std::memcmp(dy.data(), want_dy.data(), n * sizeof(float)), 0)
+          << "masked dy differs";
+      int64_t bad = 0;
+      for (int c = 0; c < out; ++c) {
+        const double err = std::fabs(db[c] - exact[c]);
+        if (!(err <= kSumRtol * magnitude[c] + 1e-30)) {
+          if (bad < 10) {
+            std::printf("  mismatch db[%d]: cuda %.9g exact %.12g |err| %.3g\n",
+                        c, db[c], exact[c], err);
+          }
+          ++bad;
+        }
+      }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}
+
+TEST(CudaKernelTest, EvalRowsArgmaxTiesGoToTheLowestClass) {
+  SKIP_WITHOUT_GPU();
+  for (int C : {10, 3, 45}) {
+    const int B = 200;
+    SCOPED_TRACE(absl::StrCat("C=", C));
+    // Small integers: many ties.
+    Rng rng(700 + C, 0);
+    std::vector<float> logits(static_cast<size_t>(B) * C);
+    for (float& v : logits) v = static_cast<float>(rng.Below(4));
+    std::vector<int32_t> labels(B);
+    for (int32_t& l : labels) l = static_cast<int32_t>(rng.Below(C));
+    std::vector<float> want_loss(B);
+    std::vector<int32_t> want_correct(B);
+    for (int i = 0; i < B; ++i) {  // cpu_backend.cc: Evaluate's row loop
+      const float* z = logits.data() + static_cast<size_t>(i) * C;
+      int arg = 0;
+      for (int j = 1; j < C; ++j) {
+        if (z[j] > z[arg]) arg = j;
+      }
+      want_correct[i] = arg == labels[i];
+      float m = z[0];
+      for (int j = 1; j < C; ++j) m = std::max(m, z[j]);
+      float s = 0.0f;
+      for (int j = 0; j < C; ++j) s += std::exp(z[j] - m);
+      want_loss[i] = (m + std::log(s)) - z[labels[i]];
+    }
+    std::vector<float> loss(B);
+    std::vector<int32_t> correct(B);
+    ASSERT_TRUE(CudaEvalRowsForTest(logits, labels, B, C, absl::MakeSpan(loss),
+                                    absl::MakeSpan(correct))
+                    .ok());
+    EXPECT_EQ(correct, want_correct);
+    EXPECT_EQ(
+        CompareFlat("row_loss", loss, want_loss, kLossTol, 1e-6).mismatches, 0);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The whole backend against CpuBackend.
+
+struct ParityCase {
+  const char* model;
+  std::vector<int> dims;
+  int batch;
+};
+
+std::string ParityName(const testing::TestParamInfo<ParityCase>& info) {
+  return absl::StrCat(info.param.model, "_B", info.param.batch);
+}
+
+class CudaParityTest : public testing::TestWithParam<ParityCase> {};
+
+TEST_P(CudaParityTest, ForwardBackwardMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const ParityCase& p = GetParam();
+  const ModelLayout layout = ModelLayout::Mlp(p.dims);
+  const std::vector<float> params = InitParams(layout, 42 + p.batch);
+  const Batch batch = DrawBatch(layout, params, p.batch, 1000 + p.batch);
+  auto cpu = MakeCpu(layout, 1000);
+  auto cuda = MakeCuda(layout, 1000);
+  ASSERT_TRUE(cpu && cuda);
+  ASSERT_TRUE(cpu->SetWeights(params).ok());
+  ASSERT_TRUE(cuda->SetWeights(params).ok());
+  std::vector<float> want(layout.num_params()), got(layout.num_params());
+  auto want_loss =
+      cpu->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(want));
+  auto got_loss =
+      cuda->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(got));
+  ASSERT_TRUE(want_loss.ok()) << want_loss.status();
+  ASSERT_TRUE(got_loss.ok()) << got_loss.status();
+  std::printf("%s, batch %d: loss cuda %.9g cpu %.9g\n", p.model, p.batch,
+              *got_loss, *want_loss);
+  EXPECT_NEAR(*got_loss, *want_loss, kLossTol);
+  EXPECT_EQ(CompareGradients(layout, got, want), 0)
+      << "gradient entries outside atol " << kGradAtol << " + rtol "
+      << kGradRtol << " * |cpu|";
+}
+
+TEST_P(CudaParityTest, EvaluateMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const ParityCase& p = GetParam();
+  const ModelLayout layout = ModelLayout::Mlp(p.dims);
+  const std::vector<float> params = InitParams(layout, 7 + p.batch);
+  // 2.5 chunks of max_batch = batch: full chunks and a partial one.
+  const int n = p.batch * 2 + (p.batch + 1) / 2;
+  const Batch batch = DrawBatch(layout, params, n, 2000 + p.batch);
+  auto cpu = MakeCpu(layout, p.batch);
+  auto cuda = MakeCuda(layout, p.batch);
+  ASSERT_TRUE(cpu && cuda);
+  ASSERT_TRUE(cpu->SetWeights(params).ok());
+  ASSERT_TRUE(cuda->SetWeights(params).ok());
+  auto want = cpu->Evaluate(batch.x, batch.labels);
+  auto got = cuda->Evaluate(batch.x, batch.labels);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->count, n);
+  EXPECT_EQ(got->correct, want->correct);
+  EXPECT_NEAR(got->loss_sum / n, want->loss_sum / n, kLossTol);
+}
+
+const std::vector<int> kSimpleNet = {784, 256, 128, 10};
+const std::vector<int> kOddMlp = {37, 29, 13, 5};
+const std::vector<int> kNoHidden = {6, 4};  // softmax regression
+
+INSTANTIATE_TEST_SUITE_P(
+    Batches, CudaParityTest,
+    testing::Values(ParityCase{"SimpleNet", kSimpleNet, 1},
+                    ParityCase{"SimpleNet", kSimpleNet, 63},
+                    ParityCase{"SimpleNet", kSimpleNet, 64},
+                    ParityCase{"SimpleNet", kSimpleNet, 1000},
+                    ParityCase{"OddMlp", kOddMlp, 1},
+                    ParityCase{"OddMlp", kOddMlp, 63},
+                    ParityCase{"OddMlp", kOddMlp, 64},
+                    ParityCase{"OddMlp", kOddMlp, 1000},
+                    ParityCase{"NoHidden", kNoHidden, 63}),
+    ParityName);
+
+// ---------------------------------------------------------------------------
+// Determinism.
+
+std::vector<float> Gradient(Backend* backend, const ModelLayout& layout,
+                            const Batch& batch, float* loss) {
+  std::vector<float> grad(layout.num_params());
+  auto l =
+      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  EXPECT_TRUE(l.ok()) << l.status();
+  *loss = l.ok() ? *l : NAN;
+  return grad;
+}
+
+TEST(CudaBackendTest, SameBatchTwiceGivesBitwiseIdenticalGradients) {
+  SKIP_WITHOUT_GPU();
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> params = InitParams(layout, 3);
+  auto cuda = MakeCuda(layout, 1000);
+  ASSERT_TRUE(cuda);
+  ASSERT_TRUE(cuda->SetWeights(params).ok());
+  for (int B : {1000, 63}) {
+    SCOPED_TRACE(absl::StrCat("B=", B));
+    const Batch a = DrawBatch(layout, params, B, 3000 + B);
+    const Batch other = DrawBatch(layout, params, 129, 4000 + B);
+    // The first step of a size runs launch by launch, the second captures a
+    // graph, the third replays it: all three must agree to the bit.
+    float loss[3], unused;
+    std::vector<float> g[3];
+    for (int k = 0; k < 3; ++k) {
+      g[k] = Gradient(cuda.get(), layout, a, &loss[k]);
+      Gradient(cuda.get(), layout, other, &unused);  // state must not leak
+    }
+    for (int k = 1; k < 3; ++k) {
+      EXPECT_EQ(std::memcmp(&loss[0], &loss[k], sizeof(float)), 0) << k;
+      EXPECT_EQ(
+          std::memcmp(g[0].data(), g[k].data(), g[0].size() * sizeof(float)), 0)
+          << "step " << k;
+    }
+  }
+}
+
+TEST(CudaBackendTest, GraphsAndEagerLaunchesGiveBitwiseIdenticalGradients) {
+  SKIP_WITHOUT_GPU();
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> params = InitParams(layout, 4);
+  auto graphs = MakeCuda(layout, 512, /*graphs=*/true);
+  auto eager = MakeCuda(layout, 512, /*graphs=*/false);
+  ASSERT_TRUE(graphs && eager);
+  ASSERT_TRUE(graphs->SetWeights(params).ok());
+  ASSERT_TRUE(eager->SetWeights(params).ok());
+  for (int B : {512, 512, 100, 100, 512}) {  // eager, capture, replay
+    SCOPED_TRACE(absl::StrCat("B=", B));
+    const Batch batch = DrawBatch(layout, params, B, 5000 + B);
+    float loss_g, loss_e;
+    const std::vector<float> g = Gradient(graphs.get(), layout, batch, &loss_g);
+    const std::vector<float> e = Gradient(eager.get(), layout, batch, &loss_e);
+    EXPECT_EQ(std::memcmp(&loss_g, &loss_e, sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(g.data(), e.data(), g.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(CudaBackendTest, NewWeightsAreUsedByTheNextStep) {
+  SKIP_WITHOUT_GPU();
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> p1 = InitParams(layout, 5);
+  const std::vector<float> p2 = InitParams(layout, 6);
+  const Batch batch = DrawBatch(layout, p2, 64, 6000);
+  auto cpu = MakeCpu(layout, 64);
+  auto cuda = MakeCuda(layout, 64);
+  ASSERT_TRUE(cpu && cuda);
+  float unused;
+  ASSERT_TRUE(cuda->SetWeights(p1).ok());
+  Gradient(cuda.get(), layout, batch, &unused);
+  // Two uploads in a row: the second must win.
+  ASSERT_TRUE(cuda->SetWeights(p1).ok());
+  ASSERT_TRUE(cuda->SetWeights(p2).ok());
+  ASSERT_TRUE(cpu->SetWeights(p2).ok());
+  float got_loss, want_loss;
+  const std::vector<float> got = Gradient(cuda.get(), layout, batch, &got_loss);
+  const std::vector<float> want =
+      Gradient(cpu.get(), layout, batch, &want_loss);
+  EXPECT_NEAR(got_loss, want_loss, kLossTol);
+  EXPECT_EQ(CompareGradients(layout, got, want), 0);
+}
+
+TEST(CudaBackendTest, Tf32StaysCloseToFloat32) {
+  SKIP_WITHOUT_GPU();
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> params = InitParams(layout, 8);
+  const Batch batch = DrawBatch(layout, params, 512, 7000);
+  auto fp32 = MakeCuda(layout, 512);
+  auto tf32 = MakeCuda(layout, 512, /*graphs=*/true, /*tf32=*/true);
+  ASSERT_TRUE(fp32 && tf32);
+  EXPECT_NE(tf32->Name().find("tf32"), std::string::npos) << tf32->Name();
+  ASSERT_TRUE(fp32->SetWeights(params).ok());
+  ASSERT_TRUE(tf32->SetWeights(params).ok());
+  float loss32, loss_tf;
+  const std::vector<float> g32 = Gradient(fp32.get(), layout, batch, &loss32);
+  const std::vector<float> gtf = Gradient(tf32.get(), layout, batch, &loss_tf);
+  EXPECT_NEAR(loss_tf, loss32, 1e-2);
+  // TF32 keeps 10 mantissa bits: ~1e-3 relative per product.
+  double diff = 0.0, ref = 0.0;
+  for (size_t i = 0; i < g32.size(); ++i) {
+    diff += (gtf[i] - g32[i]) * static_cast<double>(gtf[i] - g32[i]);
+    ref += g32[i] * static_cast<double>(g32[i]);
+  }
+  std::printf("tf32 vs float32: gradient rel L2 %.3g\n", std::sqrt(diff / ref));
+  EXPECT_LT(std::sqrt(diff / ref), 2e-2);
+}
+
+// ---------------------------------------------------------------------------
+// Validation, as CpuBackend.
+
+TEST(CudaBackendTest, BadInputsAreRejectedLikeTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const int D = layout.input_dim();
+  auto cuda = MakeCuda(layout, 8);
+  ASSERT_TRUE(cuda);
+  std::vector<float> grad(layout.num_params());
+  std::vector<float> x(8 * D, 0.5f);
+  std::vector<int32_t> labels(8, 1);
+  auto code = [](const absl::Status& s) { return s.code(); };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  const auto kPrecondition = absl::StatusCode::kFailedPrecondition;
+
+  EXPECT_EQ(
+      code(cuda->ForwardBackward(x, labels, absl::MakeSpan(grad)).status()),
+      kPrecondition);
+  EXPECT_EQ(code(cuda->Evaluate(x, labels).status()), kPrecondition);
+  EXPECT_EQ(code(cuda->ComputeUploaded()), kPrecondition);
+  EXPECT_EQ(code(cuda->SetWeights(std::vector<float>(10))), kInvalid);
+  ASSERT_TRUE(cuda->SetWeights(InitParams(layout, 1)).ok());
+
+  std::vector<float> x9(9 * D);
+  std::vector<int32_t> labels9(9, 0);
+  EXPECT_EQ(
+      code(cuda->ForwardBackward(x9, labels9, absl::MakeSpan(grad)).status()),
+      kInvalid);  // over max_batch
+  EXPECT_EQ(code(cuda->ForwardBackward({}, {}, absl::MakeSpan(grad)).status()),
+            kInvalid);  // empty batch
+  EXPECT_EQ(code(cuda->ForwardBackward(absl::MakeSpan(x).subspan(1), labels,
+                                       absl::MakeSpan(grad))
+                     .status()),
+            kInvalid);  // x size
+  EXPECT_EQ(
+      code(cuda->ForwardBackward(x, labels, absl::MakeSpan(grad).subspan(1))
+               .status()),
+      kInvalid);  // grad size
+  for (int32_t bad : {-1, 10}) {
+    std::vector<int32_t> l = labels;
+    l[3] = bad;
+    EXPECT_EQ(code(cuda->ForwardBackward(x, l, absl::MakeSpan(grad)).status()),
+              kInvalid);
+    EXPECT_EQ(code(cuda->Evaluate(x, l).status()), kInvalid);
+    EXPECT_EQ(code(cuda->UploadBatch(x, l)), kInvalid);
+  }
+  EXPECT_EQ(code(cuda->Evaluate(absl::MakeSpan(x).subspan(1), labels).status()),
+            kInvalid);
+
+  // Still works after the rejections; an empty evaluation is fine.
+  EXPECT_TRUE(cuda->ForwardBackward(x, labels, absl::MakeSpan(grad)).ok());
+  auto empty = cuda->Evaluate({}, {});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->count, 0);
+  EXPECT_TRUE(cuda->UploadBatch(x, labels).ok());
+  EXPECT_TRUE(cuda->ComputeUploaded().ok());
+}
+
+#endif  // DP_HAVE_CUDA
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,264 @@
+// Failures with real processes and real signals: a job that loses any
+// process and gets it back finishes with exactly the weights it would have
+// had without the failure, and nothing hangs.
+#include <signal.h>
+
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/file_util.h"
+#include "common/flags.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint.h"
+#include "tests/job_runner.h"
+
+namespace dp {
+namespace {
+
+constexpr int kSteps = 300;
+
+std::vector<std::string> JobFlags(const std::string& model) {
+  return {"--workers=2", absl::StrCat("--max_steps=", kSteps),
+          "--batch_size=32", "--seed=9", "--save_model=" + model};
+}
+
+// The model of the same job without failures.
+std::string ReferenceModel(const TempDir& dir) {
+  const std::string path = dir.File("reference.safetensors");
+  std::vector<std::string> flags = JobFlags(path);
+  flags.erase(flags.begin());  // RunJob adds --workers
+  JobResult r = RunJob(flags, 2);
+  EXPECT_EQ(r.ps_exit, 0) << r.ps_output;
+  auto bytes = ReadFile(path);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.value_or("");
+}
+
+std::string ReadModel(const std::string& path) {
+  auto bytes = ReadFile(path);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.value_or("");
+}
+
+int64_t RandomStep(int64_t lo, int64_t hi) {
+  static std::mt19937_64 rng(std::random_device{}());
+  const int64_t s = std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  std::printf("chosen step: %lld\n", static_cast<long long>(s));
+  return s;
+}
+
+TEST(FaultTest, KilledWorkerRestartedGivesByteIdenticalModel) {
+  TempDir dir;
+  const std::string reference = ReferenceModel(dir);
+  const std::string model = dir.File("model.safetensors");
+  int port = 0;
+  auto ps = StartServer(JobFlags(model), &port);
+  auto w0 = StartWorker(port, 0);
+  auto w1 = StartWorker(port, 1);
+  ASSERT_TRUE(WaitForStep(port, RandomStep(10, 200), absl::Minutes(2)));
+  w1->Signal(SIGKILL);
+  EXPECT_EQ(w1->Wait(absl::Seconds(30)), 128 + SIGKILL);
+  const int64_t killed_at = CurrentStep(port);
+  w1 = StartWorker(port, 1);
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  EXPECT_NE(w1->output().find(absl::StrCat("joined at step ", killed_at)),
+            std::string::npos)
+      << w1->output();
+  EXPECT_TRUE(ReadModel(model) == reference);
+}
+
+TEST(FaultTest, KilledServerRestartedFromCheckpointGivesByteIdenticalModel) {
+  TempDir dir;
+  const std::string reference = ReferenceModel(dir);
+  const std::string model = dir.File("model.safetensors");
+  std::vector<std::string> flags = JobFlags(model);
+  flags.push_back("--checkpoint_dir=" + dir.File("ckpt"));
+  flags.push_back("--checkpoint_every=25");
+  int port = 0;
+  auto ps = StartServer(flags, &port);
+  auto w0 = StartWorker(port, 0);
+  auto w1 = StartWorker(port, 1);
+  ASSERT_TRUE(WaitForStep(port, RandomStep(30, 220), absl::Minutes(2)));
+  ps->Signal(SIGKILL);
+  EXPECT_EQ(ps->Wait(absl::Seconds(30)), 128 + SIGKILL);
+  int again = 0;
+  ps = StartServer(flags, &again, port);
+  ASSERT_EQ(again, port) << ps->output();
+  EXPECT_NE(ps->output().find("resuming from the checkpoint of step"),
+            std::string::npos)
+      << ps->output();
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  EXPECT_TRUE(ReadModel(model) == reference);
+}
+
+TEST(FaultTest, TruncatedAndCorruptCheckpointsAreSkippedSayingWhy) {
+  TempDir dir;
+  const std::string ckpt = dir.File("ckpt");
+  std::vector<std::string> flags = {"--max_steps=40", "--batch_size=16",
+                                    "--checkpoint_every=10",
+                                    "--keep_checkpoints=10",
+                                    "--checkpoint_dir=" + ckpt};
+  JobResult r = RunJob(flags, 2);
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  const std::string newest = ckpt + "/" + CheckpointFileName(40);
+  const std::string older = ckpt + "/" + CheckpointFileName(30);
+  auto a = ReadFile(newest);
+  auto b = ReadFile(older);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(WriteFileAtomic(newest, a->substr(0, a->size() - 1000)).ok());
+  (*b)[b->size() / 2] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomic(older, *b).ok());
+  int port = 0;
+  flags.push_back("--workers=2");
+  flags.push_back("--max_steps=60");
+  auto ps = StartServer(flags, &port);
+  EXPECT_NE(ps->output().find(absl::StrCat("skipping checkpoint ", newest,
+                                           ": truncated")),
+            std::string::npos)
+      << ps->output();
+  EXPECT_NE(ps->output().find(absl::StrCat("skipping checkpoint ", older,
+                                           ": checksum mismatch")),
+            std::string::npos)
+      << ps->output();
+  EXPECT_NE(ps->output().find("resuming from the checkpoint of step 20"),
+            std::string::npos)
+      << ps->output();
+  EXPECT_EQ(CurrentStep(port), 20);
+  ps->Signal(SIGTERM);
+  EXPECT_EQ(ps->Wait(kJobTimeout), kExitInterrupted);
+}
+
+TEST(FaultTest, CheckpointOfAnotherJobIsRefused) {
+  TempDir dir;
+  const std::string ckpt = "--checkpoint_dir=" + dir.File("ckpt");
+  JobResult r = RunJob({"--max_steps=5", "--batch_size=16", ckpt}, 1);
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  Subprocess other({DP_PS_BINARY, "--port=0", "--batch_size=32", ckpt});
+  EXPECT_EQ(other.Wait(absl::Seconds(30)), kExitConfigError);
+  EXPECT_NE(other.output().find("--batch_size=32 (saved: 16)"),
+            std::string::npos)
+      << other.output();
+}
+
+TEST(FaultTest, StoppedWorkerIsReportedAndFailPolicyEndsTheJob) {
+  int port = 0;
+  auto ps = StartServer({"--workers=2", "--max_steps=100000",
+                         "--batch_size=16", "--worker_timeout_s=1",
+                         "--on_worker_loss=fail"},
+                        &port);
+  auto w0 = StartWorker(port, 0);
+  auto w1 = StartWorker(port, 1);
+  ASSERT_TRUE(WaitForStep(port, 20, absl::Minutes(2)));
+  const absl::Time stopped = absl::Now();
+  w1->Signal(SIGSTOP);
+  EXPECT_TRUE(ps->WaitForOutput("rank 1 was lost", absl::Seconds(60)))
+      << ps->output();
+  std::printf("SIGSTOP to the report: %.2f s (--worker_timeout_s=1)\n",
+              absl::ToDoubleSeconds(absl::Now() - stopped));
+  EXPECT_EQ(ps->Wait(absl::Seconds(60)), kExitFailure) << ps->output();
+  // The healthy worker ends with the error instead of hanging.
+  const auto w0_exit = w0->Wait(absl::Seconds(60));
+  ASSERT_TRUE(w0_exit.has_value());
+  EXPECT_NE(*w0_exit, 0);
+  EXPECT_NE(w0->output().find("rank 1 was lost"), std::string::npos)
+      << w0->output();
+  w1->Signal(SIGKILL);
+}
+
+TEST(FaultTest, StoppedWorkerIsReportedAndWaitPolicyFinishesAfterSigcont) {
+  TempDir dir;
+  const std::string reference = ReferenceModel(dir);
+  const std::string model = dir.File("model.safetensors");
+  std::vector<std::string> flags = JobFlags(model);
+  flags.push_back("--worker_timeout_s=1");
+  int port = 0;
+  auto ps = StartServer(flags, &port);
+  auto w0 = StartWorker(port, 0);
+  auto w1 = StartWorker(port, 1);
+  ASSERT_TRUE(WaitForStep(port, RandomStep(10, 150), absl::Minutes(2)));
+  w1->Signal(SIGSTOP);
+  EXPECT_TRUE(ps->WaitForOutput("rank 1 is missing", absl::Seconds(30)))
+      << ps->output();
+  w1->Signal(SIGCONT);
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  EXPECT_NE(ps->output().find("rank 1 is back after"), std::string::npos);
+  EXPECT_TRUE(ReadModel(model) == reference);
+}
+
+TEST(FaultTest, UnwritableCheckpointsAreReportedAndTrainingGoesOn) {
+  TempDir dir;
+  const std::string reference = ReferenceModel(dir);
+  const std::string model = dir.File("model.safetensors");
+  // A file-size limit below a checkpoint's size (2.8 MB) but above the
+  // model's (0.94 MB): every checkpoint write fails as on a full disk.
+  std::vector<std::string> argv = {"/usr/bin/prlimit", "--fsize=1500000",
+                                   DP_PS_BINARY, "--host=127.0.0.1",
+                                   "--port=0", "--checkpoint_every=50",
+                                   "--checkpoint_dir=" + dir.File("ckpt")};
+  for (const std::string& f : JobFlags(model)) argv.push_back(f);
+  Subprocess ps(argv);
+  ASSERT_TRUE(ps.WaitForOutput(" workers\n", absl::Seconds(30))) << ps.output();
+  int port = std::stoi(*ps.Field("listening on 127.0.0.1:"));
+  auto w0 = StartWorker(port, 0);
+  auto w1 = StartWorker(port, 1);
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+  EXPECT_EQ(ps.Wait(kJobTimeout), 0) << ps.output();
+  EXPECT_NE(ps.output().find("cannot write checkpoint of step 50"),
+            std::string::npos)
+      << ps.output();
+  EXPECT_NE(ps.output().find("File too large"), std::string::npos);
+  EXPECT_TRUE(ReadModel(model) == reference);
+}
+
+TEST(FaultTest, ChaosOfWorkerAndServerKillsGivesByteIdenticalModel) {
+  TempDir dir;
+  const std::string reference = ReferenceModel(dir);
+  const std::string model = dir.File("model.safetensors");
+  std::vector<std::string> flags = JobFlags(model);
+  flags.push_back("--checkpoint_dir=" + dir.File("ckpt"));
+  flags.push_back("--checkpoint_every=20");
+  int port = 0;
+  auto ps = StartServer(flags, &port);
+  std::vector<std::unique_ptr<Subprocess>> w;
+  w.push_back(StartWorker(port, 0));
+  w.push_back(StartWorker(port, 1));
+  std::mt19937 rng(std::random_device{}());
+  int64_t at = 0;
+  const absl::Time deadline = absl::Now() + absl::Minutes(3);
+  for (int round = 0; round < 5 && absl::Now() < deadline; ++round) {
+    at += std::uniform_int_distribution<int>(15, 45)(rng);
+    if (at > kSteps - 40 || !WaitForStep(port, at, absl::Minutes(1))) break;
+    const int victim = std::uniform_int_distribution<int>(0, 2)(rng);
+    std::printf("round %d: kill %s at step >= %lld\n", round,
+                victim == 2 ? "dp-ps" : absl::StrCat("worker ", victim).c_str(),
+                static_cast<long long>(at));
+    if (victim == 2) {
+      ps->Signal(SIGKILL);
+      ps->Wait(absl::Seconds(30));
+      int again = 0;
+      ps = StartServer(flags, &again, port);
+      ASSERT_EQ(again, port) << ps->output();
+      at = std::max<int64_t>(0, CurrentStep(port));
+    } else {
+      w[victim]->Signal(SIGKILL);
+      w[victim]->Wait(absl::Seconds(30));
+      w[victim] = StartWorker(port, victim);
+    }
+  }
+  EXPECT_EQ(w[0]->Wait(kJobTimeout), 0) << w[0]->output();
+  EXPECT_EQ(w[1]->Wait(kJobTimeout), 0) << w[1]->output();
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  EXPECT_TRUE(ReadModel(model) == reference);
+}
+
+}  // namespace
+}  // namespace dp

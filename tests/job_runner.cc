@@ -1,0 +1,83 @@
+// Real dp-ps and dp-worker processes for whole-job tests.
+#include "tests/job_runner.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "proto/dp.grpc.pb.h"
+
+namespace dp {
+
+std::unique_ptr<Subprocess> StartServer(std::vector<std::string> args,
+                                        int* port, int fixed_port) {
+  std::vector<std::string> argv = {DP_PS_BINARY, "--host=127.0.0.1",
+                                   absl::StrCat("--port=", fixed_port)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto ps = std::make_unique<Subprocess>(argv);
+  EXPECT_TRUE(ps->WaitForOutput(" workers\n", absl::Seconds(30)))
+      << ps->output();
+  auto field = ps->Field("listening on 127.0.0.1:");
+  *port = 0;
+  if (field.has_value()) {
+    EXPECT_TRUE(absl::SimpleAtoi(field->substr(0, field->find(' ')), port));
+  }
+  return ps;
+}
+
+std::unique_ptr<Subprocess> StartWorker(int port, int rank,
+                                        std::vector<std::string> args) {
+  std::vector<std::string> argv = {
+      DP_WORKER_BINARY, absl::StrCat("--ps=127.0.0.1:", port),
+      absl::StrCat("--rank=", rank), "--backend=cpu"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return std::make_unique<Subprocess>(argv);
+}
+
+JobResult RunJob(std::vector<std::string> ps_args, int workers,
+                 std::vector<std::string> worker_args) {
+  ps_args.push_back(absl::StrCat("--workers=", workers));
+  int port = 0;
+  auto ps = StartServer(ps_args, &port);
+  std::vector<std::unique_ptr<Subprocess>> ws;
+  for (int r = 0; r < workers; ++r) {
+    ws.push_back(StartWorker(port, r, worker_args));
+  }
+  JobResult result;
+  for (auto& w : ws) {
+    result.worker_exits.push_back(w->Wait(kJobTimeout).value_or(-1));
+    if (result.worker_exits.back() != 0) ADD_FAILURE() << w->output();
+  }
+  result.ps_exit = ps->Wait(kJobTimeout).value_or(-1);
+  result.ps_output = ps->output();
+  return result;
+}
+
+int64_t CurrentStep(int port) {
+  static auto* stubs =
+      new std::map<int, std::unique_ptr<dp::v1::ParameterServer::Stub>>();
+  auto& stub = (*stubs)[port];
+  if (stub == nullptr) {
+    stub = dp::v1::ParameterServer::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  dp::v1::GetStatusRequest req;
+  dp::v1::GetStatusResponse resp;
+  if (!stub->GetStatus(&ctx, req, &resp).ok()) return -1;
+  return resp.step();
+}
+
+bool WaitForStep(int port, int64_t step, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (CurrentStep(port) >= step) return true;
+    absl::SleepFor(absl::Milliseconds(5));  // polling interval, not a sync
+  }
+  return false;
+}
+
+}  // namespace dp

@@ -1,0 +1,586 @@
+// CudaBackend: the CPU reference's forward/backward on one CUDA device.
+// cuBLAS SGEMM for every matrix product (row-major via the transposition
+// trick: a row-major (r,c) matrix is a column-major (c,r) one), the fused
+// kernels of cuda_kernels.cu for the rest, one stream, weights resident on the
+// device, pinned staging buffers for every host<->device copy, and optionally
+// one CUDA graph per batch size for the whole forward+backward.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/model_layout.h"
+#include "common/status_macros.h"
+#include "worker/cuda_backend.h"
+#include "worker/cuda_kernels.cuh"
+
+namespace dp {
+namespace {
+
+absl::Status CublasErrorStatus(cublasStatus_t status, const char* expr,
+                               const char* file, int line) {
+  std::string message = absl::StrCat(file, ":", line, ": ", expr, ": ",
+                                     cublasGetStatusName(status), ": ",
+                                     cublasGetStatusString(status));
+  if (status == CUBLAS_STATUS_ALLOC_FAILED) {
+    return absl::ResourceExhaustedError(message);
+  }
+  if (status == CUBLAS_STATUS_ARCH_MISMATCH ||
+      status == CUBLAS_STATUS_NOT_INITIALIZED) {
+    return absl::FailedPreconditionError(message);
+  }
+  return absl::InternalError(message);
+}
+
+#define CUBLAS_RETURN_IF_ERROR(expr)                                          \
+  do {                                                                        \
+    const cublasStatus_t dp_cublas_status_ = (expr);                          \
+    if (dp_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                         \
+      return CublasErrorStatus(dp_cublas_status_, #expr, __FILE__, __LINE__); \
+    }                                                                         \
+  } while (0)
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+struct CudaFreeHost {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+template <typename T>
+using DevicePtr = std::unique_ptr<T, CudaFree>;
+template <typename T>
+using PinnedPtr = std::unique_ptr<T, CudaFreeHost>;
+
+template <typename T>
+absl::Status AllocDevice(int64_t n, DevicePtr<T>* out) {
+  void* p = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)));
+  out->reset(static_cast<T*>(p));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status AllocPinned(int64_t n, PinnedPtr<T>* out) {
+  void* p = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, std::max<int64_t>(n, 1) * sizeof(T)));
+  out->reset(static_cast<T*>(p));
+  return absl::OkStatus();
+}
+
+// Host->device copies of the input go through pinned memory in chunks, so
+// the memcpy of chunk k+1 overlaps the DMA of chunk k.
+constexpr int64_t kStagingChunkBytes = int64_t{1} << 20;
+// cuBLAS workspace: fixed, so that graph capture never allocates and the
+// algorithm choice (and with it the bits of the result) never changes.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+// Batch sizes with a captured graph; others run launch by launch.
+constexpr size_t kMaxGraphs = 8;
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  CudaBackendImpl(const ModelLayout& layout, const BackendOptions& options,
+                  const CudaOptions& cuda_options)
+      : layout_(layout),
+        max_batch_(options.max_batch),
+        tf32_(options.tf32),
+        cuda_options_(cuda_options) {}
+
+  ~CudaBackendImpl() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (auto& [batch, exec] : graphs_) cudaGraphExecDestroy(exec);
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (weights_copied_ != nullptr) cudaEventDestroy(weights_copied_);
+    if (inputs_copied_ != nullptr) cudaEventDestroy(inputs_copied_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init();
+
+  std::string Name() const override { return name_; }
+
+  absl::Status SetWeights(absl::Span<const float> params) override;
+  absl::StatusOr<float> ForwardBackward(absl::Span<const float> x,
+                                        absl::Span<const int32_t> labels,
+                                        absl::Span<float> grad) override;
+  absl::StatusOr<EvalResult> Evaluate(
+      absl::Span<const float> x, absl::Span<const int32_t> labels) override;
+  absl::Status UploadBatch(absl::Span<const float> x,
+                           absl::Span<const int32_t> labels) override;
+  absl::Status ComputeUploaded() override;
+
+ private:
+  absl::Status CheckBatch(const char* what, absl::Span<const float> x,
+                          absl::Span<const int32_t> labels) const;
+  // Copies n samples to x_ and labels_ (asynchronously, on stream_).
+  absl::Status StageInputs(const float* x, const int32_t* labels, int n);
+  // Enqueues the forward pass of x_ (B rows): act_[l] is layer l's output.
+  absl::Status EnqueueForward(int B);
+  // Enqueues forward, loss and backward of x_ (B rows): gradient in grad_,
+  // per-sample losses in grad_ + num_params.
+  absl::Status EnqueueForwardBackward(int B);
+  // EnqueueForwardBackward as a replayed graph when graphs are on.
+  absl::Status LaunchForwardBackward(int B);
+  absl::StatusOr<cudaGraphExec_t> Capture(int B);
+
+  // y (B,out) = x (B,in) W^T, W (out,in).
+  absl::Status GemmForward(const float* x, const float* w, float* y, int B,
+                           int in, int out);
+  // dW (out,in) = dy^T (out,B) x (B,in).
+  absl::Status GemmWeightGrad(const float* dy, const float* x, float* dw, int B,
+                              int in, int out);
+  // dx (B,in) = dy (B,out) W (out,in).
+  absl::Status GemmInputGrad(const float* dy, const float* w, float* dx, int B,
+                             int in, int out);
+
+  const ModelLayout layout_;
+  const int max_batch_;
+  const bool tf32_;
+  const CudaOptions cuda_options_;
+  std::string name_;
+
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cudaEvent_t weights_copied_ = nullptr;   // h_params_ may be overwritten
+  cudaEvent_t inputs_copied_ = nullptr;    // h_x_, h_labels_ may be overwritten
+  std::map<int, cudaGraphExec_t> graphs_;  // by batch size
+  std::set<int> seen_batches_;             // sizes run at least once
+
+  bool weights_set_ = false;
+  int uploaded_batch_ = 0;  // rows in x_ since the last UploadBatch
+
+  // Device buffers, all sized for max_batch_.
+  DevicePtr<float> params_;            // (num_params)
+  DevicePtr<float> grad_;              // (num_params + max_batch): grads,
+                                       // then per-sample losses
+  DevicePtr<float> x_;                 // (max_batch, input_dim)
+  DevicePtr<int32_t> labels_;          // (max_batch)
+  std::vector<DevicePtr<float>> act_;  // act_[l] is (max_batch, dims[l+1])
+  DevicePtr<float> dbuf_[2];           // (max_batch, max hidden dim) each
+  DevicePtr<float> dlogits_;           // (max_batch, num_classes)
+  DevicePtr<int32_t> correct_;         // (max_batch)
+  DevicePtr<float> partials_;          // column-sum chunk partials
+  DevicePtr<unsigned> counters_;       // column-sum tile counters (zeroed)
+  DevicePtr<char> workspace_;          // cuBLAS
+
+  // Pinned host staging buffers.
+  PinnedPtr<float> h_params_;     // (num_params)
+  PinnedPtr<float> h_grad_;       // (num_params + max_batch)
+  PinnedPtr<float> h_x_;          // (max_batch, input_dim)
+  PinnedPtr<int32_t> h_labels_;   // (max_batch)
+  PinnedPtr<int32_t> h_correct_;  // (max_batch)
+};
+
+absl::Status CudaBackendImpl::Init() {
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+  name_ = absl::StrCat("cuda (", prop.name, tf32_ ? ", tf32" : "", ")");
+
+  CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&weights_copied_, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&inputs_copied_, cudaEventDisableTiming));
+  CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+  CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+  // Plain float32 FMA unless TF32 is asked for; never atomics (determinism).
+  CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
+      cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  CUBLAS_RETURN_IF_ERROR(
+      cublasSetAtomicsMode(cublas_, CUBLAS_ATOMICS_NOT_ALLOWED));
+  RETURN_IF_ERROR(AllocDevice(kCublasWorkspaceBytes, &workspace_));
+  CUBLAS_RETURN_IF_ERROR(
+      cublasSetWorkspace(cublas_, workspace_.get(), kCublasWorkspaceBytes));
+
+  const std::vector<int>& d = layout_.dims();
+  const int L = layout_.num_layers();
+  const int64_t P = layout_.num_params();
+  const int64_t B = max_batch_;
+  int max_hidden = 1;
+  int max_out = 1;
+  for (int l = 0; l < L; ++l) {
+    max_out = std::max(max_out, d[l + 1]);
+    if (l + 1 < L) max_hidden = std::max(max_hidden, d[l + 1]);
+  }
+  RETURN_IF_ERROR(AllocDevice(P, &params_));
+  RETURN_IF_ERROR(AllocDevice(P + B, &grad_));
+  RETURN_IF_ERROR(AllocDevice(B * layout_.input_dim(), &x_));
+  RETURN_IF_ERROR(AllocDevice(B, &labels_));
+  act_.resize(L);
+  for (int l = 0; l < L; ++l)
+    RETURN_IF_ERROR(AllocDevice(B * d[l + 1], &act_[l]));
+  for (DevicePtr<float>& buf : dbuf_) {
+    RETURN_IF_ERROR(AllocDevice(B * max_hidden, &buf));
+  }
+  RETURN_IF_ERROR(AllocDevice(B * layout_.num_classes(), &dlogits_));
+  RETURN_IF_ERROR(AllocDevice(B, &correct_));
+  RETURN_IF_ERROR(AllocDevice(
+      static_cast<int64_t>(ColumnSumChunks(max_batch_)) * max_out, &partials_));
+  const int tiles = ColumnSumTiles(max_out);
+  RETURN_IF_ERROR(AllocDevice(tiles, &counters_));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(counters_.get(), 0, sizeof(unsigned) * tiles, stream_));
+
+  RETURN_IF_ERROR(AllocPinned(P, &h_params_));
+  RETURN_IF_ERROR(AllocPinned(P + B, &h_grad_));
+  RETURN_IF_ERROR(AllocPinned(B * layout_.input_dim(), &h_x_));
+  RETURN_IF_ERROR(AllocPinned(B, &h_labels_));
+  RETURN_IF_ERROR(AllocPinned(B, &h_correct_));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::SetWeights(absl::Span<const float> params) {
+  const int64_t P = layout_.num_params();
+  if (static_cast<int64_t>(params.size()) != P) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetWeights: got ", params.size(),
+                     " floats, the model has ", P, " parameters"));
+  }
+  // The previous upload must have left the staging buffer.
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(weights_copied_));
+  std::memcpy(h_params_.get(), params.data(), P * sizeof(float));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(params_.get(), h_params_.get(),
+                                       P * sizeof(float),
+                                       cudaMemcpyHostToDevice, stream_));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(weights_copied_, stream_));
+  weights_set_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::CheckBatch(
+    const char* what, absl::Span<const float> x,
+    absl::Span<const int32_t> labels) const {
+  if (!weights_set_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": SetWeights has not been called"));
+  }
+  if (labels.empty() || static_cast<int64_t>(labels.size()) > max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": batch of ", labels.size(),
+                     " labels, expected 1..", max_batch_, " (max_batch)"));
+  }
+  const int64_t want_x =
+      static_cast<int64_t>(labels.size()) * layout_.input_dim();
+  if (static_cast<int64_t>(x.size()) != want_x) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": x has ", x.size(), " floats, expected batch ", labels.size(),
+        " * input_dim ", layout_.input_dim(), " = ", want_x));
+  }
+  const int C = layout_.num_classes();
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] < 0 || labels[i] >= C) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label ", labels[i], " of sample ", i, " is outside [0, ", C, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::StageInputs(const float* x, const int32_t* labels,
+                                          int n) {
+  // The previous inputs must have left the staging buffers.
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(inputs_copied_));
+  const int64_t x_bytes =
+      static_cast<int64_t>(n) * layout_.input_dim() * sizeof(float);
+  char* dst = reinterpret_cast<char*>(x_.get());
+  char* stage = reinterpret_cast<char*>(h_x_.get());
+  const char* src = reinterpret_cast<const char*>(x);
+  for (int64_t off = 0; off < x_bytes; off += kStagingChunkBytes) {
+    const int64_t len = std::min(kStagingChunkBytes, x_bytes - off);
+    std::memcpy(stage + off, src + off, len);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off, stage + off, len,
+                                         cudaMemcpyHostToDevice, stream_));
+  }
+  std::memcpy(h_labels_.get(), labels, n * sizeof(int32_t));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(labels_.get(), h_labels_.get(),
+                                       n * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, stream_));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(inputs_copied_, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::GemmForward(const float* x, const float* w,
+                                          float* y, int B, int in, int out) {
+  // Column-major: y^T (out,B) = W (out,in) . x^T (in,B); W is stored as
+  // column-major (in,out), hence OP_T.
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, B,
+                                     in, &one, w, in, x, in, &zero, y, out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::GemmWeightGrad(const float* dy, const float* x,
+                                             float* dw, int B, int in,
+                                             int out) {
+  // Column-major: dW^T (in,out) = x^T (in,B) . dy (B,out); dy is stored as
+  // column-major (out,B), hence OP_T.
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out,
+                                     B, &one, x, in, dy, out, &zero, dw, in));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::GemmInputGrad(const float* dy, const float* w,
+                                            float* dx, int B, int in, int out) {
+  // Column-major: dx^T (in,B) = W^T (in,out) . dy^T (out,B).
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, B,
+                                     out, &one, w, in, dy, out, &zero, dx, in));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::EnqueueForward(int B) {
+  const std::vector<int>& d = layout_.dims();
+  const int L = layout_.num_layers();
+  const float* in = x_.get();
+  for (int l = 0; l < L; ++l) {
+    const float* w = params_.get() + layout_.weight(l).offset;
+    const float* b = params_.get() + layout_.bias(l).offset;
+    float* y = act_[l].get();
+    RETURN_IF_ERROR(GemmForward(in, w, y, B, d[l], d[l + 1]));
+    CUDA_RETURN_IF_ERROR(
+        LaunchBiasRelu(y, b, B, d[l + 1], /*relu=*/l + 1 < L, stream_));
+    in = y;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::EnqueueForwardBackward(int B) {
+  const std::vector<int>& d = layout_.dims();
+  const int L = layout_.num_layers();
+  float* grad = grad_.get();
+  float* row_loss = grad + layout_.num_params();
+  RETURN_IF_ERROR(EnqueueForward(B));
+  CUDA_RETURN_IF_ERROR(LaunchSoftmaxCrossEntropy(act_[L - 1].get(),
+                                                 labels_.get(), dlogits_.get(),
+                                                 row_loss, B, d[L], stream_));
+  CUDA_RETURN_IF_ERROR(LaunchColumnSums(
+      dlogits_.get(), /*act=*/nullptr, grad + layout_.bias(L - 1).offset, B,
+      d[L], partials_.get(), counters_.get(), stream_));
+
+  // Backward, last layer first. dy (B, d[l+1]) is the gradient w.r.t. the
+  // output of layer l before its ReLU; the bias gradient of layer l is done.
+  float* dy = dlogits_.get();
+  for (int l = L - 1; l >= 0; --l) {
+    const float* in = l == 0 ? x_.get() : act_[l - 1].get();
+    RETURN_IF_ERROR(GemmWeightGrad(dy, in, grad + layout_.weight(l).offset, B,
+                                   d[l], d[l + 1]));
+    if (l > 0) {  // no gradient w.r.t. the input data
+      float* dx = dbuf_[l % 2].get();
+      RETURN_IF_ERROR(GemmInputGrad(
+          dy, params_.get() + layout_.weight(l).offset, dx, B, d[l], d[l + 1]));
+      // ReLU backward through layer l-1's output, fused with its bias grad.
+      CUDA_RETURN_IF_ERROR(LaunchColumnSums(
+          dx, act_[l - 1].get(), grad + layout_.bias(l - 1).offset, B, d[l],
+          partials_.get(), counters_.get(), stream_));
+      dy = dx;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<cudaGraphExec_t> CudaBackendImpl::Capture(int B) {
+  CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const absl::Status enqueued = EnqueueForwardBackward(B);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  if (!enqueued.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return enqueued;
+  }
+  CUDA_RETURN_IF_ERROR(ended);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_RETURN_IF_ERROR(instantiated);
+  return exec;
+}
+
+absl::Status CudaBackendImpl::LaunchForwardBackward(int B) {
+  if (!cuda_options_.graphs) return EnqueueForwardBackward(B);
+  auto it = graphs_.find(B);
+  if (it == graphs_.end()) {
+    // The first step of a batch size runs launch by launch: it loads every
+    // kernel module (lazy loading) and settles cuBLAS's choices outside of
+    // any capture, and one-off sizes never cost a capture.
+    if (seen_batches_.insert(B).second || graphs_.size() >= kMaxGraphs) {
+      return EnqueueForwardBackward(B);
+    }
+    ASSIGN_OR_RETURN(cudaGraphExec_t exec, Capture(B));
+    it = graphs_.emplace(B, exec).first;
+  }
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> CudaBackendImpl::ForwardBackward(
+    absl::Span<const float> x, absl::Span<const int32_t> labels,
+    absl::Span<float> grad) {
+  RETURN_IF_ERROR(CheckBatch("ForwardBackward", x, labels));
+  const int64_t P = layout_.num_params();
+  if (static_cast<int64_t>(grad.size()) != P) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardBackward: grad has ", grad.size(),
+                     " floats, the model has ", P, " parameters"));
+  }
+  const int B = static_cast<int>(labels.size());
+  RETURN_IF_ERROR(StageInputs(x.data(), labels.data(), B));
+  uploaded_batch_ = B;
+  RETURN_IF_ERROR(LaunchForwardBackward(B));
+  // Gradients and per-sample losses in one copy.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_grad_.get(), grad_.get(),
+                                       (P + B) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  std::memcpy(grad.data(), h_grad_.get(), P * sizeof(float));
+  // The mean loss exactly as the CPU reference: float per-sample losses
+  // added in sample order in double.
+  double loss_sum = 0.0;
+  const float* row_loss = h_grad_.get() + P;
+  for (int i = 0; i < B; ++i) loss_sum += static_cast<double>(row_loss[i]);
+  return static_cast<float>(loss_sum / B);
+}
+
+absl::Status CudaBackendImpl::UploadBatch(absl::Span<const float> x,
+                                          absl::Span<const int32_t> labels) {
+  RETURN_IF_ERROR(CheckBatch("UploadBatch", x, labels));
+  const int B = static_cast<int>(labels.size());
+  RETURN_IF_ERROR(StageInputs(x.data(), labels.data(), B));
+  uploaded_batch_ = B;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::ComputeUploaded() {
+  if (uploaded_batch_ == 0) {
+    return absl::FailedPreconditionError(
+        "ComputeUploaded: no batch was uploaded");
+  }
+  RETURN_IF_ERROR(LaunchForwardBackward(uploaded_batch_));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvalResult> CudaBackendImpl::Evaluate(
+    absl::Span<const float> x, absl::Span<const int32_t> labels) {
+  if (!weights_set_) {
+    return absl::FailedPreconditionError(
+        "Evaluate: SetWeights has not been called");
+  }
+  const int64_t n = static_cast<int64_t>(labels.size());
+  const int64_t want_x = n * layout_.input_dim();
+  if (static_cast<int64_t>(x.size()) != want_x) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Evaluate: x has ", x.size(), " floats, expected ", n,
+        " samples * input_dim ", layout_.input_dim(), " = ", want_x));
+  }
+  const int C = layout_.num_classes();
+  for (int64_t i = 0; i < n; ++i) {
+    if (labels[i] < 0 || labels[i] >= C) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label ", labels[i], " of sample ", i, " is outside [0, ", C, ")"));
+    }
+  }
+
+  const int L = layout_.num_layers();
+  const int64_t P = layout_.num_params();
+  float* row_loss = grad_.get() + P;
+  const float* h_row_loss = h_grad_.get() + P;
+  EvalResult result;
+  for (int64_t start = 0; start < n; start += max_batch_) {
+    const int B = static_cast<int>(std::min<int64_t>(max_batch_, n - start));
+    RETURN_IF_ERROR(StageInputs(x.data() + start * layout_.input_dim(),
+                                labels.data() + start, B));
+    uploaded_batch_ = 0;  // x_ now holds evaluation data
+    RETURN_IF_ERROR(EnqueueForward(B));
+    CUDA_RETURN_IF_ERROR(LaunchEvalRows(act_[L - 1].get(), labels_.get(),
+                                        row_loss, correct_.get(), B, C,
+                                        stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_grad_.get() + P, row_loss,
+                                         B * sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_correct_.get(), correct_.get(),
+                                         B * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < B; ++i) {
+      result.correct += h_correct_.get()[i];
+      result.loss_sum += static_cast<double>(h_row_loss[i]);
+    }
+  }
+  result.count = n;
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const ModelLayout& layout, const BackendOptions& options,
+    const CudaOptions& cuda_options) {
+  if (options.max_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda backend: max_batch must be >= 1, got ", options.max_batch));
+  }
+  std::string why;
+  if (!CudaDeviceAvailable(&why)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("backend \"cuda\": ", why));
+  }
+  auto backend =
+      std::make_unique<CudaBackendImpl>(layout, options, cuda_options);
+  RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<CudaBackend>(std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+    const ModelLayout& layout, const BackendOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
+                   CudaBackend::Create(layout, options));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+bool CudaDeviceAvailable(std::string* why) {
+  std::string reason;
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    reason = absl::StrCat("no usable CUDA driver or device (",
+                          cudaGetErrorName(error), ": ",
+                          cudaGetErrorString(error), ")");
+  } else if (count == 0) {
+    reason = "no CUDA device";
+  } else if ((error = CheckKernelImage()) != cudaSuccess) {
+    int device = 0;
+    cudaDeviceProp prop;
+    std::string which = "the current device";
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+      which = absl::StrCat(prop.name, " (compute capability ", prop.major, ".",
+                           prop.minor, ")");
+    }
+    reason =
+        absl::StrCat("this build has no kernel image for ", which, " (",
+                     cudaGetErrorName(error), ": ", cudaGetErrorString(error),
+                     "); it was built for sm_90 (H100/H200) and newer");
+  }
+  if (reason.empty()) return true;
+  cudaGetLastError();  // clear the error so later CUDA calls do not see it
+  if (why != nullptr) *why = std::move(reason);
+  return false;
+}
+
+}  // namespace dp
