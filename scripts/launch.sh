@@ -4,13 +4,17 @@
 # Stops everything on Ctrl-C or on the first process that fails.
 #
 # Usage: scripts/launch.sh [--workers N] [--backend cpu|cuda|auto]
-#                          [--data_dir DIR] [any other dp-ps flag ...]
+#                          [--data_dir DIR] [--metrics_port P]
+#                          [any other dp-ps flag ...]
+# --metrics_port P serves Prometheus metrics on 127.0.0.1: dp-ps on P, worker
+# r on P+1+r (deploy/prometheus/prometheus.yml scrapes P=9400, 2 workers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build}
 workers=2
 backend=cpu
 data_dir=""
+metrics_port=0
 ps_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -20,9 +24,15 @@ while [ $# -gt 0 ]; do
     --backend=*) backend=${1#*=}; shift ;;
     --data_dir) data_dir=$2; shift 2 ;;
     --data_dir=*) data_dir=${1#*=}; shift ;;
+    --metrics_port) metrics_port=$2; shift 2 ;;
+    --metrics_port=*) metrics_port=${1#*=}; shift ;;
     *) ps_args+=("$1"); shift ;;
   esac
 done
+
+case "$metrics_port" in
+  '' | *[!0-9]*) echo "launch: --metrics_port must be a port number, got '$metrics_port'" >&2; exit 2 ;;
+esac
 
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/dp-run-XXXXXX")
 pids=()
@@ -32,8 +42,13 @@ stop_all() {
 }
 trap 'echo "launch: interrupted, stopping all processes"; stop_all; exit 130' INT TERM
 
+metrics_flags() {  # the metrics flags of dp-ps (offset 0) or worker r (1+r)
+  [ "$metrics_port" -gt 0 ] || return 0
+  echo "--metrics_host=127.0.0.1 --metrics_port=$((metrics_port + $1))"
+}
+
 "$BIN/server/dp-ps" --host=127.0.0.1 --port=0 --workers="$workers" \
-  "${ps_args[@]}" > >(tee "$run_dir/dp-ps.log") 2>&1 &
+  $(metrics_flags 0) "${ps_args[@]}" > >(tee "$run_dir/dp-ps.log") 2>&1 &
 ps_pid=$!
 pids+=("$ps_pid")
 
@@ -55,6 +70,7 @@ declare -A name_of=([$ps_pid]=dp-ps)
 for ((r = 0; r < workers; r++)); do
   "$BIN/worker/dp-worker" --ps="127.0.0.1:$port" --rank="$r" \
     --backend="$backend" ${data_dir:+--data_dir="$data_dir"} \
+    $(metrics_flags $((r + 1))) \
     > "$run_dir/worker-$r.log" 2>&1 &
   pids+=("$!")
   name_of[$!]="worker $r"

@@ -15,8 +15,8 @@ PACKAGES=(
   libopenblas-dev zlib1g-dev
   # data
   dataset-fashion-mnist
-  # tests
-  prometheus openssl yamllint
+  # tests (prometheus: promtool and the server the monitoring test scrapes with)
+  prometheus openssl yamllint python3 python3-yaml
 )
 
 missing=()

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 
 namespace dp {
@@ -11,13 +12,6 @@ namespace {
 
 using grpc::CallbackServerContext;
 using grpc::ServerUnaryReactor;
-
-// Finishes a unary call with the status of a synchronous operation.
-ServerUnaryReactor* Done(CallbackServerContext* ctx, const absl::Status& s) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
-}
 
 // A call that completes when the coordinator applies a step. The barrier
 // callback and a client cancellation race; whoever wins finishes the call,
@@ -27,9 +21,11 @@ ServerUnaryReactor* Done(CallbackServerContext* ctx, const absl::Status& s) {
 class StepWaitReactor final : public ServerUnaryReactor {
  public:
   // on_applied runs before Finish, with the new step, to fill the response.
-  StepWaitReactor(StepCoordinator* coordinator,
+  StepWaitReactor(StepCoordinator* coordinator, ServerMetrics* metrics,
                   std::function<absl::Status(int64_t)> on_applied)
-      : coordinator_(coordinator), on_applied_(std::move(on_applied)) {}
+      : coordinator_(coordinator),
+        metrics_(metrics),
+        on_applied_(std::move(on_applied)) {}
 
   void Start(int rank, int64_t step) {
     auto ticket = coordinator_->WaitForStep(
@@ -62,13 +58,16 @@ class StepWaitReactor final : public ServerUnaryReactor {
 
  private:
   void FinishOnce(const absl::Status& s) {
-    if (!finished_.exchange(true)) Finish(ToGrpcStatus(s));
+    if (finished_.exchange(true)) return;
+    metrics_->CountRejected(s.code());
+    Finish(ToGrpcStatus(s));
   }
   void Unref() {
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
   StepCoordinator* const coordinator_;
+  ServerMetrics* const metrics_;
   const std::function<absl::Status(int64_t)> on_applied_;
   std::atomic<int> refs_{2};
   std::atomic<int64_t> wait_id_{0};
@@ -78,12 +77,26 @@ class StepWaitReactor final : public ServerUnaryReactor {
 
 }  // namespace
 
-PsService::PsService(StepCoordinator* coordinator)
-    : coordinator_(coordinator) {}
+PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics)
+    : coordinator_(coordinator),
+      own_metrics_(metrics != nullptr
+                       ? nullptr
+                       : std::make_unique<ServerMetrics>(
+                             coordinator->Status().config.schedule.world_size)),
+      metrics_(metrics != nullptr ? metrics : own_metrics_.get()) {}
+
+ServerUnaryReactor* PsService::Done(CallbackServerContext* ctx,
+                                    const absl::Status& s) {
+  metrics_->CountRejected(s.code());
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
 
 ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
                                         const dp::v1::RegisterRequest* request,
                                         dp::v1::RegisterResponse* response) {
+  metrics_->SawRank(request->rank());
   DataFingerprint data{request->data().num_samples(), request->data().hash()};
   auto reg = coordinator_->Register(request->rank(),
                                     request->model_fingerprint(), data);
@@ -99,6 +112,7 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
                                     const dp::v1::PullRequest* request,
                                     dp::v1::PullResponse* response) {
+  metrics_->SawRank(request->rank());
   auto step = coordinator_->Pull(request->rank(), request->offset(),
                                  request->length(),
                                  response->mutable_params());
@@ -106,12 +120,15 @@ ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
   response->set_step(*step);
   response->set_offset(request->offset());
   response->set_done(coordinator_->done());
+  metrics_->AddSentBytes(response->ByteSizeLong());
   return Done(ctx, absl::OkStatus());
 }
 
 ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
                                     const dp::v1::PushRequest* request,
                                     dp::v1::PushResponse* response) {
+  metrics_->SawRank(request->rank());
+  metrics_->AddReceivedBytes(request->ByteSizeLong());
   auto result = coordinator_->Push(
       request->rank(), request->step(), request->offset(), request->gradient(),
       request->loss(), static_cast<Encoding>(request->encoding()));
@@ -124,9 +141,15 @@ ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::Barrier(CallbackServerContext* /*ctx*/,
                                        const dp::v1::BarrierRequest* request,
                                        dp::v1::BarrierResponse* response) {
+  metrics_->SawRank(request->rank());
   StepCoordinator* coordinator = coordinator_;
+  ServerMetrics* metrics = metrics_;
+  const int rank = request->rank();
+  const absl::Time arrived = absl::Now();
   auto* reactor = new StepWaitReactor(
-      coordinator_, [response, coordinator](int64_t step) {
+      coordinator_, metrics_,
+      [response, coordinator, metrics, rank, arrived](int64_t step) {
+        metrics->ObserveBarrierWait(rank, absl::Now() - arrived);
         response->set_step(step);
         response->set_done(coordinator->done());
         return absl::OkStatus();
@@ -138,19 +161,26 @@ ServerUnaryReactor* PsService::Barrier(CallbackServerContext* /*ctx*/,
 ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
                                         const dp::v1::PushRequest* request,
                                         dp::v1::PullResponse* response) {
+  metrics_->SawRank(request->rank());
+  metrics_->AddReceivedBytes(request->ByteSizeLong());
   auto pushed = coordinator_->Push(
       request->rank(), request->step(), request->offset(), request->gradient(),
       request->loss(), static_cast<Encoding>(request->encoding()));
   if (!pushed.ok()) return Done(ctx, pushed.status());
   StepCoordinator* coordinator = coordinator_;
+  ServerMetrics* metrics = metrics_;
   const int rank = request->rank();
+  const absl::Time arrived = absl::Now();
   auto* reactor = new StepWaitReactor(
-      coordinator_, [response, coordinator, rank](int64_t) -> absl::Status {
+      coordinator_, metrics_,
+      [response, coordinator, metrics, rank, arrived](int64_t) -> absl::Status {
+        metrics->ObserveBarrierWait(rank, absl::Now() - arrived);
         auto version =
             coordinator->Pull(rank, 0, 0, response->mutable_params());
         if (!version.ok()) return version.status();
         response->set_step(*version);
         response->set_done(coordinator->done());
+        metrics->AddSentBytes(response->ByteSizeLong());
         return absl::OkStatus();
       });
   reactor->Start(rank, request->step());

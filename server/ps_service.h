@@ -4,6 +4,9 @@
 #ifndef DP_SERVER_PS_SERVICE_H_
 #define DP_SERVER_PS_SERVICE_H_
 
+#include <memory>
+
+#include "common/metrics.h"
 #include "proto/dp.grpc.pb.h"
 #include "server/step_coordinator.h"
 
@@ -11,7 +14,10 @@ namespace dp {
 
 class PsService final : public dp::v1::ParameterServer::CallbackService {
  public:
-  explicit PsService(StepCoordinator* coordinator);
+  // Records requests, rejections, barrier waits and bytes in `metrics`
+  // (not owned; null: in a private, unexported registry).
+  explicit PsService(StepCoordinator* coordinator,
+                     ServerMetrics* metrics = nullptr);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const dp::v1::RegisterRequest* request,
@@ -38,7 +44,13 @@ class PsService final : public dp::v1::ParameterServer::CallbackService {
       dp::v1::GetStatusResponse* response) override;
 
  private:
+  // Finishes a unary call with the status of a synchronous operation.
+  grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
+                                 const absl::Status& s);
+
   StepCoordinator* const coordinator_;
+  std::unique_ptr<ServerMetrics> own_metrics_;
+  ServerMetrics* const metrics_;
 };
 
 }  // namespace dp

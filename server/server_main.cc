@@ -17,6 +17,7 @@
 #include "common/grpc_server.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/metrics.h"
 #include "common/model_layout.h"
 #include "common/safetensors.h"
 #include "common/tensor_codec.h"
@@ -31,6 +32,7 @@ struct ServerFlags {
   std::string host = "0.0.0.0";
   int port = 5000;
   int metrics_port = 0;
+  std::string metrics_host = "0.0.0.0";
   int workers = 2;
   int batch_size = 64;
   int epochs = 3;
@@ -57,6 +59,7 @@ absl::Status Validate(const ServerFlags& f) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--port must be in 0..65535, got %d", f.port));
   }
+  if (absl::Status s = ValidateMetricsPort(f.metrics_port); !s.ok()) return s;
   if (f.workers < 1 || f.workers > 1024) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--workers must be in 1..1024, got %d", f.workers));
@@ -104,6 +107,24 @@ absl::Status Validate(const ServerFlags& f) {
   return absl::OkStatus();
 }
 
+// The coordinator's state as the metrics mirror it at scrape time.
+ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
+  ServerMetrics::Progress p;
+  p.step = s.step;
+  p.planned_steps = s.total_steps;
+  if (s.total_steps > 0) {
+    p.epoch =
+        s.config.schedule.epoch_of(std::min(s.step, s.total_steps - 1)) + 1;
+  }
+  p.has_loss = s.step > 0;
+  p.loss = s.last_loss;
+  p.has_eval = s.has_eval;
+  p.test_accuracy = s.last_eval.accuracy;
+  p.test_loss = s.last_eval.loss;
+  p.registered_workers = static_cast<int>(s.registered_ranks.size());
+  return p;
+}
+
 // Blocks SIGINT/SIGTERM in every thread and hands them to one watcher, so
 // that gRPC's threads never run a handler.
 void BlockStopSignals(sigset_t* set) {
@@ -121,7 +142,9 @@ int Run(int argc, char** argv) {
   flags.AddString("host", &f.host, "address to listen on");
   flags.AddInt("port", &f.port, "gRPC port (0 picks a free one)");
   flags.AddInt("metrics_port", &f.metrics_port,
-               "Prometheus metrics port (0 = off)");
+               "Prometheus metrics port (0 = off, -1 = any free port)");
+  flags.AddString("metrics_host", &f.metrics_host,
+                  "address the metrics endpoint listens on");
   flags.AddInt("workers", &f.workers, "number of workers N");
   flags.AddInt("batch_size", &f.batch_size, "batch size per worker");
   flags.AddInt("epochs", &f.epochs, "epochs to train");
@@ -226,7 +249,10 @@ int Run(int argc, char** argv) {
     state.params = InitParams(layout, static_cast<uint64_t>(f.seed));
   }
 
+  ServerMetrics metrics(f.workers);
   StepCoordinator coordinator(layout, config, std::move(state));
+  coordinator.SetUpdateObserver(
+      [&metrics](absl::Duration d) { metrics.ObserveUpdate(d); });
   if (resumed.has_value() && resumed->data.has_value()) {
     if (absl::Status s = coordinator.RestoreData(*resumed->data); !s.ok()) {
       Log("configuration error: checkpoint in %s: %s", f.checkpoint_dir,
@@ -261,7 +287,20 @@ int Run(int argc, char** argv) {
     return st;
   };
 
-  PsService service(&coordinator);
+  PsService service(&coordinator, &metrics);
+  // Declared after what it reads, so it stops serving before they go.
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
+  if (f.metrics_port != kMetricsOff) {
+    auto endpoint = metrics.Serve(f.metrics_host, f.metrics_port, [&] {
+      metrics.SetProgress(ProgressOf(coordinator.Status()));
+    });
+    if (!endpoint.ok()) {
+      Log("error: %s", endpoint.status().message());
+      return kExitFailure;
+    }
+    metrics_endpoint = std::move(*endpoint);
+    Log("metrics on %s:%d", f.metrics_host, metrics_endpoint->port());
+  }
   GrpcServerOptions options;
   options.address = absl::StrFormat("%s:%d", f.host, f.port);
   options.max_message_bytes = MessageBytesFor(layout.num_params());

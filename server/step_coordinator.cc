@@ -217,9 +217,11 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
     grads.push_back(pending_[r].data());
     loss_sum += losses_[r];
   }
+  const absl::Time apply_start = absl::Now();
   AverageAndAdamStep(config_.adam, state_.step + 1, grads,
                      layout_.num_params(), state_.params.data(),
                      state_.m.data(), state_.v.data());
+  if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = loss_sum / static_cast<float>(losses_.size());
   ++state_.step;
   last_apply_ = absl::Now();
@@ -337,6 +339,12 @@ void StepCoordinator::Shutdown() {
     waiters_.clear();
   }
   for (WaitCallback& cb : to_fail) cb(Unavailable(), step);
+}
+
+void StepCoordinator::SetUpdateObserver(
+    std::function<void(absl::Duration)> observer) {
+  absl::MutexLock lock(&mu_);
+  update_observer_ = std::move(observer);
 }
 
 void StepCoordinator::Fail(const absl::Status& reason) {

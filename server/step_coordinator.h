@@ -157,6 +157,11 @@ class StepCoordinator {
   };
   std::vector<LeaseEvent> CheckLeases(absl::Duration timeout);
 
+  // Called with the time the average + Adam took, after every update, under
+  // the coordinator's lock: it must be quick and must not call back. For
+  // metrics; set it before serving.
+  void SetUpdateObserver(std::function<void(absl::Duration)> observer);
+
   TrainingState Snapshot() const;
   CoordinatorStatus Status() const;
 
@@ -209,6 +214,7 @@ class StepCoordinator {
   std::vector<bool> reported_missing_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> missing_since_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> reported_unregistered_ ABSL_GUARDED_BY(mu_);
+  std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dp

@@ -38,6 +38,16 @@ void Gather(const Dataset& data, absl::Span<const int32_t> indices,
   }
 }
 
+// Runs one call to dp-ps and records how long it took.
+template <typename Call>
+absl::Status Timed(WorkerMetrics& metrics, WorkerMetrics::Call what,
+                   Call call) {
+  const absl::Time start = absl::Now();
+  absl::Status s = call();
+  metrics.ObserveCall(what, absl::Now() - start);
+  return s;
+}
+
 }  // namespace
 
 Trainer::Trainer(PsClient* client, TrainerOptions options)
@@ -45,6 +55,8 @@ Trainer::Trainer(PsClient* client, TrainerOptions options)
 
 absl::Status Trainer::Run() {
   const int rank = options_.rank;
+  WorkerMetrics unexported(rank);
+  WorkerMetrics& metrics = options_.metrics ? *options_.metrics : unexported;
   // The job's configuration lives in dp-ps: ask before loading any data.
   ASSIGN_OR_RETURN(dp::v1::GetStatusResponse job, client_->GetStatus());
   const dp::v1::JobConfig& cfg = job.config();
@@ -95,7 +107,9 @@ absl::Status Trainer::Run() {
     schedule.max_steps = c.max_steps();
     schedule.seed = c.seed();
     schedule.shuffle = c.shuffle();
-    RETURN_IF_ERROR(client_->Pull(rank, &weights));
+    RETURN_IF_ERROR(Timed(metrics, WorkerMetrics::Call::kPull,
+                          [&] { return client_->Pull(rank, &weights); }));
+    metrics.AddReceivedBytes(weights.ByteSizeLong());
     step = weights.step();
     return backend->SetWeights(AsFloats(weights.params()));
   };
@@ -140,16 +154,29 @@ absl::Status Trainer::Run() {
       Encode(encoding, grad.data(), grad.size(), grad_bytes->data());
     }
     const absl::Time t1 = absl::Now();
+    metrics.ObserveCompute(t1 - t0, loss);
     push.set_step(step);
     push.set_loss(loss);
     absl::Status exchanged;
+    using C = WorkerMetrics::Call;
     if (options_.fused) {
-      exchanged = client_->PushPull(push, &weights);
+      exchanged = Timed(metrics, C::kPushPull,
+                        [&] { return client_->PushPull(push, &weights); });
     } else {
-      exchanged = client_->Push(push).status();
-      if (exchanged.ok()) exchanged = client_->Barrier(rank, step).status();
-      if (exchanged.ok()) exchanged = client_->Pull(rank, &weights);
+      exchanged = Timed(metrics, C::kPush,
+                        [&] { return client_->Push(push).status(); });
+      if (exchanged.ok()) {
+        exchanged = Timed(metrics, C::kBarrier, [&] {
+          return client_->Barrier(rank, step).status();
+        });
+      }
+      if (exchanged.ok()) {
+        exchanged = Timed(metrics, C::kPull,
+                          [&] { return client_->Pull(rank, &weights); });
+      }
     }
+    metrics.AddSentBytes(push.ByteSizeLong());
+    if (exchanged.ok()) metrics.AddReceivedBytes(weights.ByteSizeLong());
     if (exchanged.code() == absl::StatusCode::kDeadlineExceeded) {
       auto st = client_->GetStatus();
       std::vector<int> missing;
@@ -178,6 +205,7 @@ absl::Status Trainer::Run() {
             rank, resyncs_in_a_row - 1, exchanged.message()));
       }
       ++stats_.resyncs;
+      metrics.CountResync();
       RETURN_IF_ERROR(sync());
       continue;
     }
@@ -188,6 +216,7 @@ absl::Status Trainer::Run() {
     stats_.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - t1);
     stats_.bytes_sent += push.ByteSizeLong();
     stats_.bytes_received += weights.ByteSizeLong();
+    metrics.ObserveStep(absl::Now() - t0, schedule.batch_size);
     ++stats_.steps;
     const int64_t finished = step;
     step = weights.step();

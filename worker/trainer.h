@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/metrics.h"
 #include "worker/backend.h"
 #include "worker/ps_client.h"
 
@@ -27,6 +28,7 @@ struct TrainerOptions {
   // Called once the worker has joined the job (data loaded, backend up,
   // registered, weights pulled): its readiness.
   std::function<void()> on_joined;
+  WorkerMetrics* metrics = nullptr;  // not owned; null: an unexported one
 };
 
 struct TrainerStats {

@@ -16,6 +16,7 @@
 #include "common/grpc_server.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/metrics.h"
 #include "common/model_layout.h"
 #include "worker/backend.h"
 #include "worker/ps_client.h"
@@ -55,6 +56,7 @@ int Run(int argc, char** argv) {
   std::string data_dir;
   std::string backend = "auto";
   int metrics_port = 0;
+  std::string metrics_host = "0.0.0.0";
   int threads = 1;
   bool tf32 = false;
   std::string protocol = "fused";
@@ -72,7 +74,9 @@ int Run(int argc, char** argv) {
                   "directory of the IDX files (empty: the data set's default)");
   flags.AddString("backend", &backend, "auto | cpu | cuda");
   flags.AddInt("metrics_port", &metrics_port,
-               "Prometheus metrics port (0 = off)");
+               "Prometheus metrics port (0 = off, -1 = any free port)");
+  flags.AddString("metrics_host", &metrics_host,
+                  "address the metrics endpoint listens on");
   flags.AddInt("threads", &threads, "BLAS threads of the CPU backend");
   flags.AddBool("tf32", &tf32,
                 "CUDA backend: allow TF32 tensor-core matrix products (off: "
@@ -133,6 +137,10 @@ int Run(int argc, char** argv) {
         health_port);
     return kExitConfigError;
   }
+  if (absl::Status s = ValidateMetricsPort(metrics_port); !s.ok()) {
+    Log("configuration error: %s", s.message());
+    return kExitConfigError;
+  }
   if (dry_run) return FinishDryRun(flags);
   WarnUnknownEnvironment(flags);
   Log("dp-worker %s starting: %s", DP_VERSION, flags.Effective());
@@ -180,6 +188,18 @@ int Run(int argc, char** argv) {
   });
   watcher.detach();
 
+  WorkerMetrics metrics(rank);
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
+  if (metrics_port != kMetricsOff) {
+    auto endpoint = metrics.Serve(metrics_host, metrics_port);
+    if (!endpoint.ok()) {
+      Log("error: %s", endpoint.status().message());
+      return kExitFailure;
+    }
+    metrics_endpoint = std::move(*endpoint);
+    Log("metrics on %s:%d", metrics_host, metrics_endpoint->port());
+  }
+
   PsClientOptions client_options;
   client_options.address = ps;
   client_options.wait_timeout = absl::Seconds(wait_timeout_s);
@@ -198,6 +218,7 @@ int Run(int argc, char** argv) {
   options.on_joined = [&health] {
     if (health) SetReady(health.get(), true);
   };
+  options.metrics = &metrics;
   Trainer trainer(&client, options);
   absl::Status s = trainer.Run();
   if (health) SetReady(health.get(), false);

@@ -29,7 +29,8 @@ FROM debian:12-slim
 # libstdc++6 and zlib1g of the base image.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      libabsl20220623 libc-ares2 libgrpc++1.51 libgrpc29 libprotobuf32 \
+      libabsl20220623 libc-ares2 libcivetweb1 libgrpc++1.51 libgrpc29 \
+      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprotobuf32 \
       libre2-9 libssl3 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/server/dp-ps /usr/local/bin/dp-ps

@@ -27,7 +27,7 @@ const REPO = path.resolve(HERE, "../..");
 const K8S = path.join(REPO, "deploy/k8s");
 const TARGETS = ["base", "overlays/gpu", "overlays/cpu"];
 // The dashboard of the monitoring branch, when it is there.
-const GRAFANA_DASHBOARD = path.join(REPO, "deploy/grafana/dp-ps.json");
+const GRAFANA_DASHBOARD = path.join(REPO, "deploy/grafana/dashboards/dp-ps.json");
 const COMPONENT_DASHBOARD = path.join(
     K8S, "components/monitoring/dashboards/dp-ps.json");
 // Exit code of a configuration error (common/flags.h kExitConfigError).
@@ -460,12 +460,10 @@ function main() {
 
   // The dashboard shipped by the monitoring component is the project's.
   const dashErrors = [];
-  if (fs.existsSync(GRAFANA_DASHBOARD)) {
-    if (fs.readFileSync(GRAFANA_DASHBOARD, "utf8") !==
-        fs.readFileSync(COMPONENT_DASHBOARD, "utf8")) {
-      dashErrors.push(`${path.relative(REPO, COMPONENT_DASHBOARD)} differs ` +
-                      `from ${path.relative(REPO, GRAFANA_DASHBOARD)}: copy it`);
-    }
+  if (fs.readFileSync(GRAFANA_DASHBOARD, "utf8") !==
+      fs.readFileSync(COMPONENT_DASHBOARD, "utf8")) {
+    dashErrors.push(`${path.relative(REPO, COMPONENT_DASHBOARD)} differs ` +
+                    `from ${path.relative(REPO, GRAFANA_DASHBOARD)}: copy it`);
   }
   report("dashboard of components/monitoring is deploy/grafana's", dashErrors);
 

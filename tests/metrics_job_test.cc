@@ -1,0 +1,113 @@
+// The metrics flags of the real dp-ps and dp-worker binaries: off by default,
+// any free port with -1, a busy port is a clear error (exit 1), a bad port a
+// configuration error (exit 2).
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "gtest/gtest.h"
+#include "tests/exposition.h"
+#include "tests/subprocess.h"
+
+namespace dp {
+namespace {
+
+const absl::Duration kTimeout = absl::Seconds(60);
+
+// Holds a loopback port with a plain listening socket.
+class BusyPort {
+ public:
+  BusyPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        listen(fd_, 1) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "cannot hold a loopback port";
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~BusyPort() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// The port in the "metrics on HOST:PORT" line, 0 if absent.
+int MetricsPort(const Subprocess& p, const std::string& host) {
+  int port = 0;
+  auto field = p.Field("metrics on " + host + ":");
+  if (field.has_value() && !absl::SimpleAtoi(*field, &port)) port = 0;
+  return port;
+}
+
+TEST(MetricsJobTest, BusyMetricsPortIsExitOneNamingTheAddress) {
+  BusyPort busy;
+  ASSERT_GT(busy.port(), 0);
+  const std::string address = absl::StrCat("127.0.0.1:", busy.port());
+  const std::vector<std::vector<std::string>> commands = {
+      {DP_PS_BINARY, "--host=127.0.0.1", "--port=0",
+       absl::StrCat("--metrics_port=", busy.port()),
+       "--metrics_host=127.0.0.1"},
+      {DP_WORKER_BINARY, "--rank=0", "--ps=127.0.0.1:1",
+       absl::StrCat("--metrics_port=", busy.port()),
+       "--metrics_host=127.0.0.1"}};
+  for (const auto& argv : commands) {
+    Subprocess p(argv);
+    EXPECT_EQ(p.Wait(kTimeout), kExitFailure) << p.output();
+    EXPECT_NE(p.output().find("cannot serve metrics on " + address),
+              std::string::npos)
+        << p.output();
+    EXPECT_NE(p.output().find("in use"), std::string::npos) << p.output();
+    // A clean exit, not an abort from an uncaught exception.
+    EXPECT_EQ(p.output().find("terminate called"), std::string::npos)
+        << p.output();
+  }
+}
+
+TEST(MetricsJobTest, MetricsPortOutOfRangeIsAConfigurationError) {
+  Subprocess ps({DP_PS_BINARY, "--metrics_port=-2"});
+  EXPECT_EQ(ps.Wait(kTimeout), kExitConfigError);
+  EXPECT_NE(ps.output().find("--metrics_port"), std::string::npos)
+      << ps.output();
+  Subprocess w({DP_WORKER_BINARY, "--rank=0", "--metrics_port=70000"});
+  EXPECT_EQ(w.Wait(kTimeout), kExitConfigError);
+  EXPECT_NE(w.output().find("--metrics_port"), std::string::npos) << w.output();
+}
+
+TEST(MetricsJobTest, MetricsAreOffByDefaultAndAnyFreePortServesThem) {
+  Subprocess off({DP_PS_BINARY, "--host=127.0.0.1", "--port=0"});
+  ASSERT_TRUE(off.WaitForOutput("listening on", kTimeout)) << off.output();
+  EXPECT_EQ(off.output().find("metrics on"), std::string::npos) << off.output();
+  off.Signal(SIGTERM);
+  EXPECT_EQ(off.Wait(kTimeout), kExitInterrupted);
+
+  Subprocess on({DP_PS_BINARY, "--host=127.0.0.1", "--port=0",
+                 "--metrics_port=-1", "--metrics_host=127.0.0.1",
+                 "--workers=3"});
+  ASSERT_TRUE(on.WaitForOutput("listening on", kTimeout)) << on.output();
+  const int port = MetricsPort(on, "127.0.0.1");
+  ASSERT_GT(port, 0) << on.output();
+  auto body = HttpGet("127.0.0.1", port, "/metrics");
+  ASSERT_TRUE(body.ok()) << body.status();
+  auto s = ParseExposition(*body);
+  EXPECT_EQ(Sample(s, "dp_ps_expected_workers", {{"role", "ps"}}), 3);
+  EXPECT_EQ(Sample(s, "dp_ps_registered_workers", {{"role", "ps"}}), 0);
+  on.Signal(SIGTERM);
+  EXPECT_EQ(on.Wait(kTimeout), kExitInterrupted);
+}
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,268 @@
+// The metrics registry: Prometheus naming, bounded labels, the derived
+// gauges, and the HTTP endpoint (free port, busy port, scrape hook).
+#include "common/metrics.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/exposition.h"
+
+namespace dp {
+namespace {
+
+using Labels = std::map<std::string, std::string>;
+
+ServerMetrics::Progress AtStep(int64_t step, int64_t planned) {
+  ServerMetrics::Progress p;
+  p.step = step;
+  p.planned_steps = planned;
+  p.epoch = 1;
+  return p;
+}
+
+// "# TYPE name kind" lines of an exposition, name -> kind.
+std::map<std::string, std::string> Types(const std::string& text) {
+  std::map<std::string, std::string> types;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, "# TYPE ")) continue;
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    if (f.size() == 4) types[f[2]] = f[3];
+  }
+  return types;
+}
+
+// Checks the conventions README's Monitoring section promises.
+void ExpectPrometheusNaming(const std::string& text) {
+  const auto types = Types(text);
+  ASSERT_FALSE(types.empty()) << text;
+  for (const auto& [name, kind] : types) {
+    EXPECT_TRUE(absl::StartsWith(name, "dp_")) << name;
+    EXPECT_EQ(absl::EndsWith(name, "_total"), kind == "counter") << name;
+    if (kind == "histogram") {
+      EXPECT_TRUE(absl::EndsWith(name, "_seconds")) << name;
+    }
+  }
+  const std::set<std::string> allowed = {"role", "rank", "reason", "version",
+                                         "le"};
+  for (const auto& [series, value] : ParseExposition(text)) {
+    ASSERT_FALSE(absl::StartsWith(series, "!malformed")) << series;
+    const size_t open = series.find('{');
+    for (absl::string_view kv :
+         absl::StrSplit(series.substr(open + 1, series.size() - open - 2), ',',
+                        absl::SkipEmpty())) {
+      const std::string label(kv.substr(0, kv.find('=')));
+      EXPECT_TRUE(allowed.count(label))
+          << "label " << label << " in " << series;
+    }
+    EXPECT_NE(series.find("role=\""), std::string::npos) << series;
+  }
+}
+
+TEST(MetricsTest, WorkerAndServerFamiliesFollowPrometheusNaming) {
+  WorkerMetrics worker(3);
+  worker.ObserveCompute(absl::Milliseconds(5), 0.7);
+  ExpectPrometheusNaming(worker.Text());
+  ServerMetrics server(4);
+  ServerMetrics::Progress p = AtStep(1, 10);
+  p.has_loss = true;
+  p.has_eval = true;
+  server.SetProgress(p);
+  ExpectPrometheusNaming(server.Text());
+}
+
+TEST(MetricsTest, WorkerSeriesCarryRoleAndRankAndCountWhatHappened) {
+  WorkerMetrics m(1);
+  const Labels w = {{"role", "worker"}, {"rank", "1"}};
+  m.ObserveCompute(absl::Milliseconds(20), 0.5);
+  m.ObserveCall(WorkerMetrics::Call::kPushPull, absl::Milliseconds(30));
+  m.ObserveStep(absl::Milliseconds(60), 64);
+  m.ObserveStep(absl::Milliseconds(40), 64);
+  m.AddSentBytes(1000);
+  m.AddReceivedBytes(2000);
+  m.CountResync();
+  auto s = ParseExposition(m.Text());
+  EXPECT_EQ(Sample(s, "dp_worker_samples_total", w), 128);
+  EXPECT_EQ(Sample(s, "dp_worker_step_duration_seconds_count", w), 2);
+  EXPECT_DOUBLE_EQ(*Sample(s, "dp_worker_step_duration_seconds_sum", w), 0.1);
+  EXPECT_EQ(Sample(s, "dp_worker_push_pull_duration_seconds_count", w), 1);
+  EXPECT_EQ(Sample(s, "dp_worker_push_duration_seconds_count", w), 0);
+  EXPECT_EQ(Sample(s, "dp_training_loss", w), 0.5);
+  EXPECT_EQ(Sample(s, "dp_sent_bytes_total", w), 1000);
+  EXPECT_EQ(Sample(s, "dp_received_bytes_total", w), 2000);
+  EXPECT_EQ(Sample(s, "dp_worker_resyncs_total", w), 1);
+  EXPECT_EQ(
+      Sample(s, "dp_build_info",
+             {{"role", "worker"}, {"rank", "1"}, {"version", DP_VERSION}}),
+      1);
+  // The 25 ms bucket holds the 20 ms compute, the 10 ms one does not.
+  Labels le = w;
+  le["le"] = "0.025";
+  EXPECT_EQ(Sample(s, "dp_worker_compute_duration_seconds_bucket", le), 1);
+  le["le"] = "0.01";
+  EXPECT_EQ(Sample(s, "dp_worker_compute_duration_seconds_bucket", le), 0);
+}
+
+TEST(MetricsTest, LossAndTestAccuracyAppearOnlyOnceKnown) {
+  // A 0 before the first value would read as "loss 0" or "0% accuracy".
+  WorkerMetrics worker(0);
+  EXPECT_FALSE(Sample(ParseExposition(worker.Text()), "dp_training_loss",
+                      {{"role", "worker"}, {"rank", "0"}}));
+  ServerMetrics server(2);
+  const Labels ps = {{"role", "ps"}};
+  server.SetProgress(AtStep(0, 10));
+  auto s = ParseExposition(server.Text());
+  EXPECT_FALSE(Sample(s, "dp_training_loss", ps));
+  EXPECT_FALSE(Sample(s, "dp_test_accuracy", ps));
+  EXPECT_EQ(Sample(s, "dp_training_planned_steps", ps), 10);
+  ServerMetrics::Progress p = AtStep(5, 10);
+  p.has_loss = true;
+  p.loss = 0.25;
+  p.has_eval = true;
+  p.test_accuracy = 0.875;
+  p.test_loss = 0.5;
+  p.registered_workers = 2;
+  server.SetProgress(p);
+  s = ParseExposition(server.Text());
+  EXPECT_EQ(Sample(s, "dp_training_loss", ps), 0.25);
+  EXPECT_EQ(Sample(s, "dp_test_accuracy", ps), 0.875);
+  EXPECT_EQ(Sample(s, "dp_test_loss", ps), 0.5);
+  EXPECT_EQ(Sample(s, "dp_training_step", ps), 5);
+  EXPECT_EQ(Sample(s, "dp_ps_registered_workers", ps), 2);
+  EXPECT_EQ(Sample(s, "dp_ps_expected_workers", ps), 2);
+}
+
+TEST(MetricsTest,
+     RejectedReasonsAreStatusCodeNamesAndCancelledIsNotARejection) {
+  ServerMetrics m(2);
+  m.CountRejected(absl::StatusCode::kAborted);
+  m.CountRejected(absl::StatusCode::kAborted);
+  m.CountRejected(absl::StatusCode::kInvalidArgument);
+  m.CountRejected(absl::StatusCode::kCancelled);
+  m.CountRejected(absl::StatusCode::kOk);
+  m.CountRejected(static_cast<absl::StatusCode>(1234));  // not a known code
+  auto s = ParseExposition(m.Text());
+  auto rejected = [&](const std::string& reason) {
+    return Sample(s, "dp_ps_rejected_requests_total",
+                  {{"role", "ps"}, {"reason", reason}});
+  };
+  EXPECT_EQ(rejected("aborted"), 2);
+  EXPECT_EQ(rejected("invalid_argument"), 1);
+  EXPECT_EQ(rejected("unknown"), 1);
+  EXPECT_EQ(rejected("unavailable"), 0);  // present before it happens
+  EXPECT_FALSE(rejected("cancelled"));
+  EXPECT_FALSE(rejected("ok"));
+  int reasons = 0;
+  for (const auto& [series, v] : s) {
+    reasons += absl::StartsWith(series, "dp_ps_rejected_requests_total{");
+  }
+  EXPECT_EQ(reasons, 15);  // the 17 status codes less OK and CANCELLED
+}
+
+TEST(MetricsTest, RanksOutsideTheJobCreateNoSeries) {
+  ServerMetrics m(2);
+  m.ObserveBarrierWait(1, absl::Milliseconds(3));
+  m.ObserveBarrierWait(2, absl::Milliseconds(3));
+  m.ObserveBarrierWait(-1, absl::Milliseconds(3));
+  m.SawRank(1000000);
+  m.SawRank(-5);
+  const std::string text = m.Text();
+  EXPECT_EQ(text.find("rank=\"2\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("rank=\"-1\""), std::string::npos) << text;
+  auto s = ParseExposition(text);
+  EXPECT_EQ(Sample(s, "dp_ps_barrier_wait_duration_seconds_count",
+                   {{"role", "ps"}, {"rank", "1"}}),
+            1);
+  EXPECT_EQ(Sample(s, "dp_ps_barrier_wait_duration_seconds_count",
+                   {{"role", "ps"}, {"rank", "0"}}),
+            0);
+  EXPECT_EQ(m.ActiveWorkers(), 0);
+}
+
+TEST(MetricsTest, ActiveWorkersAreRanksSeenWithinTheWindow) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  ServerMetrics m(3, absl::Seconds(60), [&now] { return now; });
+  EXPECT_EQ(m.ActiveWorkers(), 0);
+  m.SawRank(0);
+  now += absl::Seconds(30);
+  m.SawRank(2);
+  EXPECT_EQ(m.ActiveWorkers(), 2);
+  now += absl::Seconds(31);  // rank 0 last seen 61 s ago
+  EXPECT_EQ(m.ActiveWorkers(), 1);
+  EXPECT_EQ(Sample(ParseExposition(m.Text()), "dp_ps_active_workers",
+                   {{"role", "ps"}}),
+            1);
+  now += absl::Seconds(30);
+  EXPECT_EQ(m.ActiveWorkers(), 0);
+}
+
+TEST(MetricsTest, AnyFreePortServesMetricsOverHttpAndRunsTheScrapeHook) {
+  ServerMetrics m(2);
+  std::atomic<int> hooks{0};
+  auto endpoint = m.Serve("127.0.0.1", kMetricsAnyPort, [&] {
+    ++hooks;
+    m.SetProgress(AtStep(7, 9));
+  });
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  ASSERT_GT(port, 0);
+  auto body = HttpGet("127.0.0.1", port, "/metrics");
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_GE(hooks.load(), 1);
+  auto s = ParseExposition(*body);
+  EXPECT_EQ(Sample(s, "dp_training_step", {{"role", "ps"}}), 7);
+  EXPECT_EQ(
+      Sample(s, "dp_build_info", {{"role", "ps"}, {"version", DP_VERSION}}), 1);
+  // Destroying the endpoint closes the port.
+  endpoint->reset();
+  EXPECT_FALSE(HttpGet("127.0.0.1", port, "/metrics").ok());
+}
+
+TEST(MetricsTest, BusyPortIsUnavailableNamingTheAddressAndDoesNotThrow) {
+  // A plain listening socket holds the port.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+
+  WorkerMetrics m(0);
+  auto endpoint = m.Serve("127.0.0.1", port);
+  ASSERT_FALSE(endpoint.ok());
+  EXPECT_EQ(endpoint.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(endpoint.status().message(),
+                                absl::StrCat("127.0.0.1:", port)))
+      << endpoint.status();
+  EXPECT_TRUE(absl::StrContains(endpoint.status().message(), "in use"))
+      << endpoint.status();
+  close(fd);
+}
+
+TEST(MetricsTest, PortZeroIsOffAndOutOfRangePortsAreInvalid) {
+  EXPECT_TRUE(ValidateMetricsPort(0).ok());
+  EXPECT_TRUE(ValidateMetricsPort(-1).ok());
+  EXPECT_TRUE(ValidateMetricsPort(65535).ok());
+  EXPECT_EQ(ValidateMetricsPort(-2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateMetricsPort(65536).code(),
+            absl::StatusCode::kInvalidArgument);
+  WorkerMetrics m(0);
+  EXPECT_EQ(m.Serve("127.0.0.1", 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.Serve("127.0.0.1", 70000).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,205 @@
+"""Checks of the Grafana dashboard and the Prometheus rules, shared by
+dashboard_test.py (static) and prometheus_e2e_test.py (against a real run).
+
+Python 3 standard library plus PyYAML (Debian: python3-yaml), both installed
+by scripts/setup.sh.
+"""
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+import yaml
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+# Grafana's interval macros and what they stand for when an expression is
+# handed to promtool or to Prometheus directly.
+GRAFANA_MACROS = {
+    "$__rate_interval": "1m",
+    "$__interval": "15s",
+    "$__range": "1h",
+}
+
+# Series Prometheus makes itself; the rest must come from the daemons or
+# from our recording rules.
+PROMETHEUS_BUILTIN = {"up", "ALERTS", "ALERTS_FOR_STATE"}
+
+PROMQL_KEYWORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
+    "bool", "and", "or", "unless", "inf", "nan",
+}
+
+
+def load_dashboard(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)  # raises with line and column when invalid
+
+
+def all_panels(dashboard):
+    """Panels, including those nested in collapsed rows."""
+    out = []
+    for p in dashboard.get("panels", []):
+        out.append(p)
+        out.extend(p.get("panels", []))
+    return out
+
+
+def to_promql(expr):
+    """Replaces Grafana's macros; raises ValueError on any other variable."""
+    for macro, value in GRAFANA_MACROS.items():
+        expr = expr.replace(macro, value)
+    if "$" in expr:
+        raise ValueError(f"unknown Grafana variable in {expr!r}")
+    return expr
+
+
+def dashboard_expressions(dashboard):
+    """[(panel title, refId, PromQL)] of every query of every panel."""
+    out = []
+    for p in all_panels(dashboard):
+        for t in p.get("targets", []):
+            out.append((p.get("title", "?"), t.get("refId", "?"),
+                        to_promql(t.get("expr", ""))))
+    return out
+
+
+def static_problems(dashboard):
+    """What makes the dashboard unusable or unprovisionable, as sentences."""
+    problems = []
+    variables = dashboard.get("templating", {}).get("list", [])
+    ds_vars = [v for v in variables
+               if v.get("name") == "datasource" and v.get("type") == "datasource"]
+    if len(ds_vars) != 1 or ds_vars[0].get("query") != "prometheus":
+        problems.append("no template variable 'datasource' of type datasource "
+                        "with query 'prometheus'")
+    if not dashboard.get("uid") or not dashboard.get("title"):
+        problems.append("the dashboard needs a uid and a title")
+    panels = all_panels(dashboard)
+    if not panels:
+        problems.append("no panels")
+    ids = set()
+    for p in panels:
+        title = p.get("title", "")
+        name = f"panel {p.get('id')} '{title}'"
+        if p.get("type") == "row":
+            problems.append(f"{name}: rows are not used here (no datasource, "
+                            "no unit)")
+            continue
+        if not isinstance(title, str) or not title.strip():
+            problems.append(f"{name}: no title")
+        if p.get("id") in ids:
+            problems.append(f"{name}: duplicate id")
+        ids.add(p.get("id"))
+        if p.get("datasource") != DATASOURCE:
+            problems.append(f"{name}: datasource is {p.get('datasource')!r}, "
+                            f"not {DATASOURCE!r}")
+        unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        if not isinstance(unit, str) or not unit.strip():
+            problems.append(f"{name}: no unit in fieldConfig.defaults")
+        grid = p.get("gridPos", {})
+        if not (grid.get("w", 0) > 0 and grid.get("h", 0) > 0 and
+                grid.get("x", -1) >= 0 and grid.get("x", 0) + grid.get("w", 0) <= 24):
+            problems.append(f"{name}: bad gridPos {grid!r}")
+        targets = p.get("targets", [])
+        if not targets:
+            problems.append(f"{name}: no queries")
+        refs = set()
+        for t in targets:
+            if t.get("datasource") != DATASOURCE:
+                problems.append(f"{name} query {t.get('refId')}: datasource is "
+                                f"{t.get('datasource')!r}")
+            if not t.get("expr", "").strip():
+                problems.append(f"{name} query {t.get('refId')}: empty expr")
+            if t.get("refId") in refs or not t.get("refId"):
+                problems.append(f"{name}: missing or duplicate refId")
+            refs.add(t.get("refId"))
+            try:
+                to_promql(t.get("expr", ""))
+            except ValueError as e:
+                problems.append(f"{name}: {e}")
+    return problems
+
+
+def promtool_parse(promtool, named_exprs):
+    """Parses [(name, expr)] with `promtool check rules` (as recording rules).
+    Returns promtool's complaint, or None when every expression parses."""
+    rules = {"groups": [{"name": "parse-check", "rules": [
+        {"record": f"check:expr_{i}", "expr": expr}
+        for i, (_, expr) in enumerate(named_exprs)]}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
+        yaml.safe_dump(rules, f)
+        path = f.name
+    try:
+        r = subprocess.run([promtool, "check", "rules", path],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(path)
+    if r.returncode == 0:
+        return None
+    index = {f"check:expr_{i}": name for i, (name, _) in enumerate(named_exprs)}
+    out = r.stdout + r.stderr
+    for record, name in index.items():
+        out = out.replace(record, f"{record} ({name})")
+    return out
+
+
+def metric_names(expr):
+    """Metric names an expression selects. PromQL without a parser: strings,
+    label matchers, ranges, offsets and grouping lists go first; of the
+    identifiers left, those before '(' are functions or aggregations."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\boffset\s+-?\w+", " ", s)
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)",
+               " ", s)
+    names = set()
+    for m in re.finditer(r"(?<![\w.:])[A-Za-z_:][A-Za-z0-9_:]*", s):
+        word = m.group(0)
+        rest = s[m.end():].lstrip()
+        if rest.startswith("(") or word.lower() in PROMQL_KEYWORDS:
+            continue
+        names.add(word)
+    return names
+
+
+def exported_families(exposition_text):
+    """{family name: type} from the '# TYPE' lines of a /metrics answer."""
+    families = {}
+    for line in exposition_text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            families[name] = kind.strip()
+    return families
+
+
+def unknown_names(names, families, recorded):
+    """Names that neither the daemons export nor our rules record."""
+    unknown = set()
+    for n in names:
+        if n in families or n in recorded or n in PROMETHEUS_BUILTIN:
+            continue
+        base = re.sub(r"_(bucket|sum|count)$", "", n)
+        if base != n and families.get(base) in ("histogram", "summary"):
+            continue
+        unknown.add(n)
+    return unknown
+
+
+def load_rules(paths):
+    """[(group, rule dict)] of Prometheus rule files."""
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+        for g in doc.get("groups", []):
+            for r in g.get("rules", []):
+                out.append((g["name"], r))
+    return out
+
+
+def recorded_names(rules):
+    return {r["record"] for _, r in rules if "record" in r}
