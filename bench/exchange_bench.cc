@@ -79,10 +79,16 @@ int Main() {
     dp::v1::GetStatusResponse r;
     stub->GetStatus(&ctx, q, &r);
   };
-  const float* grads[] = {grad.data(), grad.data()};
+  // The server update alone: average of N gradients + Adam, N = 1, 2, 4, 8.
+  std::vector<std::vector<float>> rank_grads(8, grad);
   std::vector<float> p = state.params, m(p.size()), v(p.size());
-  auto apply2 = [&] {
-    AverageAndAdamStep(config.adam, 1, grads, p.size(), p.data(), m.data(), v.data());
+  auto apply = [&](int n) {
+    std::vector<const float*> grads;
+    for (int r = 0; r < n; ++r) grads.push_back(rank_grads[r].data());
+    return [&, grads] {
+      AverageAndAdamStep(config.adam, 1, grads, p.size(), p.data(), m.data(),
+                         v.data());
+    };
   };
   for (int i = 0; i < 20; ++i) push_pull();
   std::printf("%-34s %10s\n", "operation (SimpleNet, 0.94 MB)", "median ms");
@@ -90,7 +96,10 @@ int Main() {
   std::printf("%-34s %10.3f\n", "Pull", MedianMs(7, 50, pull));
   std::printf("%-34s %10.3f\n", "Push (+ apply, N=1)", MedianMs(7, 50, push_only));
   std::printf("%-34s %10.3f\n", "PushPull (+ apply, N=1)", MedianMs(7, 50, push_pull));
-  std::printf("%-34s %10.3f\n", "server update alone (N=2)", MedianMs(7, 50, apply2));
+  for (int n : {1, 2, 4, 8}) {
+    std::printf("server update alone (N=%d)%*s %10.3f\n", n, 8, "",
+                MedianMs(7, 50, apply(n)));
+  }
   coordinator.Shutdown();
   running->server->Shutdown();
   return 0;

@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""The PyTorch baseline of scripts/perf.sh: SimpleNet on Fashion-MNIST with
+torch.optim.Adam, either one process with batch N*b or DDP (gloo) with N
+processes of batch b, the same global data order as dp-ps (a permutation per
+epoch, rank r takes the r-th slice of each global batch). Prints one line:
+RESULT mode=... samples_per_s=... accuracy=... (samples/s over the training
+phase only, after one warm-up step)."""
+import argparse
+import gzip
+import os
+import socket
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def load(split):
+    prefix = "train" if split == "train" else "t10k"
+    with gzip.open(f"{DATA}/{prefix}-images-idx3-ubyte.gz") as f:
+        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
+    with gzip.open(f"{DATA}/{prefix}-labels-idx1-ubyte.gz") as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8)
+    x = (x.astype(np.float32) / 255.0 - 0.2860) / 0.3530
+    return torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
+
+
+class SimpleNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 256)
+        self.fc2 = nn.Linear(256, 128)
+        self.fc3 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+def train(rank, world, args, port, results):
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    if world > 1:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    x, y = load("train")
+    model = SimpleNet()
+    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    b = args.batch
+    global_batch = b * world
+    steps_per_epoch = len(x) // global_batch
+    gen = torch.Generator().manual_seed(args.seed)
+    step = 0
+    start = None
+    for _ in range(args.epochs):
+        order = torch.randperm(len(x), generator=gen)
+        for g in range(steps_per_epoch):
+            idx = order[g * global_batch + rank * b:g * global_batch + (rank + 1) * b]
+            opt.zero_grad()
+            loss = F.cross_entropy(net(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            step += 1
+            if step == 1:
+                start = time.perf_counter()
+    elapsed = time.perf_counter() - start
+    if rank == 0:
+        tx, ty = load("test")
+        with torch.no_grad():
+            accuracy = (model(tx).argmax(1) == ty).float().mean().item()
+        results.put(((step - 1) * global_batch / elapsed, accuracy))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=["ddp", "single"], default="ddp")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64, help="per process")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    world = args.workers if args.mode == "ddp" else 1
+    if args.mode == "single":
+        args.batch *= args.workers
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=train, args=(r, world, args, port, results))
+             for r in range(world)]
+    for proc in procs:
+        proc.start()
+    rate, accuracy = results.get()
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise SystemExit(f"rank exited with {proc.exitcode}")
+    print(f"RESULT mode={args.mode} samples_per_s={rate:.0f} accuracy={accuracy:.4f}")
+
+
+if __name__ == "__main__":
+    main()
