@@ -124,14 +124,19 @@ ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
   return Done(ctx, absl::OkStatus());
 }
 
+absl::StatusOr<StepCoordinator::PushResult> PsService::Deliver(
+    const dp::v1::PushRequest& request) {
+  metrics_->SawRank(request.rank());
+  metrics_->AddReceivedBytes(request.ByteSizeLong());
+  return coordinator_->Push(request.rank(), request.step(), request.offset(),
+                            request.gradient(), request.loss(),
+                            static_cast<Encoding>(request.encoding()));
+}
+
 ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
                                     const dp::v1::PushRequest* request,
                                     dp::v1::PushResponse* response) {
-  metrics_->SawRank(request->rank());
-  metrics_->AddReceivedBytes(request->ByteSizeLong());
-  auto result = coordinator_->Push(
-      request->rank(), request->step(), request->offset(), request->gradient(),
-      request->loss(), static_cast<Encoding>(request->encoding()));
+  auto result = Deliver(*request);
   if (!result.ok()) return Done(ctx, result.status());
   response->set_step(result->step);
   response->set_duplicate(result->duplicate);
@@ -161,11 +166,7 @@ ServerUnaryReactor* PsService::Barrier(CallbackServerContext* /*ctx*/,
 ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
                                         const dp::v1::PushRequest* request,
                                         dp::v1::PullResponse* response) {
-  metrics_->SawRank(request->rank());
-  metrics_->AddReceivedBytes(request->ByteSizeLong());
-  auto pushed = coordinator_->Push(
-      request->rank(), request->step(), request->offset(), request->gradient(),
-      request->loss(), static_cast<Encoding>(request->encoding()));
+  auto pushed = Deliver(*request);
   if (!pushed.ok()) return Done(ctx, pushed.status());
   StepCoordinator* coordinator = coordinator_;
   ServerMetrics* metrics = metrics_;

@@ -44,6 +44,10 @@ class PsService final : public dp::v1::ParameterServer::CallbackService {
       dp::v1::GetStatusResponse* response) override;
 
  private:
+  // The push half of Push and PushPull: records the request, hands the
+  // gradient to the coordinator.
+  absl::StatusOr<StepCoordinator::PushResult> Deliver(
+      const dp::v1::PushRequest& request);
   // Finishes a unary call with the status of a synchronous operation.
   grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
                                  const absl::Status& s);

@@ -16,6 +16,7 @@
 #include "server/checkpoint.h"
 #include "proto/dp.grpc.pb.h"
 #include "tests/health_client.h"
+#include "tests/job_runner.h"
 #include "tests/subprocess.h"
 
 namespace dp {
@@ -41,26 +42,6 @@ int64_t IntField(const Subprocess& p, const std::string& prefix) {
     EXPECT_TRUE(absl::SimpleAtoi(digits, &value)) << *field;
   }
   return value;
-}
-
-std::unique_ptr<Subprocess> StartServer(std::vector<std::string> args,
-                                        int* port) {
-  std::vector<std::string> argv = {DP_PS_BINARY, "--host=127.0.0.1",
-                                   "--port=0"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto ps = std::make_unique<Subprocess>(argv);
-  EXPECT_TRUE(ps->WaitForOutput(" for ", kStartTimeout)) << ps->output();
-  *port = static_cast<int>(IntField(*ps, "listening on 127.0.0.1:"));
-  return ps;
-}
-
-std::unique_ptr<Subprocess> StartWorker(const std::string& ps, int rank,
-                                        std::vector<std::string> args = {}) {
-  std::vector<std::string> argv = {DP_WORKER_BINARY, "--ps=" + ps,
-                                   absl::StrCat("--rank=", rank),
-                                   "--backend=cpu"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return std::make_unique<Subprocess>(argv);
 }
 
 dp::v1::GetStatusResponse GetStatus(int port) {
@@ -89,8 +70,8 @@ TEST(ShutdownTest, DpPsOnSigtermTurnsNotServingAndExitsInterruptedInTime) {
   auto ps = StartServer(args, &port);
   ASSERT_GT(port, 0);
   HealthWatcher readiness(Address(port), "");
-  auto w0 = StartWorker(Address(port), 0, {"--retry_for_s=1"});
-  auto w1 = StartWorker(Address(port), 1, {"--retry_for_s=1"});
+  auto w0 = StartWorker(port, 0, {"--retry_for_s=1"});
+  auto w1 = StartWorker(port, 1, {"--retry_for_s=1"});
   // A progress line: steps are being applied.
   ASSERT_TRUE(ps->WaitForOutput("  step ", kStartTimeout)) << ps->output();
   ASSERT_TRUE(readiness.WaitFor(kServing, kStopDeadline));
@@ -125,7 +106,7 @@ TEST(ShutdownTest, WorkerOnSigtermFinishesItsCurrentStepAndExitsInterrupted) {
   args.push_back("--workers=1");
   auto ps = StartServer(args, &port);
   ASSERT_GT(port, 0);
-  auto worker = StartWorker(Address(port), 0, {"--health_port=0"});
+  auto worker = StartWorker(port, 0, {"--health_port=0"});
   ASSERT_TRUE(worker->WaitForOutput("joined at step", kStartTimeout))
       << worker->output();
   const int health_port =
@@ -153,8 +134,7 @@ TEST(ShutdownTest, WorkerOnSigtermFinishesItsCurrentStepAndExitsInterrupted) {
 TEST(ShutdownTest, WorkerIsNotReadyUntilJoinedAndStopsWhileWaitingForDpPs) {
   // Nothing listens on port 1: the worker retries and never joins.
   auto worker = StartWorker(
-      "127.0.0.1:1", 0,
-      {"--health_port=0", "--retry_for_s=600", "--stop_timeout_s=1"});
+      1, 0, {"--health_port=0", "--retry_for_s=600", "--stop_timeout_s=1"});
   ASSERT_TRUE(worker->WaitForOutput("health service on port ", kStartTimeout))
       << worker->output();
   const std::string health =
@@ -175,7 +155,7 @@ TEST(ShutdownTest, ExitWhenDoneFalseServesTheFinalStateUntilSigtermThenExits0) {
   auto ps = StartServer({"--workers=1", "--dataset=synthetic", "--max_steps=3",
                          "--exit_when_done=false"},
                         &port);
-  auto worker = StartWorker(Address(port), 0);
+  auto worker = StartWorker(port, 0);
   EXPECT_EQ(worker->Wait(kStartTimeout), kExitOk) << worker->output();
   ASSERT_TRUE(ps->WaitForOutput("until SIGTERM", kStartTimeout))
       << ps->output();
