@@ -35,6 +35,20 @@ void UpdateBlock(const Coefficients& c, int64_t n, float* __restrict g,
 
 }  // namespace
 
+int64_t FirstOutOfRangeGradient(const float* x, int64_t n) {
+  // A branch-free OR-reduction that vectorises; only when it fires do we look
+  // for the position. !(|x| <= max) is also true for NaN.
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    any |= static_cast<uint32_t>(!(std::fabs(x[i]) <= kMaxAbsGradient));
+  }
+  if (any == 0) return -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(std::fabs(x[i]) <= kMaxAbsGradient)) return i;
+  }
+  return -1;
+}
+
 void AverageAndAdamStep(const AdamOptions& o, int64_t t,
                         absl::Span<const float* const> grads, int64_t n,
                         float* params, float* m, float* v) {

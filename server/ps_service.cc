@@ -79,11 +79,14 @@ class StepWaitReactor final : public ServerUnaryReactor {
 }  // namespace
 
 PsService::PsService(StepCoordinator* coordinator)
-    : coordinator_(coordinator) {}
+    : coordinator_(coordinator),
+      validator_(coordinator->Status().config.schedule.world_size,
+                 coordinator->layout()) {}
 
 ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
                                         const dp::v1::RegisterRequest* request,
                                         dp::v1::RegisterResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   DataFingerprint data{request->data().num_samples(), request->data().hash()};
   auto reg = coordinator_->Register(request->rank(),
                                     request->model_fingerprint(), data);
@@ -99,6 +102,7 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
                                     const dp::v1::PullRequest* request,
                                     dp::v1::PullResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   auto step = coordinator_->Pull(request->rank(), request->offset(),
                                  request->length(),
                                  response->mutable_params());
@@ -112,6 +116,7 @@ ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
                                     const dp::v1::PushRequest* request,
                                     dp::v1::PushResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   auto result =
       coordinator_->Push(request->rank(), request->step(), request->offset(),
                          request->gradient(), request->loss());
@@ -121,9 +126,10 @@ ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
   return Done(ctx, absl::OkStatus());
 }
 
-ServerUnaryReactor* PsService::Barrier(CallbackServerContext* /*ctx*/,
+ServerUnaryReactor* PsService::Barrier(CallbackServerContext* ctx,
                                        const dp::v1::BarrierRequest* request,
                                        dp::v1::BarrierResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   StepCoordinator* coordinator = coordinator_;
   auto* reactor = new StepWaitReactor(
       coordinator_, [response, coordinator](int64_t step) {
@@ -138,6 +144,7 @@ ServerUnaryReactor* PsService::Barrier(CallbackServerContext* /*ctx*/,
 ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
                                         const dp::v1::PushRequest* request,
                                         dp::v1::PullResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   auto pushed =
       coordinator_->Push(request->rank(), request->step(), request->offset(),
                          request->gradient(), request->loss());
@@ -160,6 +167,7 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::ReportEval(
     CallbackServerContext* ctx, const dp::v1::ReportEvalRequest* request,
     dp::v1::ReportEvalResponse* /*response*/) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   EvalReport r{request->step(),     request->epoch(),
                request->accuracy(), request->loss(),
                request->num_samples(), request->final()};
@@ -167,8 +175,9 @@ ServerUnaryReactor* PsService::ReportEval(
 }
 
 ServerUnaryReactor* PsService::GetStatus(
-    CallbackServerContext* ctx, const dp::v1::GetStatusRequest* /*request*/,
+    CallbackServerContext* ctx, const dp::v1::GetStatusRequest* request,
     dp::v1::GetStatusResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   CoordinatorStatus s = coordinator_->Status();
   ToProto(s.config, response->mutable_config());
   response->set_step(s.step);

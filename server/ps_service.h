@@ -5,10 +5,13 @@
 #define DP_SERVER_PS_SERVICE_H_
 
 #include "proto/dp.grpc.pb.h"
+#include "server/request_validator.h"
 #include "server/step_coordinator.h"
 
 namespace dp {
 
+// Every handler first admits the call (RequestValidator) and only then hands
+// it to the coordinator: a refused call touches no state.
 class PsService final : public dp::v1::ParameterServer::CallbackService {
  public:
   explicit PsService(StepCoordinator* coordinator);
@@ -38,7 +41,15 @@ class PsService final : public dp::v1::ParameterServer::CallbackService {
       dp::v1::GetStatusResponse* response) override;
 
  private:
+  // The validator's verdict.
+  template <typename Request>
+  absl::Status Admit(const grpc::CallbackServerContext* /*ctx*/,
+                     const Request& request) const {
+    return validator_.Check(request);
+  }
+
   StepCoordinator* const coordinator_;
+  const RequestValidator validator_;
 };
 
 }  // namespace dp

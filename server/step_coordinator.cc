@@ -17,23 +17,6 @@ absl::Status Unavailable() {
   return absl::UnavailableError("dp-ps is shutting down");
 }
 
-// Index of the first non-finite value, or -1.
-int64_t FirstNonFinite(const float* x, int64_t n) {
-  // An all-ones exponent marks NaN and Inf. The integer OR-reduction
-  // vectorises; only when it fires do we look for the position.
-  uint32_t any = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, sizeof(bits));
-    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  if (any == 0) return -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) return i;
-  }
-  return -1;
-}
-
 }  // namespace
 
 StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
@@ -131,10 +114,12 @@ absl::StatusOr<int64_t> StepCoordinator::Pull(int rank, int64_t offset,
   Touch(rank);
   const int64_t n = layout_.num_params();
   if (length == 0 && offset >= 0 && offset <= n) length = n - offset;
-  if (offset < 0 || length < 0 || offset + length > n) {
+  // Ordered so that nothing overflows: offset is in [0, n] before n - offset.
+  if (offset < 0 || offset > n || length < 0 || length > n - offset) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "pull range [%d, %d) is outside the parameter vector [0, %d)", offset,
-        offset + length, n));
+        "pull range (offset %d, length %d) is outside the parameter vector "
+        "[0, %d)",
+        offset, length, n));
   }
   out->resize(length * sizeof(float));
   std::memcpy(out->data(), state_.params.data() + offset,
@@ -183,11 +168,11 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     }
     // Check before copying so that a rejected push leaves no trace.
     const float* g = reinterpret_cast<const float*>(gradient.data());
-    if (int64_t bad = FirstNonFinite(g, n); bad >= 0) {
+    if (int64_t bad = FirstOutOfRangeGradient(g, n); bad >= 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "gradient from rank %d for step %d has a non-finite value (%f) at "
-          "index %d",
-          rank, step, g[bad], bad));
+          "gradient from rank %d for step %d has a non-finite or out-of-range "
+          "value (%g, limit %g) at index %d",
+          rank, step, g[bad], kMaxAbsGradient, bad));
     }
     if (!std::isfinite(loss)) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -284,12 +269,17 @@ absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
   RETURN_IF_ERROR(CheckRank(rank));
   Touch(rank);
   if (!std::isfinite(r.accuracy) || r.accuracy < 0.0 || r.accuracy > 1.0 ||
-      !std::isfinite(r.loss) || r.num_samples < 0 || r.step < 0 ||
-      r.step > state_.step) {
+      !std::isfinite(r.loss) || r.num_samples < 0 || r.step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "evaluation report from rank %d is invalid (accuracy %f, loss %f, "
         "%d samples, step %d of %d)",
         rank, r.accuracy, r.loss, r.num_samples, r.step, state_.step));
+  }
+  if (r.step > state_.step) {
+    return absl::AbortedError(absl::StrFormat(
+        "evaluation report from rank %d is about the weights of step %d, but "
+        "the job is at step %d (future step)",
+        rank, r.step, state_.step));
   }
   last_eval_ = r;
   has_eval_ = true;

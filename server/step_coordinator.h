@@ -114,7 +114,8 @@ class StepCoordinator {
   bool CancelWait(int64_t id);
 
   // INVALID_ARGUMENT for a bad rank or values that are not finite or not in
-  // [0, 1]; nothing is recorded then.
+  // [0, 1], ABORTED for the weights of a future step; nothing is recorded
+  // then.
   absl::Status RecordEval(int rank, const EvalReport& report);
   // Every step is applied.
   bool done() const;
