@@ -41,6 +41,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   reported_missing_.assign(world, false);
   missing_since_.assign(world, started_);
   reported_unregistered_.assign(world, false);
+  waits_of_rank_.assign(world, 0);
 }
 
 absl::Status StepCoordinator::RefusalLocked() const {
@@ -221,6 +222,7 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.step < state_.step) {
       ready.push_back(std::move(it->second.done));
+      --waits_of_rank_[it->second.rank];
       it = waiters_.erase(it);
     } else {
       ++it;
@@ -229,9 +231,36 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   return ready;
 }
 
+std::vector<StepCoordinator::WaitCallback>
+StepCoordinator::TakeAllWaitersLocked() {
+  std::vector<WaitCallback> all;
+  for (auto& [id, w] : waiters_) all.push_back(std::move(w.done));
+  waiters_.clear();
+  waits_of_rank_.assign(waits_of_rank_.size(), 0);
+  return all;
+}
+
 absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
     int rank, int64_t step, WaitCallback done) {
-  absl::MutexLock lock(&mu_);
+  WaitCallback evicted;
+  WaitTicket ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(ticket,
+                     WaitForStepLocked(rank, step, std::move(done), &evicted));
+  }
+  if (evicted) {
+    evicted(absl::AbortedError(absl::StrFormat(
+                "rank %d has more than %d calls waiting: the oldest is "
+                "dropped",
+                rank, kMaxWaitsPerRank)),
+            ticket.step);
+  }
+  return ticket;
+}
+
+absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
+    int rank, int64_t step, WaitCallback done, WaitCallback* evicted) {
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
   Touch(rank);
@@ -253,14 +282,29 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
         "gradient",
         rank, step));
   }
+  if (waits_of_rank_[rank] >= kMaxWaitsPerRank) {
+    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+      if (it->second.rank == rank) {  // the oldest: ids grow with time
+        *evicted = std::move(it->second.done);
+        waiters_.erase(it);
+        --waits_of_rank_[rank];
+        break;
+      }
+    }
+  }
   const int64_t id = next_wait_id_++;
   waiters_.emplace(id, Waiter{rank, step, std::move(done)});
+  ++waits_of_rank_[rank];
   return WaitTicket{false, current, id};
 }
 
 bool StepCoordinator::CancelWait(int64_t id) {
   absl::MutexLock lock(&mu_);
-  return waiters_.erase(id) > 0;
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return false;
+  --waits_of_rank_[it->second.rank];
+  waiters_.erase(it);
+  return true;
 }
 
 absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
@@ -322,8 +366,7 @@ void StepCoordinator::Shutdown() {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
     step = state_.step;
-    for (auto& [id, w] : waiters_) to_fail.push_back(std::move(w.done));
-    waiters_.clear();
+    to_fail = TakeAllWaitersLocked();
   }
   for (WaitCallback& cb : to_fail) cb(Unavailable(), step);
 }
@@ -336,8 +379,7 @@ void StepCoordinator::Fail(const absl::Status& reason) {
     if (!failed_.ok()) return;
     failed_ = reason;
     step = state_.step;
-    for (auto& [id, w] : waiters_) to_fail.push_back(std::move(w.done));
-    waiters_.clear();
+    to_fail = TakeAllWaitersLocked();
   }
   for (WaitCallback& cb : to_fail) cb(reason, step);
 }

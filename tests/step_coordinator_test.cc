@@ -264,6 +264,33 @@ TEST(StepCoordinatorTest, LargestAcceptedGradientsKeepTheStateFinite) {
   }
 }
 
+TEST(StepCoordinatorTest, WaitsOfOneRankAreBoundedOldestEvicted) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
+  const int n = StepCoordinator::kMaxWaitsPerRank + 2;
+  std::vector<absl::Status> results(n);
+  std::vector<int> calls(n, 0);
+  for (int i = 0; i < n; ++i) {
+    auto t = c->WaitForStep(0, 0, [&, i](const absl::Status& s, int64_t) {
+      results[i] = s;
+      ++calls[i];
+    });
+    ASSERT_TRUE(t.ok());
+    EXPECT_FALSE(t->ready);
+  }
+  // The two oldest were evicted, at once, with ABORTED (the worker re-syncs).
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(calls[i], 1);
+    EXPECT_EQ(results[i].code(), absl::StatusCode::kAborted) << results[i];
+  }
+  for (int i = 2; i < n; ++i) EXPECT_EQ(calls[i], 0);
+  ASSERT_TRUE(c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).ok());
+  ASSERT_TRUE(c->Push(2, 0, 0, Bytes(Gradient(l, 2, 0)), 1.0f).ok());
+  for (int i = 0; i < n; ++i) EXPECT_EQ(calls[i], 1);
+  for (int i = 2; i < n; ++i) EXPECT_TRUE(results[i].ok()) << results[i];
+}
+
 TEST(StepCoordinatorTest, UnregisteredRankIsFailedPrecondition) {
   const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
   TrainingState s;
