@@ -1,13 +1,32 @@
 // gRPC server start-up and matching client channel arguments.
 #include "common/grpc_server.h"
 
+#include <sys/resource.h>
+
 #include "absl/strings/str_format.h"
 
 namespace dp {
+namespace {
+
+// gRPC 1.51 stops accepting connections for good once accept() fails with
+// EMFILE (grpc/grpc#20418), so a flood of connections that reaches the
+// open-file limit even briefly would take the server down. The hard limit
+// is usually far above the soft one (Debian: 524288 vs 1024).
+void RaiseOpenFileLimit() {
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<RunningServer> StartGrpcServer(
     const GrpcServerOptions& options,
     const std::vector<grpc::Service*>& services) {
+  RaiseOpenFileLimit();
   grpc::ServerBuilder builder;
   int port = 0;
   auto creds = options.credentials ? options.credentials
@@ -20,6 +39,20 @@ absl::StatusOr<RunningServer> StartGrpcServer(
   // message avoids waiting for window updates mid-message.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                              options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             options.handshake_timeout_ms);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE,
+                             options.max_metadata_bytes);
+  const KeepaliveOptions& k = options.keepalive;
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, k.server_time_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, k.timeout_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      k.min_recv_ping_interval_ms);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   for (grpc::Service* s : services) builder.RegisterService(s);
   RunningServer running;
   running.server = builder.BuildAndStart();
@@ -32,11 +65,18 @@ absl::StatusOr<RunningServer> StartGrpcServer(
   return running;
 }
 
-grpc::ChannelArguments ClientChannelArguments(int max_message_bytes) {
+grpc::ChannelArguments ClientChannelArguments(int max_message_bytes,
+                                              const KeepaliveOptions& k) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, max_message_bytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, k.client_time_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, k.timeout_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Keep pinging through a long silent barrier wait (by default gRPC stops
+  // after two pings without data).
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return args;
 }
 
