@@ -8,7 +8,7 @@ PACKAGES=(
   cmake ninja-build g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  libopenblas-dev zlib1g-dev
+  libopenblas-dev zlib1g-dev libssl-dev
   # data
   dataset-fashion-mnist
   # tests

@@ -78,8 +78,10 @@ class StepWaitReactor final : public ServerUnaryReactor {
 
 }  // namespace
 
-PsService::PsService(StepCoordinator* coordinator)
+PsService::PsService(StepCoordinator* coordinator,
+                     const PsServiceOptions& options)
     : coordinator_(coordinator),
+      token_(options.auth_token),
       validator_(coordinator->Status().config.schedule.world_size,
                  coordinator->layout()) {}
 

@@ -4,17 +4,25 @@
 #ifndef DP_SERVER_PS_SERVICE_H_
 #define DP_SERVER_PS_SERVICE_H_
 
+#include <string>
+
+#include "common/security.h"
 #include "proto/dp.grpc.pb.h"
 #include "server/request_validator.h"
 #include "server/step_coordinator.h"
 
 namespace dp {
 
-// Every handler first admits the call (RequestValidator) and only then hands
-// it to the coordinator: a refused call touches no state.
+struct PsServiceOptions {
+  std::string auth_token;  // required on every call when not empty
+};
+
+// Every handler first admits the call - token, then RequestValidator - and
+// only then hands it to the coordinator: a refused call touches no state.
 class PsService final : public dp::v1::ParameterServer::CallbackService {
  public:
-  explicit PsService(StepCoordinator* coordinator);
+  explicit PsService(StepCoordinator* coordinator,
+                     const PsServiceOptions& options = {});
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const dp::v1::RegisterRequest* request,
@@ -41,14 +49,19 @@ class PsService final : public dp::v1::ParameterServer::CallbackService {
       dp::v1::GetStatusResponse* response) override;
 
  private:
-  // The validator's verdict.
+  // UNAUTHENTICATED without the right token; the validator's verdict
+  // otherwise.
   template <typename Request>
-  absl::Status Admit(const grpc::CallbackServerContext* /*ctx*/,
+  absl::Status Admit(const grpc::CallbackServerContext* ctx,
                      const Request& request) const {
+    if (absl::Status s = token_.Check(ctx->client_metadata()); !s.ok()) {
+      return s;
+    }
     return validator_.Check(request);
   }
 
   StepCoordinator* const coordinator_;
+  const TokenChecker token_;
   const RequestValidator validator_;
 };
 

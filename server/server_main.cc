@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/model_layout.h"
 #include "common/safetensors.h"
+#include "common/security.h"
 #include "server/checkpoint.h"
 #include "server/ps_service.h"
 #include "server/step_coordinator.h"
@@ -139,6 +140,8 @@ int Run(int argc, char** argv) {
   flags.AddString("on_worker_loss", &f.on_worker_loss,
                   "wait (keep the step open until the rank comes back) | fail "
                   "(end the job with an error)");
+  SecurityFlags security_flags;
+  AddSecurityFlags(&flags, &security_flags, Side::kServer);
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
     std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
@@ -167,6 +170,15 @@ int Run(int argc, char** argv) {
   // Before any thread starts, so that every thread inherits the mask.
   sigset_t stop_signals;
   BlockStopSignals(&stop_signals);
+
+  // After the signal mask: building credentials starts gRPC's threads.
+  auto security = LoadServerSecurity(security_flags);
+  if (!security.ok()) {
+    Log("configuration error: %s", security.status().message());
+    return kExitConfigError;
+  }
+  Log("security: %s", security->Describe());
+  if (auto warning = PlaintextWarning(f.host, *security)) Log("%s", *warning);
 
   std::unique_ptr<CheckpointStore> store;
   std::optional<Checkpoint> resumed;
@@ -234,8 +246,9 @@ int Run(int argc, char** argv) {
     }
   };
 
-  PsService service(&coordinator);
+  PsService service(&coordinator, {security->auth_token});
   GrpcServerOptions options;
+  options.credentials = security->credentials;
   options.address = absl::StrFormat("%s:%d", f.host, f.port);
   options.max_message_bytes = MessageBytesFor(layout.num_params());
   auto running = StartGrpcServer(options, {&service});

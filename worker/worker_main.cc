@@ -6,6 +6,7 @@
 #include "common/grpc_server.h"
 #include "common/log.h"
 #include "common/model_layout.h"
+#include "common/security.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
 
@@ -15,6 +16,7 @@ namespace {
 bool IsConfigurationError(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument ||
          s.code() == absl::StatusCode::kFailedPrecondition ||
+         s.code() == absl::StatusCode::kUnauthenticated ||
          s.code() == absl::StatusCode::kNotFound ||
          s.code() == absl::StatusCode::kDataLoss;
 }
@@ -48,6 +50,8 @@ int Run(int argc, char** argv) {
                "it waits for and waits again");
   flags.AddInt("retry_for_s", &retry_for_s,
                "how long to retry while dp-ps is unavailable");
+  SecurityFlags security_flags;
+  AddSecurityFlags(&flags, &security_flags, Side::kClient);
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
     std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
@@ -70,7 +74,13 @@ int Run(int argc, char** argv) {
         "--retry_for_s >= 0");
     return kExitConfigError;
   }
+  auto security = LoadClientSecurity(security_flags);
+  if (!security.ok()) {
+    Log("configuration error: %s", security.status().message());
+    return kExitConfigError;
+  }
   Log("dp-worker %s starting: %s", DP_VERSION, flags.Effective());
+  Log("security: %s", security->Describe());
 
   PsClientOptions client_options;
   client_options.address = ps;
@@ -78,6 +88,9 @@ int Run(int argc, char** argv) {
   client_options.retry_for = absl::Seconds(retry_for_s);
   client_options.max_message_bytes =
       MessageBytesFor(ModelLayout::SimpleNet().num_params());
+  client_options.credentials = security->credentials;
+  client_options.tls_server_name = security->server_name;
+  client_options.auth_token = security->auth_token;
   PsClient client(client_options);
   TrainerOptions options;
   options.rank = rank;
