@@ -9,6 +9,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev libssl-dev
+  # sanitizer and fuzzing build (scripts/test.sh)
+  clang libclang-rt-14-dev
   # data
   dataset-fashion-mnist
   # tests
