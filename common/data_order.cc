@@ -2,6 +2,7 @@
 #include "common/data_order.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_format.h"
@@ -39,6 +40,12 @@ absl::Status ValidateSchedule(const Schedule& s) {
   if (s.max_steps < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("max_steps must be >= 0, got %d", s.max_steps));
+  }
+  // Sample indices are int32 (EpochOrder).
+  if (s.num_samples > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the data set has %d samples, more than the %d supported",
+        s.num_samples, std::numeric_limits<int32_t>::max()));
   }
   if (s.num_samples < s.global_batch()) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -3,10 +3,27 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/resource.h>
 
 #include "absl/strings/str_format.h"
 
 namespace dp {
+namespace {
+
+// gRPC 1.51 stops accepting connections for good once accept() fails with
+// EMFILE (grpc/grpc#20418), so a flood of connections that reaches the
+// open-file limit even briefly would take the server down. The hard limit
+// is usually far above the soft one (Debian: 524288 vs 1024).
+void RaiseOpenFileLimit() {
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<RunningServer> StartGrpcServer(
     const GrpcServerOptions& options,
@@ -15,6 +32,7 @@ absl::StatusOr<RunningServer> StartGrpcServer(
   // is harmless.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  RaiseOpenFileLimit();
   grpc::ServerBuilder builder;
   int port = 0;
   auto creds = options.credentials ? options.credentials
@@ -27,6 +45,20 @@ absl::StatusOr<RunningServer> StartGrpcServer(
   // message avoids waiting for window updates mid-message.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                              options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             options.handshake_timeout_ms);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE,
+                             options.max_metadata_bytes);
+  const KeepaliveOptions& k = options.keepalive;
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, k.server_time_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, k.timeout_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      k.min_recv_ping_interval_ms);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   for (grpc::Service* s : services) builder.RegisterService(s);
   RunningServer running;
   running.server = builder.BuildAndStart();
@@ -50,11 +82,18 @@ void SetReady(grpc::Server* server, bool ready,
   for (const std::string& s : services) health->SetServingStatus(s, ready);
 }
 
-grpc::ChannelArguments ClientChannelArguments(int max_message_bytes) {
+grpc::ChannelArguments ClientChannelArguments(int max_message_bytes,
+                                              const KeepaliveOptions& k) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, max_message_bytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, k.client_time_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, k.timeout_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Keep pinging through a long silent barrier wait (by default gRPC stops
+  // after two pings without data).
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return args;
 }
 

@@ -1,26 +1,49 @@
 // Starting a gRPC server the same way in dp-ps, dp-worker and tests: explicit
-// message-size limits, no SO_REUSEPORT (so a busy port is an error instead of
-// two servers silently sharing it), the port actually bound, the standard
-// health service (grpc.health.v1) and server reflection.
+// message-size, stream and keepalive limits, no SO_REUSEPORT (so a busy port
+// is an error instead of two servers silently sharing it), the port actually
+// bound, the standard health service (grpc.health.v1) and server reflection.
+// Clients take their channel arguments from here too, so the two sides agree.
 #ifndef DP_COMMON_GRPC_SERVER_H_
 #define DP_COMMON_GRPC_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/status/statusor.h"
 
 namespace dp {
 
+// Keepalive, the same numbers for both sides. A client pings a connection
+// that has been silent for client_time_ms (a barrier wait can be silent for
+// long); the server accepts pings as often as min_recv_ping_interval_ms.
+// That interval must not exceed the client's, or the server counts the
+// client's pings as abuse and closes the connection (GOAWAY
+// "too_many_pings"). The server pings its clients too, so that a dead
+// client's waiting calls are cancelled.
+struct KeepaliveOptions {
+  int client_time_ms = 20'000;
+  int server_time_ms = 60'000;
+  int timeout_ms = 10'000;
+  int min_recv_ping_interval_ms = 10'000;
+};
+
 struct GrpcServerOptions {
-  std::string address = "0.0.0.0:0";   // host:port; port 0 picks a free one
+  std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free one
   int max_message_bytes = 4 << 20;
   std::shared_ptr<grpc::ServerCredentials> credentials;  // default insecure
   // Initial readiness (see SetReady).
   bool ready = true;
+  KeepaliveOptions keepalive;
+  // Per connection: a worker needs two (a call and a status query).
+  int max_concurrent_streams = 16;
+  // A connection that has not finished its (TLS) handshake by then is
+  // closed, so idle half-open connections cannot pile up.
+  int handshake_timeout_ms = 10'000;
+  // Request headers, the token included.
+  int max_metadata_bytes = 16 << 10;
 };
 
 // The grpc.health.v1 contract that the Kubernetes probes rely on:
@@ -36,17 +59,20 @@ struct RunningServer {
 };
 
 // UNAVAILABLE naming the address when it cannot be bound (busy port, bad
-// address).
+// address, credentials gRPC refuses). Raises the process's soft open-file
+// limit to the hard one first (see grpc_server.cc).
 absl::StatusOr<RunningServer> StartGrpcServer(
-    const GrpcServerOptions& options, const std::vector<grpc::Service*>& services);
+    const GrpcServerOptions& options,
+    const std::vector<grpc::Service*>& services);
 
 // Sets readiness: the service "" and each of `services` (e.g.
 // "dp.v1.ParameterServer") to SERVING or NOT_SERVING. Liveness is unchanged.
 void SetReady(grpc::Server* server, bool ready,
               const std::vector<std::string>& services = {});
 
-// Channel arguments matching the server's limits.
-grpc::ChannelArguments ClientChannelArguments(int max_message_bytes);
+// Channel arguments matching the server's limits and keepalive.
+grpc::ChannelArguments ClientChannelArguments(
+    int max_message_bytes, const KeepaliveOptions& keepalive = {});
 
 // Bytes needed for a message carrying n float32 values, plus framing slack.
 int MessageBytesFor(int64_t num_floats);

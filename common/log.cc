@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -10,6 +12,7 @@
 namespace dp {
 namespace {
 absl::Mutex tag_mu;
+std::atomic<bool> silent{false};
 std::string& Tag() {
   static auto* tag = new std::string("dp");
   return *tag;
@@ -21,7 +24,10 @@ void SetLogTag(absl::string_view tag) {
   Tag() = std::string(tag);
 }
 
+void SilenceLog() { silent.store(true); }
+
 void LogLine(absl::string_view message) {
+  if (silent.load(std::memory_order_relaxed)) return;
   std::string tag;
   {
     absl::MutexLock lock(&tag_mu);

@@ -2,6 +2,7 @@
 // give the same bytes on every machine.
 #include "common/tensor_codec.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -56,27 +57,37 @@ void Decode(Encoding e, const char* bytes, int64_t n, float* out) {
   }
 }
 
-int64_t FirstNonFinite(Encoding e, const char* bytes, int64_t n) {
-  // An all-ones exponent marks NaN and Inf. The OR-reduction vectorises; only
-  // when it fires do we look for the position.
-  auto scan = [&](auto word, uint32_t exponent_mask) -> int64_t {
-    using Word = decltype(word);
-    uint32_t any = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      Word w;
-      std::memcpy(&w, bytes + i * sizeof(Word), sizeof(Word));
-      any |= static_cast<uint32_t>((w & exponent_mask) == exponent_mask);
-    }
-    if (any == 0) return -1;
-    for (int64_t i = 0; i < n; ++i) {
-      Word w;
-      std::memcpy(&w, bytes + i * sizeof(Word), sizeof(Word));
-      if ((w & exponent_mask) == exponent_mask) return i;
-    }
-    return -1;
+int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n,
+                        float limit) {
+  // A branch-free OR-reduction over the decoded values vectorises; only when
+  // it fires do we look for the position. !(|x| <= limit) is true for NaN.
+  auto value = [e, bytes](int64_t i) {
+    float x;
+    Decode(e, bytes + i * BytesPerValue(e), 1, &x);
+    return x;
   };
-  return e == Encoding::kBf16 ? scan(uint16_t{0}, 0x7f80u)
-                              : scan(uint32_t{0}, 0x7f800000u);
+  uint32_t any = 0;
+  if (e == Encoding::kBf16) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t half;
+      std::memcpy(&half, bytes + 2 * i, 2);
+      const uint32_t bits = static_cast<uint32_t>(half) << 16;
+      float x;
+      std::memcpy(&x, &bits, 4);
+      any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      float x;
+      std::memcpy(&x, bytes + 4 * i, 4);
+      any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
+    }
+  }
+  if (any == 0) return -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(std::fabs(value(i)) <= limit)) return i;
+  }
+  return -1;
 }
 
 }  // namespace dp

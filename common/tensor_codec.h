@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -24,8 +25,10 @@ void Encode(Encoding e, const float* x, int64_t n, char* out);
 // bytes has n * BytesPerValue(e) bytes.
 void Decode(Encoding e, const char* bytes, int64_t n, float* out);
 
-// Index of the first NaN or Inf among the n encoded values, or -1.
-int64_t FirstNonFinite(Encoding e, const char* bytes, int64_t n);
+// Index of the first of the n encoded values that is NaN, Inf or larger in
+// magnitude than `limit`, or -1.
+int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n,
+                        float limit = std::numeric_limits<float>::max());
 
 }  // namespace dp
 

@@ -12,9 +12,11 @@ PACKAGES=(
   cmake ninja-build g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  libopenblas-dev zlib1g-dev
+  libopenblas-dev zlib1g-dev libssl-dev
   # data
   dataset-fashion-mnist
+  # sanitizer and fuzzing build (scripts/test.sh)
+  clang libclang-rt-14-dev
   # tests (prometheus: promtool and the server the monitoring test scrapes with)
   prometheus openssl yamllint python3 python3-yaml
 )

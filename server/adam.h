@@ -24,6 +24,12 @@ struct AdamOptions {
 //   m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
 //   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // Each buffer is read and written once.
+// The largest gradient value dp-ps accepts. Within it the rank sum of up to
+// 1024 gradients, its square and Adam's m, v and update all stay finite for
+// any finite state, so finite inputs can never make the weights NaN or Inf.
+// No gradient of a mean loss comes near it.
+inline constexpr float kMaxAbsGradient = 1e15f;
+
 void AverageAndAdamStep(const AdamOptions& options, int64_t t,
                         absl::Span<const float* const> grads, int64_t n,
                         float* params, float* m, float* v);

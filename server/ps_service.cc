@@ -77,13 +77,17 @@ class StepWaitReactor final : public ServerUnaryReactor {
 
 }  // namespace
 
-PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics)
+PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
+                     const PsServiceOptions& options)
     : coordinator_(coordinator),
       own_metrics_(metrics != nullptr
                        ? nullptr
                        : std::make_unique<ServerMetrics>(
                              coordinator->Status().config.schedule.world_size)),
-      metrics_(metrics != nullptr ? metrics : own_metrics_.get()) {}
+      metrics_(metrics != nullptr ? metrics : own_metrics_.get()),
+      token_(options.auth_token),
+      validator_(coordinator->Status().config.schedule.world_size,
+                 coordinator->layout()) {}
 
 ServerUnaryReactor* PsService::Done(CallbackServerContext* ctx,
                                     const absl::Status& s) {
@@ -96,6 +100,7 @@ ServerUnaryReactor* PsService::Done(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
                                         const dp::v1::RegisterRequest* request,
                                         dp::v1::RegisterResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   metrics_->SawRank(request->rank());
   DataFingerprint data{request->data().num_samples(), request->data().hash()};
   auto reg = coordinator_->Register(request->rank(),
@@ -112,6 +117,7 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
                                     const dp::v1::PullRequest* request,
                                     dp::v1::PullResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   metrics_->SawRank(request->rank());
   auto step = coordinator_->Pull(request->rank(), request->offset(),
                                  request->length(),
@@ -136,6 +142,7 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::Deliver(
 ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
                                     const dp::v1::PushRequest* request,
                                     dp::v1::PushResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   auto result = Deliver(*request);
   if (!result.ok()) return Done(ctx, result.status());
   response->set_step(result->step);
@@ -143,9 +150,10 @@ ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
   return Done(ctx, absl::OkStatus());
 }
 
-ServerUnaryReactor* PsService::Barrier(CallbackServerContext* /*ctx*/,
+ServerUnaryReactor* PsService::Barrier(CallbackServerContext* ctx,
                                        const dp::v1::BarrierRequest* request,
                                        dp::v1::BarrierResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   metrics_->SawRank(request->rank());
   StepCoordinator* coordinator = coordinator_;
   ServerMetrics* metrics = metrics_;
@@ -166,6 +174,7 @@ ServerUnaryReactor* PsService::Barrier(CallbackServerContext* /*ctx*/,
 ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
                                         const dp::v1::PushRequest* request,
                                         dp::v1::PullResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   auto pushed = Deliver(*request);
   if (!pushed.ok()) return Done(ctx, pushed.status());
   StepCoordinator* coordinator = coordinator_;
@@ -191,6 +200,7 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::ReportEval(
     CallbackServerContext* ctx, const dp::v1::ReportEvalRequest* request,
     dp::v1::ReportEvalResponse* /*response*/) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   EvalReport r{request->step(),     request->epoch(),
                request->accuracy(), request->loss(),
                request->num_samples(), request->final()};
@@ -198,8 +208,9 @@ ServerUnaryReactor* PsService::ReportEval(
 }
 
 ServerUnaryReactor* PsService::GetStatus(
-    CallbackServerContext* ctx, const dp::v1::GetStatusRequest* /*request*/,
+    CallbackServerContext* ctx, const dp::v1::GetStatusRequest* request,
     dp::v1::GetStatusResponse* response) {
+  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
   CoordinatorStatus s = coordinator_->Status();
   ToProto(s.config, response->mutable_config());
   response->set_step(s.step);

@@ -21,6 +21,7 @@
 #include "common/model_layout.h"
 #include "common/safetensors.h"
 #include "common/tensor_codec.h"
+#include "common/security.h"
 #include "server/checkpoint.h"
 #include "server/ps_service.h"
 #include "server/step_coordinator.h"
@@ -182,6 +183,8 @@ int Run(int argc, char** argv) {
   flags.AddBool("dry_run", &f.dry_run,
                 "validate the flags and DP_* environment, print the "
                 "effective configuration and exit");
+  SecurityFlags security_flags;
+  AddSecurityFlags(&flags, &security_flags, Side::kServer);
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
     std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
@@ -213,6 +216,15 @@ int Run(int argc, char** argv) {
   // Before any thread starts, so that every thread inherits the mask.
   sigset_t stop_signals;
   BlockStopSignals(&stop_signals);
+
+  // After the signal mask: building credentials starts gRPC's threads.
+  auto security = LoadServerSecurity(security_flags);
+  if (!security.ok()) {
+    Log("configuration error: %s", security.status().message());
+    return kExitConfigError;
+  }
+  Log("security: %s", security->Describe());
+  if (auto warning = PlaintextWarning(f.host, *security)) Log("%s", *warning);
 
   std::unique_ptr<CheckpointStore> store;
   std::optional<Checkpoint> resumed;
@@ -287,7 +299,7 @@ int Run(int argc, char** argv) {
     return st;
   };
 
-  PsService service(&coordinator, &metrics);
+  PsService service(&coordinator, &metrics, {security->auth_token});
   // Declared after what it reads, so it stops serving before they go.
   std::unique_ptr<MetricsEndpoint> metrics_endpoint;
   if (f.metrics_port != kMetricsOff) {
@@ -302,6 +314,7 @@ int Run(int argc, char** argv) {
     Log("metrics on %s:%d", f.metrics_host, metrics_endpoint->port());
   }
   GrpcServerOptions options;
+  options.credentials = security->credentials;
   options.address = absl::StrFormat("%s:%d", f.host, f.port);
   options.max_message_bytes = MessageBytesFor(layout.num_params());
   auto running = StartGrpcServer(options, {&service});

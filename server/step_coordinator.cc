@@ -43,6 +43,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   reported_missing_.assign(world, false);
   missing_since_.assign(world, started_);
   reported_unregistered_.assign(world, false);
+  waits_of_rank_.assign(world, 0);
 }
 
 absl::Status StepCoordinator::RefusalLocked() const {
@@ -116,10 +117,12 @@ absl::StatusOr<int64_t> StepCoordinator::Pull(int rank, int64_t offset,
   Touch(rank);
   const int64_t n = layout_.num_params();
   if (length == 0 && offset >= 0 && offset <= n) length = n - offset;
-  if (offset < 0 || length < 0 || offset + length > n) {
+  // Ordered so that nothing overflows: offset is in [0, n] before n - offset.
+  if (offset < 0 || offset > n || length < 0 || length > n - offset) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "pull range [%d, %d) is outside the parameter vector [0, %d)", offset,
-        offset + length, n));
+        "pull range (offset %d, length %d) is outside the parameter vector "
+        "[0, %d)",
+        offset, length, n));
   }
   out->resize(length * sizeof(float));
   std::memcpy(out->data(), state_.params.data() + offset,
@@ -174,14 +177,16 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
           step, current));
     }
     // Check before copying so that a rejected push leaves no trace.
-    if (int64_t bad = FirstNonFinite(encoding, gradient.data(), n); bad >= 0) {
+    if (int64_t bad = FirstOutOfRange(encoding, gradient.data(), n,
+                                      kMaxAbsGradient);
+        bad >= 0) {
       float value;
       Decode(encoding, gradient.data() + bad * BytesPerValue(encoding), 1,
              &value);
       return absl::InvalidArgumentError(absl::StrFormat(
-          "gradient from rank %d for step %d has a non-finite value (%f) at "
-          "index %d",
-          rank, step, value, bad));
+          "gradient from rank %d for step %d has a non-finite or out-of-range "
+          "value (%g, limit %g) at index %d",
+          rank, step, value, kMaxAbsGradient, bad));
     }
     if (!std::isfinite(loss)) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -239,6 +244,7 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.step < state_.step) {
       ready.push_back(std::move(it->second.done));
+      --waits_of_rank_[it->second.rank];
       it = waiters_.erase(it);
     } else {
       ++it;
@@ -247,9 +253,36 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   return ready;
 }
 
+std::vector<StepCoordinator::WaitCallback>
+StepCoordinator::TakeAllWaitersLocked() {
+  std::vector<WaitCallback> all;
+  for (auto& [id, w] : waiters_) all.push_back(std::move(w.done));
+  waiters_.clear();
+  waits_of_rank_.assign(waits_of_rank_.size(), 0);
+  return all;
+}
+
 absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
     int rank, int64_t step, WaitCallback done) {
-  absl::MutexLock lock(&mu_);
+  WaitCallback evicted;
+  WaitTicket ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(ticket,
+                     WaitForStepLocked(rank, step, std::move(done), &evicted));
+  }
+  if (evicted) {
+    evicted(absl::AbortedError(absl::StrFormat(
+                "rank %d has more than %d calls waiting: the oldest is "
+                "dropped",
+                rank, kMaxWaitsPerRank)),
+            ticket.step);
+  }
+  return ticket;
+}
+
+absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
+    int rank, int64_t step, WaitCallback done, WaitCallback* evicted) {
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
   Touch(rank);
@@ -271,14 +304,29 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
         "gradient",
         rank, step));
   }
+  if (waits_of_rank_[rank] >= kMaxWaitsPerRank) {
+    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+      if (it->second.rank == rank) {  // the oldest: ids grow with time
+        *evicted = std::move(it->second.done);
+        waiters_.erase(it);
+        --waits_of_rank_[rank];
+        break;
+      }
+    }
+  }
   const int64_t id = next_wait_id_++;
   waiters_.emplace(id, Waiter{rank, step, std::move(done)});
+  ++waits_of_rank_[rank];
   return WaitTicket{false, current, id};
 }
 
 bool StepCoordinator::CancelWait(int64_t id) {
   absl::MutexLock lock(&mu_);
-  return waiters_.erase(id) > 0;
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return false;
+  --waits_of_rank_[it->second.rank];
+  waiters_.erase(it);
+  return true;
 }
 
 absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
@@ -287,12 +335,17 @@ absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
   RETURN_IF_ERROR(CheckRank(rank));
   Touch(rank);
   if (!std::isfinite(r.accuracy) || r.accuracy < 0.0 || r.accuracy > 1.0 ||
-      !std::isfinite(r.loss) || r.num_samples < 0 || r.step < 0 ||
-      r.step > state_.step) {
+      !std::isfinite(r.loss) || r.num_samples < 0 || r.step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "evaluation report from rank %d is invalid (accuracy %f, loss %f, "
         "%d samples, step %d of %d)",
         rank, r.accuracy, r.loss, r.num_samples, r.step, state_.step));
+  }
+  if (r.step > state_.step) {
+    return absl::AbortedError(absl::StrFormat(
+        "evaluation report from rank %d is about the weights of step %d, but "
+        "the job is at step %d (future step)",
+        rank, r.step, state_.step));
   }
   last_eval_ = r;
   has_eval_ = true;
@@ -335,8 +388,7 @@ void StepCoordinator::Shutdown() {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
     step = state_.step;
-    for (auto& [id, w] : waiters_) to_fail.push_back(std::move(w.done));
-    waiters_.clear();
+    to_fail = TakeAllWaitersLocked();
   }
   for (WaitCallback& cb : to_fail) cb(Unavailable(), step);
 }
@@ -355,8 +407,7 @@ void StepCoordinator::Fail(const absl::Status& reason) {
     if (!failed_.ok()) return;
     failed_ = reason;
     step = state_.step;
-    for (auto& [id, w] : waiters_) to_fail.push_back(std::move(w.done));
-    waiters_.clear();
+    to_fail = TakeAllWaitersLocked();
   }
   for (WaitCallback& cb : to_fail) cb(reason, step);
 }

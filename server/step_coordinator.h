@@ -108,10 +108,18 @@ class StepCoordinator {
     int64_t step = 0;     // the job's step when ready
     int64_t id = 0;       // for CancelWait when !ready
   };
+  // How many waits one rank may have pending. A worker has one (two for a
+  // moment when it retries after a deadline, before the cancellation of the
+  // old call arrives); the bound keeps a misbehaving client from piling up
+  // waits. A wait beyond it evicts that rank's oldest wait, which fails with
+  // ABORTED, so the newest call of a well-behaved worker always waits.
+  static constexpr int kMaxWaitsPerRank = 4;
+
   // Waits for `step` to be applied. Invalid requests fail at once. When the
   // step is already applied the ticket is ready and `done` is never called.
   // Otherwise done(status, new_step) is called exactly once, from the thread
-  // that applies the step, or with UNAVAILABLE at Shutdown(), unless
+  // that applies the step, with UNAVAILABLE at Shutdown(), or with ABORTED
+  // when a newer wait of the same rank evicts it (kMaxWaitsPerRank), unless
   // CancelWait(ticket.id) returns true first.
   absl::StatusOr<WaitTicket> WaitForStep(int rank, int64_t step,
                                          WaitCallback done);
@@ -120,7 +128,8 @@ class StepCoordinator {
   bool CancelWait(int64_t id);
 
   // INVALID_ARGUMENT for a bad rank or values that are not finite or not in
-  // [0, 1]; nothing is recorded then.
+  // [0, 1], ABORTED for the weights of a future step; nothing is recorded
+  // then.
   absl::Status RecordEval(int rank, const EvalReport& report);
   // Every step is applied.
   bool done() const;
@@ -171,6 +180,10 @@ class StepCoordinator {
     int64_t step;
     WaitCallback done;
   };
+  absl::StatusOr<WaitTicket> WaitForStepLocked(int rank, int64_t step,
+                                               WaitCallback done,
+                                               WaitCallback* evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records that `rank` is alive (any call renews its lease).
   void Touch(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRank(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -179,6 +192,9 @@ class StepCoordinator {
   // Averages the pushes, applies Adam, publishes the next version; returns
   // the waiters to call once the lock is released.
   std::vector<WaitCallback> ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes every waiter, returning their callbacks.
+  std::vector<WaitCallback> TakeAllWaitersLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t TotalStepsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const ModelLayout layout_;
@@ -200,7 +216,8 @@ class StepCoordinator {
   absl::Duration apply_time_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> arrival_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Duration> wait_time_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id = age
+  std::vector<int> waits_of_rank_ ABSL_GUARDED_BY(mu_);
   int64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool has_eval_ ABSL_GUARDED_BY(mu_) = false;
   bool final_eval_ ABSL_GUARDED_BY(mu_) = false;

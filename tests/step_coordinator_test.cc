@@ -183,7 +183,12 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
   std::vector<float> inf_grad = Gradient(l, 1, 2);
   inf_grad.back() = std::numeric_limits<float>::infinity();
   std::vector<float> short_grad(l.num_params() - 1, 0.0f);
+  // Finite, but the rank sum or its square would overflow float.
+  std::vector<float> huge_grad = Gradient(l, 1, 2);
+  huge_grad[5] = std::numeric_limits<float>::max();
   const std::string ok = Bytes(Gradient(l, 1, 2));
+  std::string pulled;
+  const int64_t big = std::numeric_limits<int64_t>::max();
   struct Case {
     const char* what;
     absl::Status status;
@@ -197,6 +202,10 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
       {"NaN", c->Push(1, 2, 0, Bytes(nan_grad), 1.0f).status(),
        absl::StatusCode::kInvalidArgument},
       {"Inf", c->Push(1, 2, 0, Bytes(inf_grad), 1.0f).status(),
+       absl::StatusCode::kInvalidArgument},
+      {"huge finite value", c->Push(1, 2, 0, Bytes(huge_grad), 1.0f).status(),
+       absl::StatusCode::kInvalidArgument},
+      {"pull range that overflows", c->Pull(0, big, big, &pulled).status(),
        absl::StatusCode::kInvalidArgument},
       {"NaN loss",
        c->Push(1, 2, 0, ok, std::numeric_limits<float>::quiet_NaN()).status(),
@@ -268,6 +277,52 @@ TEST(StepCoordinatorTest, Bf16GradientsAreDecodedAndOtherEncodingsRefused) {
     ASSERT_TRUE(f32->Push(r, 0, 0, Bytes(g), 1.0f).ok());
   }
   EXPECT_TRUE(SameState(bf16.Snapshot(), f32->Snapshot()));
+}
+
+TEST(StepCoordinatorTest, LargestAcceptedGradientsKeepTheStateFinite) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  for (int step = 0; step < 20; ++step) {
+    for (int r = 0; r < kWorld; ++r) {
+      // Alternating signs make m swing between the extremes.
+      std::vector<float> g(l.num_params(),
+                           (step + r) % 2 ? kMaxAbsGradient : -kMaxAbsGradient);
+      ASSERT_TRUE(c->Push(r, step, 0, Bytes(g), 1e15f).ok());
+    }
+  }
+  const TrainingState s = c->Snapshot();
+  ASSERT_EQ(s.step, 20);
+  for (const auto* x : {&s.params, &s.m, &s.v}) {
+    EXPECT_TRUE(std::all_of(x->begin(), x->end(),
+                            [](float f) { return std::isfinite(f); }));
+  }
+}
+
+TEST(StepCoordinatorTest, WaitsOfOneRankAreBoundedOldestEvicted) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
+  const int n = StepCoordinator::kMaxWaitsPerRank + 2;
+  std::vector<absl::Status> results(n);
+  std::vector<int> calls(n, 0);
+  for (int i = 0; i < n; ++i) {
+    auto t = c->WaitForStep(0, 0, [&, i](const absl::Status& s, int64_t) {
+      results[i] = s;
+      ++calls[i];
+    });
+    ASSERT_TRUE(t.ok());
+    EXPECT_FALSE(t->ready);
+  }
+  // The two oldest were evicted, at once, with ABORTED (the worker re-syncs).
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(calls[i], 1);
+    EXPECT_EQ(results[i].code(), absl::StatusCode::kAborted) << results[i];
+  }
+  for (int i = 2; i < n; ++i) EXPECT_EQ(calls[i], 0);
+  ASSERT_TRUE(c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).ok());
+  ASSERT_TRUE(c->Push(2, 0, 0, Bytes(Gradient(l, 2, 0)), 1.0f).ok());
+  for (int i = 0; i < n; ++i) EXPECT_EQ(calls[i], 1);
+  for (int i = 2; i < n; ++i) EXPECT_TRUE(results[i].ok()) << results[i];
 }
 
 TEST(StepCoordinatorTest, UnregisteredRankIsFailedPrecondition) {

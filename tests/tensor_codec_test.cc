@@ -69,13 +69,14 @@ TEST(TensorCodecTest, FirstNonFiniteFindsNanAndInfInBothEncodings) {
       x[900] = bad;
       std::vector<char> bytes(x.size() * BytesPerValue(e));
       Encode(e, x.data(), x.size(), bytes.data());
-      EXPECT_EQ(FirstNonFinite(e, bytes.data(), x.size()), 777)
+      EXPECT_EQ(FirstOutOfRange(e, bytes.data(), x.size()), 777)
           << EncodingName(e) << " " << bad;
     }
     std::vector<float> fine(1000, std::numeric_limits<float>::max() / 2);
     std::vector<char> bytes(fine.size() * BytesPerValue(e));
     Encode(e, fine.data(), fine.size(), bytes.data());
-    EXPECT_EQ(FirstNonFinite(e, bytes.data(), fine.size()), -1);
+    EXPECT_EQ(FirstOutOfRange(e, bytes.data(), fine.size()), -1);
+    EXPECT_EQ(FirstOutOfRange(e, bytes.data(), fine.size(), 1e30f), 0);
   }
 }
 

@@ -9,13 +9,21 @@
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/security.h"
 
 namespace dp {
 
 PsClient::PsClient(const PsClientOptions& options) : options_(options) {
+  grpc::ChannelArguments args =
+      ClientChannelArguments(options_.max_message_bytes);
+  if (!options_.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options_.tls_server_name);
+  }
   auto channel = grpc::CreateCustomChannel(
-      options_.address, grpc::InsecureChannelCredentials(),
-      ClientChannelArguments(options_.max_message_bytes));
+      options_.address,
+      options_.credentials ? options_.credentials
+                           : grpc::InsecureChannelCredentials(),
+      args);
   stub_ = dp::v1::ParameterServer::NewStub(channel);
 }
 
@@ -28,11 +36,15 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    AttachToken(options_.auth_token, &context);
     absl::Status s = FromGrpcStatus(call(&context));
     if (s.code() != absl::StatusCode::kUnavailable) return s;
     if (absl::Now() + backoff > give_up) {
       return absl::UnavailableError(absl::StrFormat(
-          "dp-ps at %s is unavailable for %s after %d attempts over %s: %s",
+          "dp-ps at %s is unavailable for %s after %d attempts over %s: %s "
+          "(when dp-ps is up, this is also how a TLS mismatch shows: "
+          "plaintext against TLS, or a certificate the other side refuses; "
+          "compare --tls_ca, --tls_cert and --tls_key of both)",
           options_.address, what, attempt,
           absl::FormatDuration(options_.retry_for), s.message()));
     }

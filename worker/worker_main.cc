@@ -19,6 +19,7 @@
 #include "common/metrics.h"
 #include "common/model_layout.h"
 #include "worker/backend.h"
+#include "common/security.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
 
@@ -28,6 +29,7 @@ namespace {
 bool IsConfigurationError(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument ||
          s.code() == absl::StatusCode::kFailedPrecondition ||
+         s.code() == absl::StatusCode::kUnauthenticated ||
          s.code() == absl::StatusCode::kNotFound ||
          s.code() == absl::StatusCode::kDataLoss;
 }
@@ -98,6 +100,8 @@ int Run(int argc, char** argv) {
   flags.AddBool("dry_run", &dry_run,
                 "validate the flags and DP_* environment, print the "
                 "effective configuration and exit");
+  SecurityFlags security_flags;
+  AddSecurityFlags(&flags, &security_flags, Side::kClient);
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
     std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
@@ -143,7 +147,13 @@ int Run(int argc, char** argv) {
   }
   if (dry_run) return FinishDryRun(flags);
   WarnUnknownEnvironment(flags);
+  auto security = LoadClientSecurity(security_flags);
+  if (!security.ok()) {
+    Log("configuration error: %s", security.status().message());
+    return kExitConfigError;
+  }
   Log("dp-worker %s starting: %s", DP_VERSION, flags.Effective());
+  Log("security: %s", security->Describe());
 
   if (pipe(stop_pipe) != 0) {
     Log("error: pipe: %s", std::strerror(errno));
@@ -206,6 +216,9 @@ int Run(int argc, char** argv) {
   client_options.retry_for = absl::Seconds(retry_for_s);
   client_options.max_message_bytes =
       MessageBytesFor(ModelLayout::SimpleNet().num_params());
+  client_options.credentials = security->credentials;
+  client_options.tls_server_name = security->server_name;
+  client_options.auth_token = security->auth_token;
   PsClient client(client_options);
   TrainerOptions options;
   options.rank = rank;

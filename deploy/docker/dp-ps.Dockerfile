@@ -11,7 +11,7 @@ RUN apt-get update \
       cmake ninja-build g++ pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
-      libopenblas-dev zlib1g-dev \
+      libopenblas-dev zlib1g-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./

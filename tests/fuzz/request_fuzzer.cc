@@ -1,0 +1,490 @@
+// libFuzzer target over dp-ps's request path: input bytes -> a sequence of
+// requests (a byte picks the RPC, the next bytes are parsed as its proto) ->
+// RequestValidator -> a live StepCoordinator (a 12-parameter MLP, 2 ranks),
+// mapped exactly as PsService maps them. After every request it checks:
+//  - a refused request leaves step, params, m and v bitwise unchanged, and
+//    the registered and pushed ranks as they were;
+//  - the state changes only through accepted, non-duplicate pushes: the step
+//    advances by exactly one when such a push completes the set of ranks, and
+//    params, m, v change only then;
+//  - params, m and v stay finite;
+//  - the two layers agree: a request the validator passed is never
+//    INVALID_ARGUMENT at the coordinator;
+//  - every wait callback runs at most once, never after a successful
+//    CancelWait, and every pending one runs at shutdown.
+// A record whose op byte has the top bit set skips the validator, to check
+// that the coordinator's own defences keep the same state invariants.
+//
+// Input: records [op:1][len:1][body:len]; op & 7 picks Register, Pull, Push,
+// Barrier, PushPull, ReportEval, GetStatus or CancelWait.
+// DP_FUZZ_WRITE_SEEDS=DIR writes the seed corpus (tests/fuzz/corpus) to DIR;
+// DP_FUZZ_TRACE=1 prints every request's outcome.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "common/model_layout.h"
+#include "google/protobuf/stubs/logging.h"
+#include "proto/dp.pb.h"
+#include "server/request_validator.h"
+#include "server/step_coordinator.h"
+
+namespace dp {
+namespace {
+
+constexpr int kWorld = 2;
+constexpr size_t kMaxRecords = 64;
+
+enum Op : uint8_t {
+  kRegister = 0,
+  kPull,
+  kPush,
+  kBarrier,
+  kPushPull,
+  kReportEval,
+  kGetStatus,
+  kCancelWait,
+};
+constexpr uint8_t kSkipValidator = 0x80;
+
+const ModelLayout& Layout() {
+  static const ModelLayout* layout =
+      new ModelLayout(ModelLayout::Mlp({2, 2, 2}));
+  return *layout;
+}
+
+#define FUZZ_CHECK(cond, ...)                                \
+  do {                                                       \
+    if (!(cond)) {                                           \
+      std::fprintf(stderr, "invariant broken: %s: ", #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                     \
+      std::fprintf(stderr, "\n");                            \
+      std::abort();                                          \
+    }                                                        \
+  } while (0)
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+bool SameState(const TrainingState& a, const TrainingState& b) {
+  return a.step == b.step && SameBits(a.params, b.params) &&
+         SameBits(a.m, b.m) && SameBits(a.v, b.v);
+}
+
+bool AllFinite(const std::vector<float>& x) {
+  for (float f : x) {
+    if (!std::isfinite(f)) return false;
+  }
+  return true;
+}
+
+// One wait handed to the coordinator: how often its callback ran.
+struct Wait {
+  int64_t id = 0;
+  int calls = 0;
+  bool cancelled = false;
+};
+
+class Harness {
+ public:
+  Harness() {
+    JobConfig config;
+    config.schedule.world_size = kWorld;
+    config.schedule.batch_size = 1;
+    config.schedule.epochs = 2;
+    config.dataset = "synthetic";
+    TrainingState state;
+    state.params = InitParams(Layout(), 1);
+    coordinator_ =
+        std::make_unique<StepCoordinator>(Layout(), config, std::move(state));
+    validator_ = std::make_unique<RequestValidator>(kWorld, Layout());
+  }
+
+  void Run(uint8_t op, const uint8_t* body, size_t len) {
+    const bool validate = (op & kSkipValidator) == 0;
+    const TrainingState before = coordinator_->Snapshot();
+    const CoordinatorStatus status_before = coordinator_->Status();
+    Outcome out = Apply(op & 7, validate, body, len);
+    const TrainingState after = coordinator_->Snapshot();
+    const CoordinatorStatus status_after = coordinator_->Status();
+    if (trace_) {
+      std::fprintf(stderr, "op %d%s -> %s; step %lld\n", op & 7,
+                   validate ? "" : " (unvalidated)",
+                   out.status.ToString().c_str(),
+                   static_cast<long long>(after.step));
+    }
+
+    FUZZ_CHECK(
+        AllFinite(after.params) && AllFinite(after.m) && AllFinite(after.v),
+        "op %d", op);
+    FUZZ_CHECK(
+        status_after.total_steps == 0 || after.step <= status_after.total_steps,
+        "step %lld of %lld", static_cast<long long>(after.step),
+        static_cast<long long>(status_after.total_steps));
+    if (validate && out.validated) {
+      FUZZ_CHECK(out.status.code() != absl::StatusCode::kInvalidArgument,
+                 "op %d passed the validator but the coordinator says %s", op,
+                 out.status.ToString().c_str());
+    }
+    if (!out.status.ok()) {
+      FUZZ_CHECK(SameState(before, after), "refused op %d changed the state",
+                 op);
+      FUZZ_CHECK(
+          status_before.registered_ranks == status_after.registered_ranks &&
+              status_before.pushed_ranks == status_after.pushed_ranks,
+          "refused op %d changed the ranks", op);
+      return;
+    }
+    if (out.counted_push) {
+      std::vector<int> expected = status_before.pushed_ranks;
+      expected.push_back(out.rank);
+      std::sort(expected.begin(), expected.end());
+      if (static_cast<int>(expected.size()) == kWorld) {
+        FUZZ_CHECK(after.step == before.step + 1,
+                   "the last push did not apply the step");
+        FUZZ_CHECK(status_after.pushed_ranks.empty(), "pushes not reset");
+      } else {
+        FUZZ_CHECK(SameState(before, after),
+                   "a partial push changed the state");
+        FUZZ_CHECK(status_after.pushed_ranks == expected, "pushed ranks wrong");
+      }
+      return;
+    }
+    FUZZ_CHECK(SameState(before, after), "op %d changed the state", op);
+    FUZZ_CHECK(status_before.pushed_ranks == status_after.pushed_ranks,
+               "op %d changed the pushed ranks", op);
+  }
+
+  // Shuts down and checks that every pending wait was called exactly once.
+  void Finish() {
+    coordinator_->Shutdown();
+    for (const auto& [id, w] : waits_) {
+      FUZZ_CHECK(w->calls == (w->cancelled ? 0 : 1),
+                 "wait %lld called %d times (cancelled %d)",
+                 static_cast<long long>(id), w->calls, w->cancelled);
+    }
+  }
+
+ private:
+  struct Outcome {
+    absl::Status status;
+    bool validated = false;     // the validator passed it
+    bool counted_push = false;  // an accepted push that was not a duplicate
+    int rank = -1;
+  };
+
+  template <typename Request>
+  bool Parse(const uint8_t* body, size_t len, Request* r) {
+    return r->ParseFromArray(body, static_cast<int>(len));
+  }
+
+  absl::Status Validate(bool validate, const google::protobuf::Message& m,
+                        absl::Status s, Outcome* out) {
+    if (!validate) return absl::OkStatus();
+    (void)m;
+    if (s.ok()) out->validated = true;
+    return s;
+  }
+
+  // Registers a wait and checks the callback discipline.
+  absl::Status Wait(int rank, int64_t step) {
+    auto w = std::make_shared<struct Wait>();
+    auto ticket = coordinator_->WaitForStep(
+        rank, step, [w](const absl::Status&, int64_t) { ++w->calls; });
+    if (!ticket.ok()) return ticket.status();
+    if (ticket->ready) return absl::OkStatus();
+    // A callback may already have run (an eviction of an older wait runs
+    // before WaitForStep returns, but never this wait's own).
+    FUZZ_CHECK(w->calls == 0, "a new wait was called before it returned");
+    w->id = ticket->id;
+    waits_[ticket->id] = w;
+    order_.push_back(ticket->id);
+    for (const auto& [id, other] : waits_) {
+      FUZZ_CHECK(other->calls <= 1, "wait %lld called %d times",
+                 static_cast<long long>(id), other->calls);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Push(const dp::v1::PushRequest& r, Outcome* out) {
+    auto pushed = coordinator_->Push(r.rank(), r.step(), r.offset(),
+                                     r.gradient(), r.loss());
+    if (!pushed.ok()) return pushed.status();
+    out->counted_push = !pushed->duplicate;
+    out->rank = r.rank();
+    return absl::OkStatus();
+  }
+
+  Outcome Apply(int op, bool validate, const uint8_t* body, size_t len) {
+    Outcome out;
+    switch (op) {
+      case kRegister: {
+        dp::v1::RegisterRequest r;
+        if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
+        out.status = Validate(validate, r, validator_->Check(r), &out);
+        if (!out.status.ok()) return out;
+        DataFingerprint data{r.data().num_samples(), r.data().hash()};
+        out.status =
+            coordinator_->Register(r.rank(), r.model_fingerprint(), data)
+                .status();
+        return out;
+      }
+      case kPull: {
+        dp::v1::PullRequest r;
+        if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
+        out.status = Validate(validate, r, validator_->Check(r), &out);
+        if (!out.status.ok()) return out;
+        std::string params;
+        auto step =
+            coordinator_->Pull(r.rank(), r.offset(), r.length(), &params);
+        out.status = step.status();
+        if (step.ok()) {
+          const int64_t n = Layout().num_params();
+          FUZZ_CHECK(params.size() % sizeof(float) == 0 &&
+                         params.size() <= n * sizeof(float),
+                     "pull returned %zu bytes", params.size());
+        }
+        return out;
+      }
+      case kPush: {
+        dp::v1::PushRequest r;
+        if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
+        out.status = Validate(validate, r, validator_->Check(r), &out);
+        if (!out.status.ok()) return out;
+        out.status = Push(r, &out);
+        return out;
+      }
+      case kBarrier: {
+        dp::v1::BarrierRequest r;
+        if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
+        out.status = Validate(validate, r, validator_->Check(r), &out);
+        if (!out.status.ok()) return out;
+        out.status = Wait(r.rank(), r.step());
+        return out;
+      }
+      case kPushPull: {
+        dp::v1::PushRequest r;
+        if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
+        out.status = Validate(validate, r, validator_->Check(r), &out);
+        if (!out.status.ok()) return out;
+        out.status = Push(r, &out);
+        if (!out.status.ok()) return out;
+        // The push stands; the wait and the pull change nothing.
+        (void)Wait(r.rank(), r.step());
+        std::string params;
+        (void)coordinator_->Pull(r.rank(), 0, 0, &params);
+        return out;
+      }
+      case kReportEval: {
+        dp::v1::ReportEvalRequest r;
+        if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
+        out.status = Validate(validate, r, validator_->Check(r), &out);
+        if (!out.status.ok()) return out;
+        EvalReport e{r.step(), r.epoch(),       r.accuracy(),
+                     r.loss(), r.num_samples(), r.final()};
+        out.status = coordinator_->RecordEval(r.rank(), e);
+        return out;
+      }
+      case kGetStatus: {
+        dp::v1::GetStatusRequest r;
+        if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
+        out.status = Validate(validate, r, validator_->Check(r), &out);
+        if (!out.status.ok()) return out;
+        (void)coordinator_->Status();
+        return out;
+      }
+      case kCancelWait: {
+        if (order_.empty() || len == 0) return out;
+        const int64_t id = order_[body[0] % order_.size()];
+        struct Wait& w = *waits_[id];
+        const int calls_before = w.calls;
+        if (coordinator_->CancelWait(id)) {
+          FUZZ_CHECK(calls_before == 0 && !w.cancelled,
+                     "cancelled a wait that had run");
+          w.cancelled = true;
+        }
+        return out;
+      }
+    }
+    return out;
+  }
+
+  const bool trace_ = std::getenv("DP_FUZZ_TRACE") != nullptr;
+  std::unique_ptr<StepCoordinator> coordinator_;
+  std::unique_ptr<RequestValidator> validator_;
+  std::map<int64_t, std::shared_ptr<struct Wait>> waits_;
+  std::vector<int64_t> order_;
+};
+
+// --- Seed corpus ----------------------------------------------------------
+
+void Add(std::string* input, uint8_t op, const google::protobuf::Message& m) {
+  const std::string body = m.SerializeAsString();
+  if (body.size() > 255) std::abort();
+  input->push_back(static_cast<char>(op));
+  input->push_back(static_cast<char>(body.size()));
+  input->append(body);
+}
+
+dp::v1::RegisterRequest RegisterReq(int rank) {
+  dp::v1::RegisterRequest r;
+  r.set_rank(rank);
+  r.set_model_fingerprint(Layout().Fingerprint());
+  r.mutable_data()->set_num_samples(8);
+  r.mutable_data()->set_hash(42);
+  r.set_worker_id(absl::StrCat("host/", 100 + rank));
+  return r;
+}
+
+dp::v1::PushRequest PushReq(int rank, int64_t step, float value) {
+  dp::v1::PushRequest r;
+  r.set_rank(rank);
+  r.set_step(step);
+  std::vector<float> g(Layout().num_params());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = value * (1.0f + i);
+  r.set_gradient(std::string(reinterpret_cast<const char*>(g.data()),
+                             g.size() * sizeof(float)));
+  r.set_loss(2.3f);
+  r.set_num_samples(1);
+  return r;
+}
+
+dp::v1::BarrierRequest BarrierReq(int rank, int64_t step) {
+  dp::v1::BarrierRequest r;
+  r.set_rank(rank);
+  r.set_step(step);
+  return r;
+}
+
+void WriteSeeds(const std::string& dir) {
+  std::map<std::string, std::string> seeds;
+  {  // Two plain steps: push, push, barrier, pull, status, eval.
+    std::string in;
+    Add(&in, kRegister, RegisterReq(0));
+    Add(&in, kRegister, RegisterReq(1));
+    for (int step = 0; step < 2; ++step) {
+      Add(&in, kPush, PushReq(0, step, 0.01f));
+      Add(&in, kPush, PushReq(1, step, -0.02f));
+      Add(&in, kBarrier, BarrierReq(0, step));
+    }
+    dp::v1::PullRequest pull;
+    pull.set_rank(1);
+    Add(&in, kPull, pull);
+    Add(&in, kGetStatus, dp::v1::GetStatusRequest());
+    dp::v1::ReportEvalRequest eval;
+    eval.set_rank(0);
+    eval.set_step(2);
+    eval.set_epoch(1);
+    eval.set_accuracy(0.5);
+    eval.set_loss(1.2);
+    eval.set_num_samples(8);
+    Add(&in, kReportEval, eval);
+    seeds["plain_steps"] = in;
+  }
+  {  // Fused calls: the first waits, the second applies the step.
+    std::string in;
+    Add(&in, kRegister, RegisterReq(0));
+    Add(&in, kRegister, RegisterReq(1));
+    Add(&in, kPushPull, PushReq(0, 0, 0.5f));
+    Add(&in, kPushPull, PushReq(1, 0, 0.25f));
+    Add(&in, kPushPull, PushReq(1, 0, 0.25f));  // retry: a duplicate
+    Add(&in, kPushPull, PushReq(0, 1, 0.5f));
+    seeds["fused_steps"] = in;
+  }
+  {  // Bad requests, through the validator and around it.
+    for (uint8_t route : {uint8_t{0}, kSkipValidator}) {
+      std::string in;
+      Add(&in, route | kRegister, RegisterReq(0));
+      Add(&in, route | kRegister, RegisterReq(1));
+      dp::v1::PushRequest nan = PushReq(1, 0, 1.0f);
+      float q = std::nanf("");
+      std::memcpy(nan.mutable_gradient()->data() + 8, &q, sizeof(q));
+      Add(&in, route | kPush, nan);
+      Add(&in, route | kPush, PushReq(0, 0, 1e30f));  // out of range
+      dp::v1::PushRequest short_grad = PushReq(0, 0, 1.0f);
+      short_grad.mutable_gradient()->resize(20);
+      Add(&in, route | kPush, short_grad);
+      Add(&in, route | kPush, PushReq(5, 0, 1.0f));
+      Add(&in, route | kPush, PushReq(0, -3, 1.0f));
+      Add(&in, route | kPush, PushReq(0, 7, 1.0f));
+      dp::v1::RegisterRequest wrong = RegisterReq(1);
+      wrong.set_model_fingerprint(wrong.model_fingerprint() ^ 1);
+      Add(&in, route | kRegister, wrong);
+      dp::v1::RegisterRequest huge = RegisterReq(1);
+      huge.mutable_data()->set_num_samples(int64_t{1} << 62);
+      Add(&in, route | kRegister, huge);
+      dp::v1::PullRequest pull;
+      pull.set_rank(0);
+      pull.set_offset(int64_t{1} << 62);
+      pull.set_length(int64_t{1} << 62);
+      Add(&in, route | kPull, pull);
+      Add(&in, route | kBarrier, BarrierReq(0, -1));
+      dp::v1::ReportEvalRequest eval;
+      eval.set_accuracy(std::nan(""));
+      Add(&in, route | kReportEval, eval);
+      seeds[route ? "bad_requests_unvalidated" : "bad_requests"] = in;
+    }
+  }
+  {  // More waits of one rank than the bound, and cancellations.
+    std::string in;
+    Add(&in, kRegister, RegisterReq(0));
+    Add(&in, kRegister, RegisterReq(1));
+    Add(&in, kPush, PushReq(0, 0, 0.1f));
+    for (int i = 0; i < StepCoordinator::kMaxWaitsPerRank + 2; ++i) {
+      Add(&in, kBarrier, BarrierReq(0, 0));
+    }
+    in.append({static_cast<char>(kCancelWait), 1, 0});
+    in.append({static_cast<char>(kCancelWait), 1, 3});
+    Add(&in, kPush, PushReq(1, 0, 0.1f));
+    seeds["many_waits"] = in;
+  }
+  for (const auto& [name, data] : seeds) {
+    const std::string path = dir + "/" + name;
+    if (absl::Status s = WriteFileAtomic(path, data); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+    std::printf("wrote %s (%zu bytes)\n", path.c_str(), data.size());
+  }
+}
+
+}  // namespace
+}  // namespace dp
+
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  dp::SilenceLog();
+  // Protobuf logs every string field that is not UTF-8; parsing fails then,
+  // which is all the harness needs to know.
+  google::protobuf::SetLogHandler(nullptr);
+  if (const char* dir = std::getenv("DP_FUZZ_WRITE_SEEDS")) {
+    dp::WriteSeeds(dir);
+    std::exit(0);
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  dp::Harness harness;
+  size_t pos = 0;
+  for (size_t records = 0; records < dp::kMaxRecords && pos + 2 <= size;
+       ++records) {
+    const uint8_t op = data[pos];
+    const size_t len = std::min<size_t>(data[pos + 1], size - pos - 2);
+    harness.Run(op, data + pos + 2, len);
+    pos += 2 + len;
+  }
+  harness.Finish();
+  return 0;
+}
