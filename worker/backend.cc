@@ -23,6 +23,36 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpu(
 
 }  // namespace
 
+absl::Status CheckBackendInputs(const char* what, const ModelLayout& layout,
+                                bool weights_set, int max_batch,
+                                absl::Span<const float> x,
+                                absl::Span<const int32_t> labels) {
+  if (!weights_set) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": SetWeights has not been called"));
+  }
+  const int64_t n = static_cast<int64_t>(labels.size());
+  if (max_batch > 0 && (n == 0 || n > max_batch)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": batch of ", n,
+                                                   " labels, expected 1..",
+                                                   max_batch, " (max_batch)"));
+  }
+  const int64_t want_x = n * layout.input_dim();
+  if (static_cast<int64_t>(x.size()) != want_x) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": x has ", x.size(), " floats, expected ", n,
+        " samples * input_dim ", layout.input_dim(), " = ", want_x));
+  }
+  const int C = layout.num_classes();
+  for (int64_t i = 0; i < n; ++i) {
+    if (labels[i] < 0 || labels[i] >= C) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label ", labels[i], " of sample ", i, " is outside [0, ", C, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckBackend(absl::string_view name, bool probe_device) {
   if (name == "cpu" || name == "auto") return absl::OkStatus();
   if (name == "cuda") {

@@ -18,8 +18,8 @@
 namespace dp {
 
 struct EvalResult {
-  int64_t correct = 0;     // argmax(logits) == label
-  double loss_sum = 0.0;   // sum over samples of the cross-entropy
+  int64_t correct = 0;    // argmax(logits) == label
+  double loss_sum = 0.0;  // sum over samples of the cross-entropy
   int64_t count = 0;
 };
 
@@ -32,30 +32,42 @@ class Backend {
 
   // Replaces the weights; params has layout.num_params() floats in the flat
   // layout of ModelLayout.
-  [[nodiscard]] virtual absl::Status SetWeights(absl::Span<const float> params) = 0;
+  [[nodiscard]] virtual absl::Status SetWeights(
+      absl::Span<const float> params) = 0;
 
   // x is (batch, input_dim) row-major, labels (batch) in [0, num_classes).
   // Writes the gradient of the mean cross-entropy over the batch w.r.t. every
   // parameter into grad (num_params floats, flat layout) and returns the mean
   // loss. batch may be anything from 1 to the max_batch given at creation.
-  virtual absl::StatusOr<float> ForwardBackward(absl::Span<const float> x,
-                                                absl::Span<const int32_t> labels,
-                                                absl::Span<float> grad) = 0;
+  virtual absl::StatusOr<float> ForwardBackward(
+      absl::Span<const float> x, absl::Span<const int32_t> labels,
+      absl::Span<float> grad) = 0;
 
   // Forward only, over any number of samples (processed in chunks).
-  virtual absl::StatusOr<EvalResult> Evaluate(absl::Span<const float> x,
-                                              absl::Span<const int32_t> labels) = 0;
+  virtual absl::StatusOr<EvalResult> Evaluate(
+      absl::Span<const float> x, absl::Span<const int32_t> labels) = 0;
 };
 
 struct BackendOptions {
-  int max_batch = 512;     // largest batch ForwardBackward will be given
-  int cpu_threads = 1;     // BLAS threads of the CPU backend
-  bool tf32 = false;       // CUDA: allow TF32 tensor-core math
+  int max_batch = 512;  // largest batch ForwardBackward will be given
+  int cpu_threads = 1;  // BLAS threads of the CPU backend
+  bool tf32 = false;    // CUDA: allow TF32 tensor-core math
 };
 
 // name: "cpu" | "cuda" | "auto" (cuda when a GPU is usable, else cpu).
 // "cuda" without a usable GPU (or in a build without CUDA) is
 // FAILED_PRECONDITION with the reason; unknown names INVALID_ARGUMENT.
+// The input checks every backend makes before computing, so that all refuse
+// the same inputs with the same messages. `what` names the call
+// ("ForwardBackward", "Evaluate"); max_batch > 0 bounds the number of
+// samples (ForwardBackward), 0 allows any number (Evaluate). Returns
+// FAILED_PRECONDITION before weights are set; INVALID_ARGUMENT for a batch
+// size out of range, an x of the wrong size or a label outside the classes.
+absl::Status CheckBackendInputs(const char* what, const ModelLayout& layout,
+                                bool weights_set, int max_batch,
+                                absl::Span<const float> x,
+                                absl::Span<const int32_t> labels);
+
 // Cheap check of what CreateBackend(name, ...) would refuse: an unknown
 // name, and with probe_device "cuda" without a usable GPU; so that a worker
 // fails before it connects.

@@ -174,17 +174,6 @@ absl::Status CpuBackend::SetWeights(absl::Span<const float> params) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::CheckLabels(absl::Span<const int32_t> labels) const {
-  const int C = layout_.num_classes();
-  for (size_t i = 0; i < labels.size(); ++i) {
-    if (labels[i] < 0 || labels[i] >= C) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "label ", labels[i], " of sample ", i, " is outside [0, ", C, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 void CpuBackend::Forward(const float* x, int B) {
   const std::vector<int>& d = layout_.dims();
   const int L = layout_.num_layers();
@@ -202,28 +191,14 @@ void CpuBackend::Forward(const float* x, int B) {
 absl::StatusOr<float> CpuBackend::ForwardBackward(
     absl::Span<const float> x, absl::Span<const int32_t> labels,
     absl::Span<float> grad) {
-  if (!weights_set_) {
-    return absl::FailedPreconditionError(
-        "ForwardBackward: SetWeights has not been called");
-  }
-  if (labels.empty() || static_cast<int64_t>(labels.size()) > max_batch_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ForwardBackward: batch of ", labels.size(),
-                     " labels, expected 1..", max_batch_, " (max_batch)"));
-  }
+  RETURN_IF_ERROR(CheckBackendInputs("ForwardBackward", layout_, weights_set_,
+                                     max_batch_, x, labels));
   const int B = static_cast<int>(labels.size());
-  const int64_t want_x = static_cast<int64_t>(B) * layout_.input_dim();
-  if (static_cast<int64_t>(x.size()) != want_x) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ForwardBackward: x has ", x.size(), " floats, expected batch ", B,
-        " * input_dim ", layout_.input_dim(), " = ", want_x));
-  }
   if (static_cast<int64_t>(grad.size()) != layout_.num_params()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ForwardBackward: grad has ", grad.size(), " floats, the model has ",
         layout_.num_params(), " parameters"));
   }
-  RETURN_IF_ERROR(CheckLabels(labels));
 
   const std::vector<int>& d = layout_.dims();
   const int L = layout_.num_layers();
@@ -251,18 +226,9 @@ absl::StatusOr<float> CpuBackend::ForwardBackward(
 
 absl::StatusOr<EvalResult> CpuBackend::Evaluate(
     absl::Span<const float> x, absl::Span<const int32_t> labels) {
-  if (!weights_set_) {
-    return absl::FailedPreconditionError(
-        "Evaluate: SetWeights has not been called");
-  }
+  RETURN_IF_ERROR(CheckBackendInputs("Evaluate", layout_, weights_set_,
+                                     /*max_batch=*/0, x, labels));
   const int64_t n = static_cast<int64_t>(labels.size());
-  const int64_t want_x = n * layout_.input_dim();
-  if (static_cast<int64_t>(x.size()) != want_x) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Evaluate: x has ", x.size(), " floats, expected ", n,
-        " samples * input_dim ", layout_.input_dim(), " = ", want_x));
-  }
-  RETURN_IF_ERROR(CheckLabels(labels));
 
   const int C = layout_.num_classes();
   const int L = layout_.num_layers();

@@ -50,7 +50,6 @@ class CpuBackend : public Backend {
   // of layer l, (B, dims[l+1]): after ReLU for hidden layers, logits for the
   // last one.
   void Forward(const float* x, int B);
-  absl::Status CheckLabels(absl::Span<const int32_t> labels) const;
 
   ModelLayout layout_;
   int max_batch_;

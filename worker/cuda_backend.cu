@@ -264,30 +264,8 @@ absl::Status CudaBackendImpl::SetWeights(absl::Span<const float> params) {
 absl::Status CudaBackendImpl::CheckBatch(
     const char* what, absl::Span<const float> x,
     absl::Span<const int32_t> labels) const {
-  if (!weights_set_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, ": SetWeights has not been called"));
-  }
-  if (labels.empty() || static_cast<int64_t>(labels.size()) > max_batch_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": batch of ", labels.size(),
-                     " labels, expected 1..", max_batch_, " (max_batch)"));
-  }
-  const int64_t want_x =
-      static_cast<int64_t>(labels.size()) * layout_.input_dim();
-  if (static_cast<int64_t>(x.size()) != want_x) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": x has ", x.size(), " floats, expected batch ", labels.size(),
-        " * input_dim ", layout_.input_dim(), " = ", want_x));
-  }
-  const int C = layout_.num_classes();
-  for (size_t i = 0; i < labels.size(); ++i) {
-    if (labels[i] < 0 || labels[i] >= C) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "label ", labels[i], " of sample ", i, " is outside [0, ", C, ")"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckBackendInputs(what, layout_, weights_set_, max_batch_, x,
+                            labels);
 }
 
 absl::Status CudaBackendImpl::StageInputs(const float* x, const int32_t* labels,
@@ -477,24 +455,10 @@ absl::Status CudaBackendImpl::ComputeUploaded() {
 
 absl::StatusOr<EvalResult> CudaBackendImpl::Evaluate(
     absl::Span<const float> x, absl::Span<const int32_t> labels) {
-  if (!weights_set_) {
-    return absl::FailedPreconditionError(
-        "Evaluate: SetWeights has not been called");
-  }
+  RETURN_IF_ERROR(CheckBackendInputs("Evaluate", layout_, weights_set_,
+                                     /*max_batch=*/0, x, labels));
   const int64_t n = static_cast<int64_t>(labels.size());
-  const int64_t want_x = n * layout_.input_dim();
-  if (static_cast<int64_t>(x.size()) != want_x) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Evaluate: x has ", x.size(), " floats, expected ", n,
-        " samples * input_dim ", layout_.input_dim(), " = ", want_x));
-  }
   const int C = layout_.num_classes();
-  for (int64_t i = 0; i < n; ++i) {
-    if (labels[i] < 0 || labels[i] >= C) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "label ", labels[i], " of sample ", i, " is outside [0, ", C, ")"));
-    }
-  }
 
   const int L = layout_.num_layers();
   const int64_t P = layout_.num_params();
