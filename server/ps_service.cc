@@ -6,6 +6,8 @@
 
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "common/tensor_message.h"
 
 namespace dp {
 namespace {
@@ -114,39 +116,66 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
   return Done(ctx, absl::OkStatus());
 }
 
+grpc::ByteBuffer PsService::WeightsResponse(
+    const StepCoordinator::PulledWeights& weights, int64_t offset) const {
+  dp::v1::PullResponse header;
+  header.set_step(weights.step);
+  header.set_offset(offset);
+  header.set_done(coordinator_->done());
+  const absl::Span<const float> v = weights.values;
+  grpc::ByteBuffer bytes = SerializeWithTensor(
+      header, dp::v1::PullResponse::kParamsFieldNumber,
+      absl::string_view(reinterpret_cast<const char*>(v.data()),
+                        v.size() * sizeof(float)),
+      weights.owner);
+  metrics_->AddSentBytes(bytes.Length());
+  return bytes;
+}
+
 ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
-                                    const dp::v1::PullRequest* request,
-                                    dp::v1::PullResponse* response) {
-  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
-  metrics_->SawRank(request->rank());
-  auto step = coordinator_->Pull(request->rank(), request->offset(),
-                                 request->length(),
-                                 response->mutable_params());
-  if (!step.ok()) return Done(ctx, step.status());
-  response->set_step(*step);
-  response->set_offset(request->offset());
-  response->set_done(coordinator_->done());
-  metrics_->AddSentBytes(response->ByteSizeLong());
+                                    const grpc::ByteBuffer* bytes,
+                                    grpc::ByteBuffer* response) {
+  dp::v1::PullRequest request;
+  if (absl::Status s = ParseMessage(*bytes, &request); !s.ok()) {
+    return Done(ctx, s);
+  }
+  if (absl::Status s = Admit(ctx, request); !s.ok()) return Done(ctx, s);
+  metrics_->SawRank(request.rank());
+  auto weights = coordinator_->Pull(request.rank(), request.offset(),
+                                    request.length());
+  if (!weights.ok()) return Done(ctx, weights.status());
+  *response = WeightsResponse(*weights, request.offset());
   return Done(ctx, absl::OkStatus());
 }
 
 absl::StatusOr<StepCoordinator::PushResult> PsService::Deliver(
-    const dp::v1::PushRequest& request) {
-  metrics_->SawRank(request.rank());
-  metrics_->AddReceivedBytes(request.ByteSizeLong());
-  return coordinator_->Push(request.rank(), request.step(), request.offset(),
-                            request.gradient(), request.loss(),
-                            static_cast<Encoding>(request.encoding()));
+    const CallbackServerContext* ctx, const grpc::ByteBuffer& bytes,
+    dp::v1::PushRequest* request) {
+  ReceivedTensor tensor;
+  RETURN_IF_ERROR(ParseWithTensor(
+      bytes, dp::v1::PushRequest::kGradientFieldNumber, request, &tensor));
+  // One buffer per gRPC thread, reused by every call it serves: the
+  // gradient is copied out of it before the handler returns.
+  thread_local std::string scratch;
+  const absl::string_view gradient = tensor.Contiguous(&scratch);
+  RETURN_IF_ERROR(Admit(ctx, *request, gradient));
+  metrics_->SawRank(request->rank());
+  metrics_->AddReceivedBytes(bytes.Length());
+  return coordinator_->Push(request->rank(), request->step(),
+                            request->offset(), gradient, request->loss(),
+                            static_cast<Encoding>(request->encoding()));
 }
 
 ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
-                                    const dp::v1::PushRequest* request,
-                                    dp::v1::PushResponse* response) {
-  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
-  auto result = Deliver(*request);
+                                    const grpc::ByteBuffer* bytes,
+                                    grpc::ByteBuffer* response) {
+  dp::v1::PushRequest request;
+  auto result = Deliver(ctx, *bytes, &request);
   if (!result.ok()) return Done(ctx, result.status());
-  response->set_step(result->step);
-  response->set_duplicate(result->duplicate);
+  dp::v1::PushResponse header;
+  header.set_step(result->step);
+  header.set_duplicate(result->duplicate);
+  *response = SerializeMessage(header);
   return Done(ctx, absl::OkStatus());
 }
 
@@ -172,28 +201,23 @@ ServerUnaryReactor* PsService::Barrier(CallbackServerContext* ctx,
 }
 
 ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
-                                        const dp::v1::PushRequest* request,
-                                        dp::v1::PullResponse* response) {
-  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
-  auto pushed = Deliver(*request);
+                                        const grpc::ByteBuffer* bytes,
+                                        grpc::ByteBuffer* response) {
+  dp::v1::PushRequest request;
+  auto pushed = Deliver(ctx, *bytes, &request);
   if (!pushed.ok()) return Done(ctx, pushed.status());
-  StepCoordinator* coordinator = coordinator_;
-  ServerMetrics* metrics = metrics_;
-  const int rank = request->rank();
+  const int rank = request.rank();
   const absl::Time arrived = absl::Now();
   auto* reactor = new StepWaitReactor(
       coordinator_, metrics_,
-      [response, coordinator, metrics, rank, arrived](int64_t) -> absl::Status {
-        metrics->ObserveBarrierWait(rank, absl::Now() - arrived);
-        auto version =
-            coordinator->Pull(rank, 0, 0, response->mutable_params());
-        if (!version.ok()) return version.status();
-        response->set_step(*version);
-        response->set_done(coordinator->done());
-        metrics->AddSentBytes(response->ByteSizeLong());
+      [this, response, rank, arrived](int64_t) -> absl::Status {
+        metrics_->ObserveBarrierWait(rank, absl::Now() - arrived);
+        auto weights = coordinator_->Pull(rank, 0, 0);
+        if (!weights.ok()) return weights.status();
+        *response = WeightsResponse(*weights, 0);
         return absl::OkStatus();
       });
-  reactor->Start(rank, request->step());
+  reactor->Start(rank, request.step());
   return reactor;
 }
 

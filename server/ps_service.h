@@ -19,9 +19,21 @@ struct PsServiceOptions {
   std::string auth_token;  // required on every call when not empty
 };
 
+// The generated callback service, with the three calls that carry tensors
+// (Pull, Push, PushPull) taking raw bytes so that tensor_message.h moves the
+// tensors without protobuf's copies. The wire format is unchanged.
+using ParameterServerBase = dp::v1::ParameterServer::WithCallbackMethod_Register<
+    dp::v1::ParameterServer::WithRawCallbackMethod_Pull<
+        dp::v1::ParameterServer::WithRawCallbackMethod_Push<
+            dp::v1::ParameterServer::WithCallbackMethod_Barrier<
+                dp::v1::ParameterServer::WithRawCallbackMethod_PushPull<
+                    dp::v1::ParameterServer::WithCallbackMethod_ReportEval<
+                        dp::v1::ParameterServer::WithCallbackMethod_GetStatus<
+                            dp::v1::ParameterServer::Service>>>>>>>;
+
 // Every handler first admits the call - token, then RequestValidator - and
 // only then hands it to the coordinator: a refused call touches no state.
-class PsService final : public dp::v1::ParameterServer::CallbackService {
+class PsService final : public ParameterServerBase {
  public:
   // Records requests, rejections, barrier waits and bytes in `metrics`
   // (not owned; null: in a private, unexported registry).
@@ -32,18 +44,21 @@ class PsService final : public dp::v1::ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const dp::v1::RegisterRequest* request,
                                      dp::v1::RegisterResponse* response) override;
+  // PullRequest -> PullResponse
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
-                                 const dp::v1::PullRequest* request,
-                                 dp::v1::PullResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  // PushRequest -> PushResponse
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx,
-                                 const dp::v1::PushRequest* request,
-                                 dp::v1::PushResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
                                     const dp::v1::BarrierRequest* request,
                                     dp::v1::BarrierResponse* response) override;
+  // PushRequest -> PullResponse
   grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* ctx,
-                                     const dp::v1::PushRequest* request,
-                                     dp::v1::PullResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReportEval(
       grpc::CallbackServerContext* ctx,
       const dp::v1::ReportEvalRequest* request,
@@ -54,22 +69,27 @@ class PsService final : public dp::v1::ParameterServer::CallbackService {
       dp::v1::GetStatusResponse* response) override;
 
  private:
-  // The push half of Push and PushPull: records the request, hands the
-  // gradient to the coordinator.
+  // The push half of Push and PushPull: parses and admits the request,
+  // records it, hands the gradient to the coordinator. *request gets the
+  // fields of the request but its gradient.
   absl::StatusOr<StepCoordinator::PushResult> Deliver(
-      const dp::v1::PushRequest& request);
+      const grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& bytes,
+      dp::v1::PushRequest* request);
+  // The response to a pull of `weights`, sharing their memory.
+  grpc::ByteBuffer WeightsResponse(
+      const StepCoordinator::PulledWeights& weights, int64_t offset) const;
   // Finishes a unary call with the status of a synchronous operation.
   grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
                                  const absl::Status& s);
   // UNAUTHENTICATED without the right token; the validator's verdict
   // otherwise.
-  template <typename Request>
+  template <typename Request, typename... Tensor>
   absl::Status Admit(const grpc::CallbackServerContext* ctx,
-                     const Request& request) const {
+                     const Request& request, const Tensor&... tensor) const {
     if (absl::Status s = token_.Check(ctx->client_metadata()); !s.ok()) {
       return s;
     }
-    return validator_.Check(request);
+    return validator_.Check(request, tensor...);
   }
 
   StepCoordinator* const coordinator_;

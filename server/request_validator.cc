@@ -95,7 +95,8 @@ absl::Status RequestValidator::Check(const dp::v1::PullRequest& r) const {
   return absl::OkStatus();
 }
 
-absl::Status RequestValidator::Check(const dp::v1::PushRequest& r) const {
+absl::Status RequestValidator::Check(const dp::v1::PushRequest& r,
+                                     absl::string_view gradient) const {
   RETURN_IF_ERROR(CheckRank("Push", r.rank()));
   RETURN_IF_ERROR(CheckStep("Push", r.rank(), r.step()));
   if (r.encoding() != dp::v1::ENCODING_F32 &&
@@ -106,18 +107,18 @@ absl::Status RequestValidator::Check(const dp::v1::PushRequest& r) const {
   const Encoding encoding = static_cast<Encoding>(r.encoding());
   const int64_t bytes =
       num_params_ * static_cast<int64_t>(BytesPerValue(encoding));
-  if (r.offset() != 0 || static_cast<int64_t>(r.gradient().size()) != bytes) {
+  if (r.offset() != 0 || static_cast<int64_t>(gradient.size()) != bytes) {
     return Invalid(
         "gradient from rank %d covers %d bytes at offset %d; this dp-ps owns "
         "[0, %d) and expects %d bytes (%d %s values)",
-        r.rank(), r.gradient().size(), r.offset(), num_params_, bytes,
+        r.rank(), gradient.size(), r.offset(), num_params_, bytes,
         num_params_, EncodingName(encoding));
   }
-  if (int64_t bad = FirstOutOfRange(encoding, r.gradient().data(),
+  if (int64_t bad = FirstOutOfRange(encoding, gradient.data(),
                                     num_params_, kMaxAbsGradient);
       bad >= 0) {
     float value;
-    Decode(encoding, r.gradient().data() + bad * BytesPerValue(encoding), 1,
+    Decode(encoding, gradient.data() + bad * BytesPerValue(encoding), 1,
            &value);
     return Invalid(
         "gradient from rank %d for step %d has a non-finite or out-of-range "

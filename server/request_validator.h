@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/model_layout.h"
 #include "proto/dp.pb.h"
 
@@ -34,7 +35,13 @@ class RequestValidator {
   // OK when the request may be handed to the StepCoordinator.
   [[nodiscard]] absl::Status Check(const dp::v1::RegisterRequest& r) const;
   [[nodiscard]] absl::Status Check(const dp::v1::PullRequest& r) const;
-  [[nodiscard]] absl::Status Check(const dp::v1::PushRequest& r) const;
+  [[nodiscard]] absl::Status Check(const dp::v1::PushRequest& r) const {
+    return Check(r, r.gradient());
+  }
+  // A push whose gradient travels outside the message (tensor_message.h);
+  // r.gradient() is ignored.
+  [[nodiscard]] absl::Status Check(const dp::v1::PushRequest& r,
+                                   absl::string_view gradient) const;
   [[nodiscard]] absl::Status Check(const dp::v1::BarrierRequest& r) const;
   [[nodiscard]] absl::Status Check(const dp::v1::ReportEvalRequest& r) const;
   [[nodiscard]] absl::Status Check(const dp::v1::GetStatusRequest& r) const;

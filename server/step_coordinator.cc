@@ -108,9 +108,8 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
   return Registration{config_, state_.step};
 }
 
-absl::StatusOr<int64_t> StepCoordinator::Pull(int rank, int64_t offset,
-                                              int64_t length,
-                                              std::string* out) {
+absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
+    int rank, int64_t offset, int64_t length) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
@@ -124,10 +123,25 @@ absl::StatusOr<int64_t> StepCoordinator::Pull(int rank, int64_t offset,
         "[0, %d)",
         offset, length, n));
   }
-  out->resize(length * sizeof(float));
-  std::memcpy(out->data(), state_.params.data() + offset,
-              length * sizeof(float));
-  return state_.step;
+  if (published_ == nullptr) {
+    std::shared_ptr<std::vector<float>> free;
+    for (auto& s : snapshots_) {
+      // Only this lock hands out references, so a count of one stays one.
+      if (s.use_count() == 1) {
+        free = s;
+        break;
+      }
+    }
+    if (free == nullptr) {
+      free = std::make_shared<std::vector<float>>(n);
+      snapshots_.push_back(free);
+    }
+    std::memcpy(free->data(), state_.params.data(), n * sizeof(float));
+    published_ = std::move(free);
+  }
+  return PulledWeights{
+      state_.step, published_,
+      absl::MakeConstSpan(published_->data() + offset, length)};
 }
 
 absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
@@ -229,6 +243,7 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = loss_sum / static_cast<float>(losses_.size());
   ++state_.step;
+  published_.reset();
   last_apply_ = absl::Now();
   apply_time_ += last_apply_ - begin;
   ++applies_;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/data_order.h"
 #include "common/dataset.h"
 #include "common/model_layout.h"
@@ -85,10 +87,18 @@ class StepCoordinator {
   absl::StatusOr<Registration> Register(int rank, uint64_t model_fingerprint,
                                         const DataFingerprint& data);
 
-  // Copies params[offset, offset+length) as little-endian float32 into *out
-  // and returns their version. length 0 means "to the end".
-  absl::StatusOr<int64_t> Pull(int rank, int64_t offset, int64_t length,
-                               std::string* out);
+  // The weights of one version, in an immutable snapshot that every caller
+  // shares until the next update: serving N workers copies the weights once
+  // per step, and gRPC sends them from the snapshot without copying.
+  struct PulledWeights {
+    int64_t step = 0;                                 // their version
+    std::shared_ptr<const std::vector<float>> owner;  // keeps values alive
+    absl::Span<const float> values;  // params[offset, offset + length)
+  };
+  // params[offset, offset+length) of the current version; length 0 means
+  // "to the end".
+  absl::StatusOr<PulledWeights> Pull(int rank, int64_t offset,
+                                     int64_t length);
 
   struct PushResult {
     int64_t step = 0;        // the job's step after this push
@@ -208,6 +218,12 @@ class StepCoordinator {
   std::vector<std::vector<float>> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
   std::vector<float> losses_ ABSL_GUARDED_BY(mu_);
+  // The snapshot Pull hands out for the current version (null until the
+  // first pull after an update), and the buffers snapshots are made in: one
+  // still referenced by a response in flight is never overwritten.
+  std::shared_ptr<const std::vector<float>> published_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<std::vector<float>>> snapshots_
+      ABSL_GUARDED_BY(mu_);
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
   int64_t first_applied_step_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time first_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

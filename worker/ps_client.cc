@@ -4,27 +4,77 @@
 #include <algorithm>
 #include <random>
 
+#include <grpcpp/impl/client_unary_call.h>
+
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/security.h"
+#include "common/status_macros.h"
+#include "common/tensor_message.h"
 
 namespace dp {
 
-PsClient::PsClient(const PsClientOptions& options) : options_(options) {
+namespace {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options) {
   grpc::ChannelArguments args =
-      ClientChannelArguments(options_.max_message_bytes);
-  if (!options_.tls_server_name.empty()) {
-    args.SetSslTargetNameOverride(options_.tls_server_name);
+      ClientChannelArguments(options.max_message_bytes);
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
   }
-  auto channel = grpc::CreateCustomChannel(
-      options_.address,
-      options_.credentials ? options_.credentials
-                           : grpc::InsecureChannelCredentials(),
+  return grpc::CreateCustomChannel(
+      options.address,
+      options.credentials ? options.credentials
+                          : grpc::InsecureChannelCredentials(),
       args);
-  stub_ = dp::v1::ParameterServer::NewStub(channel);
+}
+
+// The full names of the raw calls, as the generated stub spells them (a
+// typo shows as UNIMPLEMENTED in every job test).
+constexpr char kPullMethod[] = "/dp.v1.ParameterServer/Pull";
+constexpr char kPushMethod[] = "/dp.v1.ParameterServer/Push";
+constexpr char kPushPullMethod[] = "/dp.v1.ParameterServer/PushPull";
+
+}  // namespace
+
+PsClient::PsClient(const PsClientOptions& options)
+    : options_(options),
+      channel_(MakeChannel(options_)),
+      stub_(dp::v1::ParameterServer::NewStub(channel_)),
+      pull_method_(kPullMethod, grpc::internal::RpcMethod::NORMAL_RPC,
+                   channel_),
+      push_method_(kPushMethod, grpc::internal::RpcMethod::NORMAL_RPC,
+                   channel_),
+      push_pull_method_(kPushPullMethod,
+                        grpc::internal::RpcMethod::NORMAL_RPC, channel_) {}
+
+grpc::Status PsClient::RawCall(const grpc::internal::RpcMethod& method,
+                               grpc::ClientContext* context,
+                               const grpc::ByteBuffer& request,
+                               grpc::ByteBuffer* response) {
+  return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel_.get(), method, context, request, response);
+}
+
+absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
+                                   Weights* weights) {
+  ReceivedTensor params;
+  RETURN_IF_ERROR(ParseWithTensor(response,
+                                  dp::v1::PullResponse::kParamsFieldNumber,
+                                  &weights->header, &params));
+  if (params.size() % sizeof(float) != 0) {
+    return absl::DataLossError(absl::StrFormat(
+        "dp-ps at %s sent %d bytes of weights, not a whole number of float32 "
+        "values",
+        options_.address, params.size()));
+  }
+  weights->params.resize(params.size() / sizeof(float));
+  params.CopyTo(reinterpret_cast<char*>(weights->params.data()));
+  weights->wire_bytes = static_cast<int64_t>(response.Length());
+  return absl::OkStatus();
 }
 
 template <typename Call>
@@ -81,22 +131,27 @@ absl::StatusOr<dp::v1::RegisterResponse> PsClient::Register(
   return response;
 }
 
-absl::Status PsClient::Pull(int rank, dp::v1::PullResponse* response) {
+absl::Status PsClient::Pull(int rank, Weights* weights) {
   dp::v1::PullRequest request;
   request.set_rank(rank);
-  return WithRetry("Pull", options_.call_timeout, [&](grpc::ClientContext* c) {
-    return stub_->Pull(c, request, response);
-  });
+  const grpc::ByteBuffer bytes = SerializeMessage(request);
+  grpc::ByteBuffer response;
+  RETURN_IF_ERROR(
+      WithRetry("Pull", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return RawCall(pull_method_, c, bytes, &response);
+      }));
+  return ReadWeights(response, weights);
 }
 
 absl::StatusOr<dp::v1::PushResponse> PsClient::Push(
-    const dp::v1::PushRequest& request) {
+    const grpc::ByteBuffer& request) {
+  grpc::ByteBuffer bytes;
+  RETURN_IF_ERROR(
+      WithRetry("Push", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return RawCall(push_method_, c, request, &bytes);
+      }));
   dp::v1::PushResponse response;
-  absl::Status s = WithRetry("Push", options_.call_timeout,
-                             [&](grpc::ClientContext* c) {
-                               return stub_->Push(c, request, &response);
-                             });
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(ParseMessage(bytes, &response));
   return response;
 }
 
@@ -114,12 +169,15 @@ absl::StatusOr<dp::v1::BarrierResponse> PsClient::Barrier(int rank,
   return response;
 }
 
-absl::Status PsClient::PushPull(const dp::v1::PushRequest& request,
-                                dp::v1::PullResponse* response) {
-  return WithRetry("PushPull", options_.wait_timeout,
-                   [&](grpc::ClientContext* c) {
-                     return stub_->PushPull(c, request, response);
-                   });
+absl::Status PsClient::PushPull(const grpc::ByteBuffer& request,
+                                Weights* weights) {
+  grpc::ByteBuffer response;
+  RETURN_IF_ERROR(WithRetry("PushPull", options_.wait_timeout,
+                            [&](grpc::ClientContext* c) {
+                              return RawCall(push_pull_method_, c, request,
+                                             &response);
+                            }));
+  return ReadWeights(response, weights);
 }
 
 absl::Status PsClient::ReportEval(const dp::v1::ReportEvalRequest& request) {

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -37,12 +38,19 @@ class PsClient {
   absl::StatusOr<dp::v1::GetStatusResponse> GetStatus();
   absl::StatusOr<dp::v1::RegisterResponse> Register(
       const dp::v1::RegisterRequest& request);
-  absl::Status Pull(int rank, dp::v1::PullResponse* response);
-  absl::StatusOr<dp::v1::PushResponse> Push(const dp::v1::PushRequest& request);
+  // What Pull and PushPull receive.
+  struct Weights {
+    dp::v1::PullResponse header;  // step, offset, done; params left empty
+    std::vector<float> params;    // keeps its capacity from call to call
+    int64_t wire_bytes = 0;       // size of the message
+  };
+  absl::Status Pull(int rank, Weights* weights);
+  // `request` is a PushRequest built with SerializeWithTensor
+  // so that the gradient is sent from the caller's buffer.
+  absl::StatusOr<dp::v1::PushResponse> Push(const grpc::ByteBuffer& request);
   absl::StatusOr<dp::v1::BarrierResponse> Barrier(int rank, int64_t step);
   // The fused call: push, wait at the barrier, receive the new weights.
-  absl::Status PushPull(const dp::v1::PushRequest& request,
-                        dp::v1::PullResponse* response);
+  absl::Status PushPull(const grpc::ByteBuffer& request, Weights* weights);
   absl::Status ReportEval(const dp::v1::ReportEvalRequest& request);
 
   const std::string& address() const { return options_.address; }
@@ -53,8 +61,22 @@ class PsClient {
   template <typename Call>
   absl::Status WithRetry(const char* what, absl::Duration timeout, Call call);
 
+  // A call whose messages are raw bytes, so that tensors skip protobuf's
+  // copies. It is the blocking call generated stubs make, with the
+  // ByteBuffer codec instead of the protobuf one.
+  grpc::Status RawCall(const grpc::internal::RpcMethod& method,
+                       grpc::ClientContext* context,
+                       const grpc::ByteBuffer& request,
+                       grpc::ByteBuffer* response);
+  // Parses a PullResponse into *weights.
+  absl::Status ReadWeights(const grpc::ByteBuffer& response, Weights* weights);
+
   PsClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
+  const grpc::internal::RpcMethod pull_method_;
+  const grpc::internal::RpcMethod push_method_;
+  const grpc::internal::RpcMethod push_pull_method_;
 };
 
 }  // namespace dp

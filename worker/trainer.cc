@@ -2,6 +2,7 @@
 #include "worker/trainer.h"
 
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "common/model_layout.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "common/tensor_message.h"
 
 namespace dp {
 namespace {
@@ -21,11 +23,6 @@ namespace {
 // A re-sync that does not lead to a completed step, repeated this often,
 // means something other than a restart is wrong.
 constexpr int kMaxResyncsInARow = 20;
-
-absl::Span<const float> AsFloats(const std::string& bytes) {
-  return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()),
-                                 bytes.size() / sizeof(float));
-}
 
 // Copies the rows `indices` of the data set into x (B,dim) and y (B).
 void Gather(const Dataset& data, absl::Span<const int32_t> indices,
@@ -93,7 +90,7 @@ absl::Status Trainer::Run() {
 
   Schedule schedule;
   int64_t step = 0;
-  dp::v1::PullResponse weights;
+  PsClient::Weights weights;
   // (Re-)joins the job: registers, learns its step, pulls the weights of
   // that version. The data position follows from the step alone.
   auto sync = [&]() -> absl::Status {
@@ -109,9 +106,9 @@ absl::Status Trainer::Run() {
     schedule.shuffle = c.shuffle();
     RETURN_IF_ERROR(Timed(metrics, WorkerMetrics::Call::kPull,
                           [&] { return client_->Pull(rank, &weights); }));
-    metrics.AddReceivedBytes(weights.ByteSizeLong());
-    step = weights.step();
-    return backend->SetWeights(AsFloats(weights.params()));
+    metrics.AddReceivedBytes(weights.wire_bytes);
+    step = weights.header.step();
+    return backend->SetWeights(weights.params);
   };
   RETURN_IF_ERROR(sync());
   BatchSampler sampler(schedule);
@@ -127,18 +124,13 @@ absl::Status Trainer::Run() {
   push.set_num_samples(schedule.batch_size);
   const Encoding encoding = static_cast<Encoding>(cfg.grad_encoding());
   push.set_encoding(cfg.grad_encoding());
-  std::string* grad_bytes = push.mutable_gradient();
-  grad_bytes->resize(layout.num_params() * BytesPerValue(encoding));
-  // For float32 the backend writes straight into the request's buffer.
-  std::vector<float> grad_f32;
-  absl::Span<float> grad;
-  if (encoding == Encoding::kF32) {
-    grad = absl::Span<float>(reinterpret_cast<float*>(grad_bytes->data()),
-                             layout.num_params());
-  } else {
-    grad_f32.resize(layout.num_params());
-    grad = absl::MakeSpan(grad_f32);
-  }
+  // The gradient as it goes on the wire; gRPC sends it from this buffer.
+  // For float32 the backend writes straight into it.
+  const size_t wire_size = layout.num_params() * BytesPerValue(encoding);
+  std::shared_ptr<std::vector<char>> wire;
+  std::vector<float> grad_f32(encoding == Encoding::kF32 ? 0
+                                                         : layout.num_params());
+  absl::Span<float> grad = absl::MakeSpan(grad_f32);
 
   int resyncs_in_a_row = 0;
   while (step < total) {
@@ -148,23 +140,36 @@ absl::Status Trainer::Run() {
           absl::StrFormat("stopped at step %d on request", step));
     }
     const absl::Time t0 = absl::Now();
+    // A buffer gRPC still references (a message not yet released) is never
+    // written: the step gets a fresh one, and the old one lives on until
+    // gRPC lets go of it.
+    if (wire == nullptr || wire.use_count() > 1) {
+      wire = std::make_shared<std::vector<char>>(wire_size);
+      if (encoding == Encoding::kF32) {
+        grad = absl::Span<float>(reinterpret_cast<float*>(wire->data()),
+                                 layout.num_params());
+      }
+    }
     Gather(train, sampler.Indices(step, rank), &x, &y);
     ASSIGN_OR_RETURN(float loss, backend->ForwardBackward(x, y, grad));
     if (encoding != Encoding::kF32) {
-      Encode(encoding, grad.data(), grad.size(), grad_bytes->data());
+      Encode(encoding, grad.data(), grad.size(), wire->data());
     }
     const absl::Time t1 = absl::Now();
     metrics.ObserveCompute(t1 - t0, loss);
     push.set_step(step);
     push.set_loss(loss);
+    const grpc::ByteBuffer request = SerializeWithTensor(
+        push, dp::v1::PushRequest::kGradientFieldNumber,
+        absl::string_view(wire->data(), wire->size()), wire);
     absl::Status exchanged;
     using C = WorkerMetrics::Call;
     if (options_.fused) {
       exchanged = Timed(metrics, C::kPushPull,
-                        [&] { return client_->PushPull(push, &weights); });
+                        [&] { return client_->PushPull(request, &weights); });
     } else {
       exchanged = Timed(metrics, C::kPush,
-                        [&] { return client_->Push(push).status(); });
+                        [&] { return client_->Push(request).status(); });
       if (exchanged.ok()) {
         exchanged = Timed(metrics, C::kBarrier, [&] {
           return client_->Barrier(rank, step).status();
@@ -175,8 +180,8 @@ absl::Status Trainer::Run() {
                           [&] { return client_->Pull(rank, &weights); });
       }
     }
-    metrics.AddSentBytes(push.ByteSizeLong());
-    if (exchanged.ok()) metrics.AddReceivedBytes(weights.ByteSizeLong());
+    metrics.AddSentBytes(request.Length());
+    if (exchanged.ok()) metrics.AddReceivedBytes(weights.wire_bytes);
     if (exchanged.code() == absl::StatusCode::kDeadlineExceeded) {
       auto st = client_->GetStatus();
       std::vector<int> missing;
@@ -196,7 +201,7 @@ absl::Status Trainer::Run() {
     // the step dp-ps is at. A registration refused for good ends the loop.
     if (exchanged.code() == absl::StatusCode::kAborted ||
         exchanged.code() == absl::StatusCode::kFailedPrecondition ||
-        (exchanged.ok() && weights.step() != step + 1)) {
+        (exchanged.ok() && weights.header.step() != step + 1)) {
       Log("rank %d: re-syncing at step %d: %s", rank, step,
           exchanged.ok() ? "unexpected version" : exchanged.message());
       if (++resyncs_in_a_row > kMaxResyncsInARow) {
@@ -211,15 +216,15 @@ absl::Status Trainer::Run() {
     }
     resyncs_in_a_row = 0;
     RETURN_IF_ERROR(exchanged);
-    RETURN_IF_ERROR(backend->SetWeights(AsFloats(weights.params())));
+    RETURN_IF_ERROR(backend->SetWeights(weights.params));
     stats_.compute_seconds += absl::ToDoubleSeconds(t1 - t0);
     stats_.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - t1);
-    stats_.bytes_sent += push.ByteSizeLong();
-    stats_.bytes_received += weights.ByteSizeLong();
+    stats_.bytes_sent += request.Length();
+    stats_.bytes_received += weights.wire_bytes;
     metrics.ObserveStep(absl::Now() - t0, schedule.batch_size);
     ++stats_.steps;
     const int64_t finished = step;
-    step = weights.step();
+    step = weights.header.step();
     if (rank == 0 && schedule.ends_epoch(finished)) {
       ASSIGN_OR_RETURN(EvalResult eval, backend->Evaluate(test->x, test->labels));
       dp::v1::ReportEvalRequest report;

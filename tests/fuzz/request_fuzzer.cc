@@ -246,15 +246,16 @@ class Harness {
         if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
         out.status = Validate(validate, r, validator_->Check(r), &out);
         if (!out.status.ok()) return out;
-        std::string params;
-        auto step =
-            coordinator_->Pull(r.rank(), r.offset(), r.length(), &params);
-        out.status = step.status();
-        if (step.ok()) {
+        auto pulled = coordinator_->Pull(r.rank(), r.offset(), r.length());
+        out.status = pulled.status();
+        if (pulled.ok()) {
           const int64_t n = Layout().num_params();
-          FUZZ_CHECK(params.size() % sizeof(float) == 0 &&
-                         params.size() <= n * sizeof(float),
-                     "pull returned %zu bytes", params.size());
+          const absl::Span<const float> v = pulled->values;
+          FUZZ_CHECK(v.data() >= pulled->owner->data() &&
+                         v.data() + v.size() <=
+                             pulled->owner->data() + n,
+                     "pull returned %zu values outside the snapshot",
+                     v.size());
         }
         return out;
       }
@@ -283,8 +284,7 @@ class Harness {
         if (!out.status.ok()) return out;
         // The push stands; the wait and the pull change nothing.
         (void)Wait(r.rank(), r.step());
-        std::string params;
-        (void)coordinator_->Pull(r.rank(), 0, 0, &params);
+        (void)coordinator_->Pull(r.rank(), 0, 0);
         return out;
       }
       case kReportEval: {
