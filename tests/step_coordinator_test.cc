@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include "gtest/gtest.h"
 
@@ -59,6 +60,45 @@ bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
 bool SameState(const TrainingState& a, const TrainingState& b) {
   return a.step == b.step && SameBytes(a.params, b.params) &&
          SameBytes(a.m, b.m) && SameBytes(a.v, b.v);
+}
+
+TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  auto first = c->Pull(0, 0, 0);
+  auto again = c->Pull(1, 0, 0);
+  ASSERT_TRUE(first.ok() && again.ok());
+  EXPECT_EQ(first->owner, again->owner) << "one copy serves every rank";
+  const std::vector<float> before(first->values.begin(), first->values.end());
+  EXPECT_TRUE(SameBytes(before, c->Snapshot().params));
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(c->Push(r, 0, 0, Bytes(Gradient(l, r, 0)), 1.0f).ok());
+  }
+  // A response still being sent keeps the weights it was given.
+  EXPECT_TRUE(SameBytes(before, std::vector<float>(first->values.begin(),
+                                                   first->values.end())));
+  auto next = c->Pull(0, 2, 3);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->step, 1);
+  EXPECT_NE(next->owner, first->owner) << "a held snapshot is not reused";
+  const std::vector<float> now = c->Snapshot().params;
+  EXPECT_FALSE(SameBytes(before, now));
+  EXPECT_TRUE(SameBytes(std::vector<float>(next->values.begin(),
+                                           next->values.end()),
+                        std::vector<float>(now.begin() + 2, now.begin() + 5)));
+  // Released snapshots are reused: serving many steps allocates no more.
+  const std::vector<float>* held = next->owner.get();
+  first = again = next = absl::InternalError("released");
+  std::set<const std::vector<float>*> buffers{held};
+  for (int step = 1; step < 6; ++step) {
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(c->Push(r, step, 0, Bytes(Gradient(l, r, step)), 1.0f).ok());
+    }
+    auto w = c->Pull(0, 0, 0);
+    ASSERT_TRUE(w.ok());
+    buffers.insert(w->owner.get());
+  }
+  EXPECT_LE(buffers.size(), 2u);
 }
 
 TEST(StepCoordinatorTest, AveragingIsIndependentOfArrivalOrder) {
