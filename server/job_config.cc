@@ -19,6 +19,8 @@ void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
   out->set_dataset(config.dataset);
   out->set_max_steps(s.max_steps);
   out->set_grad_encoding(static_cast<dp::v1::Encoding>(config.grad_encoding));
+  out->set_weight_encoding(
+      static_cast<dp::v1::Encoding>(config.weight_encoding));
 }
 
 JobConfig FromProto(const dp::v1::JobConfig& c) {
@@ -32,6 +34,7 @@ JobConfig FromProto(const dp::v1::JobConfig& c) {
   config.dataset = c.dataset();
   config.adam.lr = c.lr();
   config.grad_encoding = static_cast<Encoding>(c.grad_encoding());
+  config.weight_encoding = static_cast<Encoding>(c.weight_encoding());
   return config;
 }
 
@@ -50,6 +53,8 @@ absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted) {
   check("lr", saved.adam.lr, wanted.adam.lr);
   check("grad_encoding", EncodingName(saved.grad_encoding),
         std::string(EncodingName(wanted.grad_encoding)));
+  check("weight_encoding", EncodingName(saved.weight_encoding),
+        std::string(EncodingName(wanted.weight_encoding)));
   if (diffs.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("the checkpoint was written by a different job: ",

@@ -19,6 +19,8 @@ struct JobConfig {
   std::string dataset = "fashion-mnist";
   AdamOptions adam;
   Encoding grad_encoding = Encoding::kF32;
+  // How dp-ps sends the weights; it keeps and updates them in float32.
+  Encoding weight_encoding = Encoding::kF32;
 };
 
 void ToProto(const JobConfig& config, dp::v1::JobConfig* out);

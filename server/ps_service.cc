@@ -122,12 +122,10 @@ grpc::ByteBuffer PsService::WeightsResponse(
   header.set_step(weights.step);
   header.set_offset(offset);
   header.set_done(coordinator_->done());
-  const absl::Span<const float> v = weights.values;
-  grpc::ByteBuffer bytes = SerializeWithTensor(
-      header, dp::v1::PullResponse::kParamsFieldNumber,
-      absl::string_view(reinterpret_cast<const char*>(v.data()),
-                        v.size() * sizeof(float)),
-      weights.owner);
+  header.set_encoding(static_cast<dp::v1::Encoding>(weights.encoding));
+  grpc::ByteBuffer bytes =
+      SerializeWithTensor(header, dp::v1::PullResponse::kParamsFieldNumber,
+                          weights.bytes, weights.owner);
   metrics_->AddSentBytes(bytes.Length());
   return bytes;
 }

@@ -51,6 +51,7 @@ struct ServerFlags {
   double worker_timeout_s = 10;
   std::string on_worker_loss = "wait";
   std::string grad_encoding = "f32";
+  std::string weight_encoding = "f32";
   bool exit_when_done = true;
   bool dry_run = false;
 };
@@ -100,6 +101,10 @@ absl::Status Validate(const ServerFlags& f) {
   if (auto e = ParseEncoding(f.grad_encoding); !e.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--grad_encoding: ", e.status().message()));
+  }
+  if (auto e = ParseEncoding(f.weight_encoding); !e.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_encoding: ", e.status().message()));
   }
   if (f.on_worker_loss != "wait" && f.on_worker_loss != "fail") {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -164,6 +169,10 @@ int Run(int argc, char** argv) {
   flags.AddString("grad_encoding", &f.grad_encoding,
                   "how workers send gradients: f32 | bf16 (half the bytes; "
                   "dp-ps averages in float32)");
+  flags.AddString("weight_encoding", &f.weight_encoding,
+                  "how dp-ps sends the weights: f32 | bf16 (half the bytes; "
+                  "workers compute on rounded weights, dp-ps keeps and "
+                  "updates them in float32)");
   flags.AddString("checkpoint_dir", &f.checkpoint_dir,
                   "write checkpoints here and resume from the newest valid "
                   "one at start (empty = no checkpoints)");
@@ -210,6 +219,7 @@ int Run(int argc, char** argv) {
   config.dataset = f.dataset;
   config.adam.lr = f.lr;
   config.grad_encoding = *ParseEncoding(f.grad_encoding);
+  config.weight_encoding = *ParseEncoding(f.weight_encoding);
 
   // A write beyond a file-size limit must be an error, not a crash.
   signal(SIGXFSZ, SIG_IGN);

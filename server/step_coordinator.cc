@@ -123,8 +123,10 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
         "[0, %d)",
         offset, length, n));
   }
+  const Encoding encoding = config_.weight_encoding;
+  const size_t width = BytesPerValue(encoding);
   if (published_ == nullptr) {
-    std::shared_ptr<std::vector<float>> free;
+    std::shared_ptr<std::vector<char>> free;
     for (auto& s : snapshots_) {
       // Only this lock hands out references, so a count of one stays one.
       if (s.use_count() == 1) {
@@ -133,15 +135,15 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
       }
     }
     if (free == nullptr) {
-      free = std::make_shared<std::vector<float>>(n);
+      free = std::make_shared<std::vector<char>>(n * width);
       snapshots_.push_back(free);
     }
-    std::memcpy(free->data(), state_.params.data(), n * sizeof(float));
+    Encode(encoding, state_.params.data(), n, free->data());
     published_ = std::move(free);
   }
   return PulledWeights{
-      state_.step, published_,
-      absl::MakeConstSpan(published_->data() + offset, length)};
+      state_.step, encoding, published_,
+      absl::string_view(published_->data() + offset * width, length * width)};
 }
 
 absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(

@@ -87,13 +87,15 @@ class StepCoordinator {
   absl::StatusOr<Registration> Register(int rank, uint64_t model_fingerprint,
                                         const DataFingerprint& data);
 
-  // The weights of one version, in an immutable snapshot that every caller
-  // shares until the next update: serving N workers copies the weights once
-  // per step, and gRPC sends them from the snapshot without copying.
+  // The weights of one version, encoded in the job's weight_encoding in an
+  // immutable snapshot that every caller shares until the next update:
+  // serving N workers encodes the weights once per step, and gRPC sends
+  // them from the snapshot without copying.
   struct PulledWeights {
-    int64_t step = 0;                                 // their version
-    std::shared_ptr<const std::vector<float>> owner;  // keeps values alive
-    absl::Span<const float> values;  // params[offset, offset + length)
+    int64_t step = 0;  // their version
+    Encoding encoding = Encoding::kF32;
+    std::shared_ptr<const std::vector<char>> owner;  // keeps bytes alive
+    absl::string_view bytes;  // params[offset, offset + length), encoded
   };
   // params[offset, offset+length) of the current version; length 0 means
   // "to the end".
@@ -221,8 +223,8 @@ class StepCoordinator {
   // The snapshot Pull hands out for the current version (null until the
   // first pull after an update), and the buffers snapshots are made in: one
   // still referenced by a response in flight is never overwritten.
-  std::shared_ptr<const std::vector<float>> published_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<std::vector<float>>> snapshots_
+  std::shared_ptr<const std::vector<char>> published_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<std::vector<char>>> snapshots_
       ABSL_GUARDED_BY(mu_);
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
   int64_t first_applied_step_ ABSL_GUARDED_BY(mu_) = -1;

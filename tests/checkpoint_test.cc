@@ -145,10 +145,14 @@ TEST(JobConfigTest, ResumeRefusesOtherHyperParametersButAllowsMoreEpochs) {
   EXPECT_TRUE(CheckResumable(a, b).ok());
   b.schedule.batch_size = 16;
   b.adam.lr = 0.5;
+  b.weight_encoding = Encoding::kBf16;
   absl::Status s = CheckResumable(a, b);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("--batch_size=16 (saved: 8)"), std::string::npos) << s;
   EXPECT_NE(s.message().find("--lr=0.5"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--weight_encoding=bf16 (saved: f32)"),
+            std::string::npos)
+      << s;
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/dataset.h"
 #include "common/file_util.h"
 #include "common/flags.h"
@@ -46,11 +46,12 @@ TEST(JobTest, TwoWorkersOneEpochOfFashionMnistReachTestAccuracy084) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   for (const TensorInfo& t : layout.tensors()) {
     std::string shape;
-    for (int64_t d : t.shape) absl::StrAppend(&shape, shape.empty() ? "" : ",", d);
-    const std::string expected = absl::StrCat(
-        "\"", t.name, "\":{\"dtype\":\"F32\",\"shape\":[", shape,
-        "],\"data_offsets\":[", t.offset * 4, ",", (t.offset + t.size) * 4,
-        "]}");
+    for (int64_t d : t.shape)
+      absl::StrAppend(&shape, shape.empty() ? "" : ",", d);
+    const std::string expected =
+        absl::StrCat("\"", t.name, "\":{\"dtype\":\"F32\",\"shape\":[", shape,
+                     "],\"data_offsets\":[", t.offset * 4, ",",
+                     (t.offset + t.size) * 4, "]}");
     EXPECT_NE(header.find(expected), std::string::npos)
         << expected << " not in " << header;
   }
@@ -58,16 +59,28 @@ TEST(JobTest, TwoWorkersOneEpochOfFashionMnistReachTestAccuracy084) {
   EXPECT_TRUE(DecodeSafetensors(layout, *bytes).ok());
 }
 
-TEST(JobTest, Bf16GradientsOneEpochReachTestAccuracy084) {
-  JobResult r = RunJob({"--epochs=1", "--batch_size=64", "--seed=1",
-                        "--grad_encoding=bf16"},
-                       2);
+// Test accuracy after one epoch of 2 workers x 64 with the given encodings.
+void ExpectOneEpochAccuracy084(const std::string& grad,
+                               const std::string& weights) {
+  JobResult r =
+      RunJob({"--epochs=1", "--batch_size=64", "--seed=1",
+              "--grad_encoding=" + grad, "--weight_encoding=" + weights},
+             2);
   ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
   const size_t at = r.ps_output.find("final test accuracy: ");
   ASSERT_NE(at, std::string::npos) << r.ps_output;
   const double accuracy = std::stod(r.ps_output.substr(at + 21));
-  std::printf("bf16 gradients, test accuracy after 1 epoch: %.4f\n", accuracy);
+  std::printf("%s gradients, %s weights: test accuracy after 1 epoch %.4f\n",
+              grad.c_str(), weights.c_str(), accuracy);
   EXPECT_GE(accuracy, 0.84);
+}
+
+TEST(JobTest, Bf16GradientsOneEpochReachTestAccuracy084) {
+  ExpectOneEpochAccuracy084("bf16", "f32");
+}
+
+TEST(JobTest, Bf16GradientsAndWeightsOneEpochReachTestAccuracy084) {
+  ExpectOneEpochAccuracy084("bf16", "bf16");
 }
 
 TEST(JobTest, SameJobTwiceSavesByteIdenticalModels) {
@@ -104,8 +117,8 @@ TEST(JobTest, UnknownFlagIsAConfigurationErrorNamingTheFlag) {
 
 TEST(JobTest, UnknownBackendFailsBeforeConnecting) {
   // No dp-ps is listening on port 1: the worker must not even try.
-  Subprocess w({DP_WORKER_BINARY, "--rank=0", "--backend=gpu",
-                "--ps=127.0.0.1:1"});
+  Subprocess w(
+      {DP_WORKER_BINARY, "--rank=0", "--backend=gpu", "--ps=127.0.0.1:1"});
   EXPECT_EQ(w.Wait(absl::Seconds(30)), kExitConfigError);
   EXPECT_NE(w.output().find("unknown backend \"gpu\""), std::string::npos)
       << w.output();
@@ -127,8 +140,8 @@ TEST(JobTest, BusyPortIsAClearErrorAndTheFirstServerKeepsServing) {
   int port = 0;
   auto first = StartServer({"--workers=1", "--max_steps=20"}, &port);
   ASSERT_GT(port, 0);
-  Subprocess second({DP_PS_BINARY, "--host=127.0.0.1",
-                     absl::StrCat("--port=", port)});
+  Subprocess second(
+      {DP_PS_BINARY, "--host=127.0.0.1", absl::StrCat("--port=", port)});
   EXPECT_EQ(second.Wait(absl::Seconds(30)), kExitFailure);
   EXPECT_NE(second.output().find(absl::StrCat("127.0.0.1:", port)),
             std::string::npos)
@@ -156,7 +169,8 @@ TEST(JobTest, WorkerWithGarbageIdxFileExitsNamingTheFile) {
   for (const char* name :
        {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
-    ASSERT_TRUE(WriteFileAtomic(dir.File(name), "this is not an IDX file").ok());
+    ASSERT_TRUE(
+        WriteFileAtomic(dir.File(name), "this is not an IDX file").ok());
   }
   int port = 0;
   auto ps = StartServer({"--workers=1"}, &port);

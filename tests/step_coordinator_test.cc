@@ -62,6 +62,13 @@ bool SameState(const TrainingState& a, const TrainingState& b) {
          SameBytes(a.m, b.m) && SameBytes(a.v, b.v);
 }
 
+// The float32 values of pulled weights.
+std::vector<float> Values(const StepCoordinator::PulledWeights& w) {
+  std::vector<float> out(w.bytes.size() / BytesPerValue(w.encoding));
+  Decode(w.encoding, w.bytes.data(), out.size(), out.data());
+  return out;
+}
+
 TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
   const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
   auto c = MakeCoordinator(l);
@@ -69,27 +76,26 @@ TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
   auto again = c->Pull(1, 0, 0);
   ASSERT_TRUE(first.ok() && again.ok());
   EXPECT_EQ(first->owner, again->owner) << "one copy serves every rank";
-  const std::vector<float> before(first->values.begin(), first->values.end());
+  EXPECT_EQ(first->encoding, Encoding::kF32);
+  const std::vector<float> before = Values(*first);
   EXPECT_TRUE(SameBytes(before, c->Snapshot().params));
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(c->Push(r, 0, 0, Bytes(Gradient(l, r, 0)), 1.0f).ok());
   }
   // A response still being sent keeps the weights it was given.
-  EXPECT_TRUE(SameBytes(before, std::vector<float>(first->values.begin(),
-                                                   first->values.end())));
+  EXPECT_TRUE(SameBytes(before, Values(*first)));
   auto next = c->Pull(0, 2, 3);
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(next->step, 1);
   EXPECT_NE(next->owner, first->owner) << "a held snapshot is not reused";
   const std::vector<float> now = c->Snapshot().params;
   EXPECT_FALSE(SameBytes(before, now));
-  EXPECT_TRUE(SameBytes(std::vector<float>(next->values.begin(),
-                                           next->values.end()),
+  EXPECT_TRUE(SameBytes(Values(*next),
                         std::vector<float>(now.begin() + 2, now.begin() + 5)));
   // Released snapshots are reused: serving many steps allocates no more.
-  const std::vector<float>* held = next->owner.get();
+  const std::vector<char>* held = next->owner.get();
   first = again = next = absl::InternalError("released");
-  std::set<const std::vector<float>*> buffers{held};
+  std::set<const std::vector<char>*> buffers{held};
   for (int step = 1; step < 6; ++step) {
     for (int r = 0; r < kWorld; ++r) {
       ASSERT_TRUE(c->Push(r, step, 0, Bytes(Gradient(l, r, step)), 1.0f).ok());
@@ -99,6 +105,33 @@ TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
     buffers.insert(w->owner.get());
   }
   EXPECT_LE(buffers.size(), 2u);
+}
+
+TEST(StepCoordinatorTest, Bf16WeightsAreTheFloat32WeightsRounded) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  TrainingState s;
+  s.params = InitParams(l, 1);
+  JobConfig config = SmallJob();
+  config.weight_encoding = Encoding::kBf16;
+  StepCoordinator c(l, config, s);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(c.Register(r, l.Fingerprint(), kData).ok());
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(c.Push(r, 0, 0, Bytes(Gradient(l, r, 0)), 1.0f).ok());
+  }
+  auto w = c.Pull(0, 1, 4);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->encoding, Encoding::kBf16);
+  ASSERT_EQ(w->bytes.size(), 4u * 2);
+  // dp-ps keeps float32: only what it sends is rounded.
+  const std::vector<float> kept = c.Snapshot().params;
+  std::string expected(4 * 2, '\0');
+  Encode(Encoding::kBf16, kept.data() + 1, 4, expected.data());
+  EXPECT_EQ(std::string(w->bytes), expected);
+  EXPECT_FALSE(SameBytes(Values(*w),
+                         std::vector<float>(kept.begin() + 1,
+                                            kept.begin() + 5)));
 }
 
 TEST(StepCoordinatorTest, AveragingIsIndependentOfArrivalOrder) {

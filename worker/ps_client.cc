@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/security.h"
 #include "common/status_macros.h"
+#include "common/tensor_codec.h"
 #include "common/tensor_message.h"
 
 namespace dp {
@@ -65,14 +66,28 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
   RETURN_IF_ERROR(ParseWithTensor(response,
                                   dp::v1::PullResponse::kParamsFieldNumber,
                                   &weights->header, &params));
-  if (params.size() % sizeof(float) != 0) {
-    return absl::DataLossError(absl::StrFormat(
-        "dp-ps at %s sent %d bytes of weights, not a whole number of float32 "
-        "values",
-        options_.address, params.size()));
+  const dp::v1::Encoding e = weights->header.encoding();
+  if (e != dp::v1::ENCODING_F32 && e != dp::v1::ENCODING_BF16) {
+    return absl::DataLossError(
+        absl::StrFormat("dp-ps at %s sent weights in an unknown encoding %d",
+                        options_.address, static_cast<int>(e)));
   }
-  weights->params.resize(params.size() / sizeof(float));
-  params.CopyTo(reinterpret_cast<char*>(weights->params.data()));
+  const Encoding encoding = static_cast<Encoding>(e);
+  const size_t width = BytesPerValue(encoding);
+  if (params.size() % width != 0) {
+    return absl::DataLossError(absl::StrFormat(
+        "dp-ps at %s sent %d bytes of weights, not a whole number of %s "
+        "values",
+        options_.address, params.size(), EncodingName(encoding)));
+  }
+  weights->params.resize(params.size() / width);
+  if (encoding == Encoding::kF32) {
+    params.CopyTo(reinterpret_cast<char*>(weights->params.data()));
+  } else {
+    // A value may straddle two received slices: decode from one piece.
+    Decode(encoding, params.Contiguous(&scratch_).data(),
+           weights->params.size(), weights->params.data());
+  }
   weights->wire_bytes = static_cast<int64_t>(response.Length());
   return absl::OkStatus();
 }

@@ -77,6 +77,7 @@ class PsClient {
   const grpc::internal::RpcMethod pull_method_;
   const grpc::internal::RpcMethod push_method_;
   const grpc::internal::RpcMethod push_pull_method_;
+  std::string scratch_;  // received weights that need decoding
 };
 
 }  // namespace dp

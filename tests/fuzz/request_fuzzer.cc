@@ -249,12 +249,12 @@ class Harness {
         auto pulled = coordinator_->Pull(r.rank(), r.offset(), r.length());
         out.status = pulled.status();
         if (pulled.ok()) {
-          const int64_t n = Layout().num_params();
-          const absl::Span<const float> v = pulled->values;
-          FUZZ_CHECK(v.data() >= pulled->owner->data() &&
-                         v.data() + v.size() <=
-                             pulled->owner->data() + n,
-                     "pull returned %zu values outside the snapshot",
+          const absl::string_view v = pulled->bytes;
+          const std::vector<char>& all = *pulled->owner;
+          FUZZ_CHECK(v.data() >= all.data() &&
+                         v.data() + v.size() <= all.data() + all.size() &&
+                         v.size() % BytesPerValue(pulled->encoding) == 0,
+                     "pull returned %zu bytes outside the snapshot",
                      v.size());
         }
         return out;
