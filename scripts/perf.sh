@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The performance comparison of dp-ps against PyTorch on this machine, each
 # number a median of repeated runs measured in this run:
-#  1. samples/s and test accuracy: dp-ps + 2 workers x 64 (f32 and bf16
-#     gradients) vs PyTorch DDP (gloo, 2 x 64) vs PyTorch single process (128);
+#  1. samples/s and test accuracy: dp-ps + 2 workers x 64 (float32; bf16
+#     gradients; bf16 gradients and weights) vs PyTorch DDP (gloo, 2 x 64)
+#     vs PyTorch single process (128);
 #  2. per step at batch 64 and 512 per worker: compute, exchange, server
 #     update, wait; protocol overhead = step time / compute time;
 #  3. bytes on the wire per step per worker;
@@ -36,30 +37,34 @@ torch_job() {
 }
 
 declare -A rate acc
-for name in dp_f32 dp_bf16 torch_ddp torch_single; do : >"/tmp/perf-$name"; done
+systems="dp_f32 dp_bf16_grad dp_bf16_both torch_ddp torch_single"
+for name in $systems; do : >"/tmp/perf-$name"; done
 for ((i = 1; i <= repeats; i++)); do
-  dp_job --epochs="$epochs" --batch_size=64 --grad_encoding=f32 >>/tmp/perf-dp_f32
-  dp_job --epochs="$epochs" --batch_size=64 --grad_encoding=bf16 >>/tmp/perf-dp_bf16
+  dp_job --epochs="$epochs" --batch_size=64 >>/tmp/perf-dp_f32
+  dp_job --epochs="$epochs" --batch_size=64 --grad_encoding=bf16 >>/tmp/perf-dp_bf16_grad
+  dp_job --epochs="$epochs" --batch_size=64 --grad_encoding=bf16 \
+    --weight_encoding=bf16 >>/tmp/perf-dp_bf16_both
   torch_job --mode ddp --epochs "$epochs" >>/tmp/perf-torch_ddp
   torch_job --mode single --epochs "$epochs" >>/tmp/perf-torch_single
 done
-for name in dp_f32 dp_bf16 torch_ddp torch_single; do
+for name in $systems; do
   rate[$name]=$(cut -d' ' -f1 "/tmp/perf-$name" | median)
   acc[$name]=$(cut -d' ' -f2 "/tmp/perf-$name" | median)
 done
 echo "== 1. Fashion-MNIST, 2 workers x 64, $epochs epochs, median of $repeats (same machine, same run)"
 printf "%-34s %12s %10s %12s\n" "system" "samples/s" "accuracy" "vs DDP"
-for name in dp_f32 dp_bf16 torch_ddp torch_single; do
+for name in $systems; do
   printf "%-34s %12s %10s %12s\n" "$name" "${rate[$name]}" "${acc[$name]}" \
     "$(awk -v a="${rate[$name]}" -v b="${rate[torch_ddp]}" 'BEGIN{printf "%.2fx", a/b}')"
 done
 
 echo
-echo "== 2./3. per step and per worker (rank 0), f32 gradients, 300 steps"
-printf "%-6s %-5s %10s %10s %10s %10s %10s %10s %10s\n" batch enc compute_ms exchange_ms update_ms wait_ms overhead sent_MB recv_MB
+echo "== 2./3. per step and per worker (rank 0), 300 steps; enc = gradients/weights"
+printf "%-6s %-9s %10s %10s %10s %10s %10s %10s %10s\n" batch enc compute_ms exchange_ms update_ms wait_ms overhead sent_MB recv_MB
 for batch in 64 512; do
-  for enc in f32 bf16; do
-    dp_job --max_steps=300 --batch_size="$batch" --grad_encoding="$enc" >/dev/null
+  for enc in f32/f32 bf16/f32 bf16/bf16; do
+    dp_job --max_steps=300 --batch_size="$batch" --grad_encoding="${enc%/*}" \
+      --weight_encoding="${enc#*/}" >/dev/null
     w=$(grep "finished at step" "$(last_run)/worker-0.log")
     ps=$(grep "per step: update" "$(last_run)/dp-ps.log")
     compute=$(sed -n 's/.*, \([0-9.]*\) ms compute.*/\1/p' <<<"$w")
@@ -69,7 +74,7 @@ for batch in 64 512; do
     update=$(sed -n 's/.*update \([0-9.]*\) ms.*/\1/p' <<<"$ps")
     wait=$(sed -n 's/.*rank 0 \([0-9.]*\) ms.*/\1/p' <<<"$ps")
     overhead=$(awk -v c="$compute" -v e="$exchange" 'BEGIN{printf "%.2f", (c+e)/c}')
-    printf "%-6s %-5s %10s %10s %10s %10s %10s %10s %10s\n" "$batch" "$enc" "$compute" "$exchange" "$update" "$wait" "$overhead" "$sent" "$recv"
+    printf "%-6s %-9s %10s %10s %10s %10s %10s %10s %10s\n" "$batch" "$enc" "$compute" "$exchange" "$update" "$wait" "$overhead" "$sent" "$recv"
   done
 done
 echo "(wait: from rank 0's push to the published update, update included;"
