@@ -15,24 +15,49 @@ constexpr int64_t kBlock = 512;
 
 struct Coefficients {
   float one_minus_beta1, beta2, one_minus_beta2, wd, eps, neg_step_size,
-      bc2_sqrt, count;
+      bc2_sqrt, count, inv_count;
 };
 
-// g (n) holds the rank-ordered sum of the gradients on entry.
-// Cloned for AVX2 (8 floats a vector) and the x86-64 baseline (4). Only
-// correctly rounded operations (+ - * / sqrt) are used and FMA is not enabled,
-// so both clones give the same bits on every machine.
-__attribute__((target_clones("avx2", "default"))) void UpdateBlock(
-    const Coefficients& c, int64_t n, float* __restrict g, float* __restrict p,
-    float* __restrict m, float* __restrict v) {
-  for (int64_t i = 0; i < n; ++i) {
-    float gi = g[i] / c.count;
-    gi += c.wd * p[i];  // wd is 0 by default, and 0 * p adds +-0: exact
-    m[i] += c.one_minus_beta1 * (gi - m[i]);  // torch's lerp, weight < 0.5
-    v[i] = v[i] * c.beta2 + c.one_minus_beta2 * (gi * gi);
-    // torch divides sqrt(v) by sqrt(bc2) before adding eps; keep that order.
-    const float denom = std::sqrt(v[i]) / c.bc2_sqrt + c.eps;
-    p[i] += c.neg_step_size * (m[i] / denom);
+// Sums the gradients of [begin, end) in rank order, block by block, and
+// applies the update to each block while its sum is in L1.
+// kMultiply: the gradient count is a power of two, so g * (1 / count) is the
+// same correctly rounded number as g / count (both round the exact g/2^k) and
+// saves a division - the divider bounds this loop.
+// Cloned for AVX2 (8 floats a vector) and the x86-64 baseline (4): the clone
+// covers the summing loops too. Only correctly rounded operations
+// (+ - * / sqrt) are used and FMA is not enabled, so both clones give the
+// same bits on every machine.
+template <bool kMultiply>
+__attribute__((target_clones("avx2", "default"))) void AverageAndUpdate(
+    const Coefficients& c, const float* const* grads, size_t count,
+    int64_t begin, int64_t end, float* params, float* m_all, float* v_all) {
+  alignas(64) float g[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t n = std::min(kBlock, end - b);
+    const float* __restrict g0 = grads[0] + b;
+    if (count == 1) {
+      for (int64_t i = 0; i < n; ++i) g[i] = g0[i];
+    } else {
+      // The first addition needs no copy: g0 + g1 is what g0 then += g1 gives.
+      const float* __restrict g1 = grads[1] + b;
+      for (int64_t i = 0; i < n; ++i) g[i] = g0[i] + g1[i];
+    }
+    for (size_t r = 2; r < count; ++r) {  // rank order
+      const float* __restrict gr = grads[r] + b;
+      for (int64_t i = 0; i < n; ++i) g[i] += gr[i];
+    }
+    float* __restrict p = params + b;
+    float* __restrict m = m_all + b;
+    float* __restrict v = v_all + b;
+    for (int64_t i = 0; i < n; ++i) {
+      float gi = kMultiply ? g[i] * c.inv_count : g[i] / c.count;
+      gi += c.wd * p[i];  // wd is 0 by default, and 0 * p adds +-0: exact
+      m[i] += c.one_minus_beta1 * (gi - m[i]);  // torch's lerp, weight < 0.5
+      v[i] = v[i] * c.beta2 + c.one_minus_beta2 * (gi * gi);
+      // torch divides sqrt(v) by sqrt(bc2) before adding eps; keep that order.
+      const float denom = std::sqrt(v[i]) / c.bc2_sqrt + c.eps;
+      p[i] += c.neg_step_size * (m[i] / denom);
+    }
   }
 }
 
@@ -45,6 +70,7 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
   // Bias corrections in double, as torch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
+  const size_t count = grads.size();
   const Coefficients c{static_cast<float>(1.0 - o.beta1),
                        static_cast<float>(o.beta2),
                        static_cast<float>(1.0 - o.beta2),
@@ -52,17 +78,12 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
                        static_cast<float>(o.eps),
                        static_cast<float>(-(o.lr / bc1)),
                        static_cast<float>(std::sqrt(bc2)),
-                       static_cast<float>(grads.size())};
-  alignas(64) float g[kBlock];
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t len = std::min(kBlock, n - begin);
-    const float* __restrict g0 = grads[0] + begin;
-    for (int64_t i = 0; i < len; ++i) g[i] = g0[i];
-    for (size_t r = 1; r < grads.size(); ++r) {  // rank order
-      const float* __restrict gr = grads[r] + begin;
-      for (int64_t i = 0; i < len; ++i) g[i] += gr[i];
-    }
-    UpdateBlock(c, len, g, params + begin, m + begin, v + begin);
+                       static_cast<float>(count),
+                       1.0f / static_cast<float>(count)};
+  if ((count & (count - 1)) == 0) {
+    AverageAndUpdate<true>(c, grads.data(), count, 0, n, params, m, v);
+  } else {
+    AverageAndUpdate<false>(c, grads.data(), count, 0, n, params, m, v);
   }
 }
 
