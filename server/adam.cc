@@ -65,7 +65,7 @@ __attribute__((target_clones("avx2", "default"))) void AverageAndUpdate(
 
 void AverageAndAdamStep(const AdamOptions& o, int64_t t,
                         absl::Span<const float* const> grads, int64_t n,
-                        float* params, float* m, float* v) {
+                        float* params, float* m, float* v, WorkerPool* pool) {
   DP_CHECK(t >= 1 && !grads.empty());
   // Bias corrections in double, as torch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
@@ -80,10 +80,19 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
                        static_cast<float>(std::sqrt(bc2)),
                        static_cast<float>(count),
                        1.0f / static_cast<float>(count)};
-  if ((count & (count - 1)) == 0) {
-    AverageAndUpdate<true>(c, grads.data(), count, 0, n, params, m, v);
+  const bool power_of_two = (count & (count - 1)) == 0;
+  auto update = [&](int64_t begin, int64_t end) {
+    if (power_of_two) {
+      AverageAndUpdate<true>(c, grads.data(), count, begin, end, params, m, v);
+    } else {
+      AverageAndUpdate<false>(c, grads.data(), count, begin, end, params, m, v);
+    }
+  };
+  if (pool == nullptr) {
+    update(0, n);
   } else {
-    AverageAndUpdate<false>(c, grads.data(), count, 0, n, params, m, v);
+    // Ranges of whole blocks, so no block straddles two threads.
+    pool->ParallelFor(n, kBlock, update);
   }
 }
 
