@@ -18,8 +18,31 @@ struct Coefficients {
       bc2_sqrt, count, inv_count;
 };
 
+// g[0, n) = the sum of ranks [first, first + kRanks) at offset b, added in
+// rank order to g (kStart: to nothing - the sum starts here).
+template <int kRanks, bool kStart>
+__attribute__((always_inline)) inline void AddRanks(
+    float* __restrict g, const float* const* grads, size_t first, int64_t b,
+    int64_t n) {
+  static_assert(kRanks >= 1 && kRanks <= 4, "one to four ranks a pass");
+  const float* __restrict x0 = grads[first] + b;
+  const float* __restrict x1 = kRanks > 1 ? grads[first + 1] + b : nullptr;
+  const float* __restrict x2 = kRanks > 2 ? grads[first + 2] + b : nullptr;
+  const float* __restrict x3 = kRanks > 3 ? grads[first + 3] + b : nullptr;
+  for (int64_t i = 0; i < n; ++i) {
+    float s = kStart ? x0[i] : g[i] + x0[i];
+    if (kRanks > 1) s += x1[i];
+    if (kRanks > 2) s += x2[i];
+    if (kRanks > 3) s += x3[i];
+    g[i] = s;
+  }
+}
+
 // Sums the gradients of [begin, end) in rank order, block by block, and
 // applies the update to each block while its sum is in L1.
+// The sum takes up to four ranks per pass over g: one load and store of g
+// per element per pass, rather than per rank, nearly halves the time at 8
+// ranks.
 // kMultiply: the gradient count is a power of two, so g * (1 / count) is the
 // same correctly rounded number as g / count (both round the exact g/2^k) and
 // saves a division - the divider bounds this loop.
@@ -34,17 +57,31 @@ __attribute__((target_clones("avx2", "default"))) void AverageAndUpdate(
   alignas(64) float g[kBlock];
   for (int64_t b = begin; b < end; b += kBlock) {
     const int64_t n = std::min(kBlock, end - b);
-    const float* __restrict g0 = grads[0] + b;
-    if (count == 1) {
-      for (int64_t i = 0; i < n; ++i) g[i] = g0[i];
-    } else {
-      // The first addition needs no copy: g0 + g1 is what g0 then += g1 gives.
-      const float* __restrict g1 = grads[1] + b;
-      for (int64_t i = 0; i < n; ++i) g[i] = g0[i] + g1[i];
+    size_t r = std::min<size_t>(count, 4);
+    switch (r) {
+      case 1:
+        AddRanks<1, true>(g, grads, 0, b, n);
+        break;
+      case 2:
+        AddRanks<2, true>(g, grads, 0, b, n);
+        break;
+      case 3:
+        AddRanks<3, true>(g, grads, 0, b, n);
+        break;
+      default:
+        AddRanks<4, true>(g, grads, 0, b, n);
     }
-    for (size_t r = 2; r < count; ++r) {  // rank order
-      const float* __restrict gr = grads[r] + b;
-      for (int64_t i = 0; i < n; ++i) g[i] += gr[i];
+    for (; r + 4 <= count; r += 4) AddRanks<4, false>(g, grads, r, b, n);
+    switch (count - r) {
+      case 1:
+        AddRanks<1, false>(g, grads, r, b, n);
+        break;
+      case 2:
+        AddRanks<2, false>(g, grads, r, b, n);
+        break;
+      case 3:
+        AddRanks<3, false>(g, grads, r, b, n);
+        break;
     }
     float* __restrict p = params + b;
     float* __restrict m = m_all + b;

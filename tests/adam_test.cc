@@ -177,7 +177,7 @@ TEST(AdamTest, PoolsOfAnySizeGiveTheSameBitsAsNoPool) {
 TEST(AdamTest, AverageIsTheRankSumDividedByTheCountExactly) {
   const std::vector<float> g0 = {1.0f,  3.0f,   0.1f,    0.7f,   7.0f,
                                  11.0f, 1e-45f, -3e-45f, 7e-39f, 1e30f};
-  for (int ranks : {2, 3, 4, 6, 7, 8}) {
+  for (int ranks : {2, 3, 4, 5, 6, 7, 8, 9}) {
     std::vector<const float*> grads(ranks, g0.data());
     const size_t n = g0.size();
     std::vector<float> p(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
@@ -191,6 +191,33 @@ TEST(AdamTest, AverageIsTheRankSumDividedByTheCountExactly) {
       EXPECT_EQ(std::memcmp(&m[i], &expected, sizeof(float)), 0)
           << "ranks " << ranks << " element " << i << ": " << m[i] << " vs "
           << expected;
+    }
+  }
+}
+
+// Float addition is not associative: the sum must be ((g0 + g1) + g2) + ...
+// exactly, whatever the number of ranks.
+TEST(AdamTest, GradientsAreAddedInRankOrder) {
+  const int64_t n = 1100;  // two full blocks and a partial one
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-24, 24);
+  for (int ranks = 1; ranks <= 10; ++ranks) {
+    std::vector<std::vector<float>> g(ranks, std::vector<float>(n));
+    std::vector<const float*> grads;
+    for (auto& rank : g) {
+      for (float& x : rank) x = std::ldexp(mantissa(rng), exponent(rng));
+      grads.push_back(rank.data());
+    }
+    std::vector<float> p(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
+    AdamOptions o;
+    o.beta1 = 0.0;  // m = g exactly
+    AverageAndAdamStep(o, 1, grads, n, p.data(), m.data(), v.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float sum = g[0][i];
+      for (int r = 1; r < ranks; ++r) sum += g[r][i];
+      ASSERT_EQ(m[i], sum / static_cast<float>(ranks))
+          << "ranks " << ranks << " element " << i;
     }
   }
 }
