@@ -46,12 +46,8 @@ __attribute__((always_inline)) inline void AddRanks(
 // kMultiply: the gradient count is a power of two, so g * (1 / count) is the
 // same correctly rounded number as g / count (both round the exact g/2^k) and
 // saves a division - the divider bounds this loop.
-// Cloned for AVX2 (8 floats a vector) and the x86-64 baseline (4): the clone
-// covers the summing loops too. Only correctly rounded operations
-// (+ - * / sqrt) are used and FMA is not enabled, so both clones give the
-// same bits on every machine.
 template <bool kMultiply>
-__attribute__((target_clones("avx2", "default"))) void AverageAndUpdate(
+__attribute__((always_inline)) inline void AverageAndUpdateRange(
     const Coefficients& c, const float* const* grads, size_t count,
     int64_t begin, int64_t end, float* params, float* m_all, float* v_all) {
   alignas(64) float g[kBlock];
@@ -98,6 +94,20 @@ __attribute__((target_clones("avx2", "default"))) void AverageAndUpdate(
   }
 }
 
+// Cloned for AVX2 (8 floats a vector) and the x86-64 baseline (4), the
+// summing loops included. Only correctly rounded operations (+ - * / sqrt)
+// are used and FMA is not enabled, so both clones give the same bits on
+// every machine. Not a template: clang cannot clone those.
+__attribute__((target_clones("avx2", "default"))) void AverageAndUpdate(
+    const Coefficients& c, const float* const* grads, size_t count,
+    int64_t begin, int64_t end, float* params, float* m, float* v) {
+  if ((count & (count - 1)) == 0) {
+    AverageAndUpdateRange<true>(c, grads, count, begin, end, params, m, v);
+  } else {
+    AverageAndUpdateRange<false>(c, grads, count, begin, end, params, m, v);
+  }
+}
+
 }  // namespace
 
 void AverageAndAdamStep(const AdamOptions& o, int64_t t,
@@ -117,13 +127,8 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
                        static_cast<float>(std::sqrt(bc2)),
                        static_cast<float>(count),
                        1.0f / static_cast<float>(count)};
-  const bool power_of_two = (count & (count - 1)) == 0;
   auto update = [&](int64_t begin, int64_t end) {
-    if (power_of_two) {
-      AverageAndUpdate<true>(c, grads.data(), count, begin, end, params, m, v);
-    } else {
-      AverageAndUpdate<false>(c, grads.data(), count, begin, end, params, m, v);
-    }
+    AverageAndUpdate(c, grads.data(), count, begin, end, params, m, v);
   };
   if (pool == nullptr) {
     update(0, n);
