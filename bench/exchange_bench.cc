@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
 #include "common/malloc_tuning.h"
+#include "common/parallel_for.h"
 #include "server/ps_service.h"
 
 namespace dp {
@@ -79,15 +80,17 @@ int Main() {
     dp::v1::GetStatusResponse r;
     stub->GetStatus(&ctx, q, &r);
   };
-  // The server update alone: average of N gradients + Adam, N = 1, 2, 4, 8.
+  // The server update alone: average of N gradients + Adam, N = 1, 2, 4, 8,
+  // on the calling thread only and with a pool of 2 threads.
   std::vector<std::vector<float>> rank_grads(8, grad);
   std::vector<float> p = state.params, m(p.size()), v(p.size());
-  auto apply = [&](int n) {
+  WorkerPool two_threads(2);
+  auto apply = [&](int n, WorkerPool* threads) {
     std::vector<const float*> grads;
     for (int r = 0; r < n; ++r) grads.push_back(rank_grads[r].data());
-    return [&, grads] {
+    return [&, grads, threads] {
       AverageAndAdamStep(config.adam, 1, grads, p.size(), p.data(), m.data(),
-                         v.data());
+                         v.data(), threads);
     };
   };
   for (int i = 0; i < 20; ++i) push_pull();
@@ -96,9 +99,13 @@ int Main() {
   std::printf("%-34s %10.3f\n", "Pull", MedianMs(7, 50, pull));
   std::printf("%-34s %10.3f\n", "Push (+ apply, N=1)", MedianMs(7, 50, push_only));
   std::printf("%-34s %10.3f\n", "PushPull (+ apply, N=1)", MedianMs(7, 50, push_pull));
-  for (int n : {1, 2, 4, 8}) {
-    std::printf("server update alone (N=%d)%*s %10.3f\n", n, 8, "",
-                MedianMs(7, 50, apply(n)));
+  WorkerPool* const calling_thread_only = nullptr;
+  for (WorkerPool* threads : {calling_thread_only, &two_threads}) {
+    for (int n : {1, 2, 4, 8}) {
+      std::printf("server update alone (N=%d, %d thr)%*s %10.3f\n", n,
+                  threads == nullptr ? 1 : threads->threads(), 2, "",
+                  MedianMs(7, 50, apply(n, threads)));
+    }
   }
   coordinator.Shutdown();
   running->server->Shutdown();

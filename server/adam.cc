@@ -15,24 +15,96 @@ constexpr int64_t kBlock = 512;
 
 struct Coefficients {
   float one_minus_beta1, beta2, one_minus_beta2, wd, eps, neg_step_size,
-      bc2_sqrt, count;
+      bc2_sqrt, count, inv_count;
 };
 
-// g (n) holds the rank-ordered sum of the gradients on entry.
-// Cloned for AVX2 (8 floats a vector) and the x86-64 baseline (4). Only
-// correctly rounded operations (+ - * / sqrt) are used and FMA is not enabled,
-// so both clones give the same bits on every machine.
-__attribute__((target_clones("avx2", "default"))) void UpdateBlock(
-    const Coefficients& c, int64_t n, float* __restrict g, float* __restrict p,
-    float* __restrict m, float* __restrict v) {
+// g[0, n) = the sum of ranks [first, first + kRanks) at offset b, added in
+// rank order to g (kStart: to nothing - the sum starts here).
+template <int kRanks, bool kStart>
+__attribute__((always_inline)) inline void AddRanks(
+    float* __restrict g, const float* const* grads, size_t first, int64_t b,
+    int64_t n) {
+  static_assert(kRanks >= 1 && kRanks <= 4, "one to four ranks a pass");
+  const float* __restrict x0 = grads[first] + b;
+  const float* __restrict x1 = kRanks > 1 ? grads[first + 1] + b : nullptr;
+  const float* __restrict x2 = kRanks > 2 ? grads[first + 2] + b : nullptr;
+  const float* __restrict x3 = kRanks > 3 ? grads[first + 3] + b : nullptr;
   for (int64_t i = 0; i < n; ++i) {
-    float gi = g[i] / c.count;
-    gi += c.wd * p[i];  // wd is 0 by default, and 0 * p adds +-0: exact
-    m[i] += c.one_minus_beta1 * (gi - m[i]);  // torch's lerp, weight < 0.5
-    v[i] = v[i] * c.beta2 + c.one_minus_beta2 * (gi * gi);
-    // torch divides sqrt(v) by sqrt(bc2) before adding eps; keep that order.
-    const float denom = std::sqrt(v[i]) / c.bc2_sqrt + c.eps;
-    p[i] += c.neg_step_size * (m[i] / denom);
+    float s = kStart ? x0[i] : g[i] + x0[i];
+    if (kRanks > 1) s += x1[i];
+    if (kRanks > 2) s += x2[i];
+    if (kRanks > 3) s += x3[i];
+    g[i] = s;
+  }
+}
+
+// Sums the gradients of [begin, end) in rank order, block by block, and
+// applies the update to each block while its sum is in L1.
+// The sum takes up to four ranks per pass over g: one load and store of g
+// per element per pass, rather than per rank, nearly halves the time at 8
+// ranks.
+// kMultiply: the gradient count is a power of two, so g * (1 / count) is the
+// same correctly rounded number as g / count (both round the exact g/2^k) and
+// saves a division - the divider bounds this loop.
+template <bool kMultiply>
+__attribute__((always_inline)) inline void AverageAndUpdateRange(
+    const Coefficients& c, const float* const* grads, size_t count,
+    int64_t begin, int64_t end, float* params, float* m_all, float* v_all) {
+  alignas(64) float g[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t n = std::min(kBlock, end - b);
+    size_t r = std::min<size_t>(count, 4);
+    switch (r) {
+      case 1:
+        AddRanks<1, true>(g, grads, 0, b, n);
+        break;
+      case 2:
+        AddRanks<2, true>(g, grads, 0, b, n);
+        break;
+      case 3:
+        AddRanks<3, true>(g, grads, 0, b, n);
+        break;
+      default:
+        AddRanks<4, true>(g, grads, 0, b, n);
+    }
+    for (; r + 4 <= count; r += 4) AddRanks<4, false>(g, grads, r, b, n);
+    switch (count - r) {
+      case 1:
+        AddRanks<1, false>(g, grads, r, b, n);
+        break;
+      case 2:
+        AddRanks<2, false>(g, grads, r, b, n);
+        break;
+      case 3:
+        AddRanks<3, false>(g, grads, r, b, n);
+        break;
+    }
+    float* __restrict p = params + b;
+    float* __restrict m = m_all + b;
+    float* __restrict v = v_all + b;
+    for (int64_t i = 0; i < n; ++i) {
+      float gi = kMultiply ? g[i] * c.inv_count : g[i] / c.count;
+      gi += c.wd * p[i];  // wd is 0 by default, and 0 * p adds +-0: exact
+      m[i] += c.one_minus_beta1 * (gi - m[i]);  // torch's lerp, weight < 0.5
+      v[i] = v[i] * c.beta2 + c.one_minus_beta2 * (gi * gi);
+      // torch divides sqrt(v) by sqrt(bc2) before adding eps; keep that order.
+      const float denom = std::sqrt(v[i]) / c.bc2_sqrt + c.eps;
+      p[i] += c.neg_step_size * (m[i] / denom);
+    }
+  }
+}
+
+// Cloned for AVX2 (8 floats a vector) and the x86-64 baseline (4), the
+// summing loops included. Only correctly rounded operations (+ - * / sqrt)
+// are used and FMA is not enabled, so both clones give the same bits on
+// every machine. Not a template: clang cannot clone those.
+__attribute__((target_clones("avx2", "default"))) void AverageAndUpdate(
+    const Coefficients& c, const float* const* grads, size_t count,
+    int64_t begin, int64_t end, float* params, float* m, float* v) {
+  if ((count & (count - 1)) == 0) {
+    AverageAndUpdateRange<true>(c, grads, count, begin, end, params, m, v);
+  } else {
+    AverageAndUpdateRange<false>(c, grads, count, begin, end, params, m, v);
   }
 }
 
@@ -40,11 +112,12 @@ __attribute__((target_clones("avx2", "default"))) void UpdateBlock(
 
 void AverageAndAdamStep(const AdamOptions& o, int64_t t,
                         absl::Span<const float* const> grads, int64_t n,
-                        float* params, float* m, float* v) {
+                        float* params, float* m, float* v, WorkerPool* pool) {
   DP_CHECK(t >= 1 && !grads.empty());
   // Bias corrections in double, as torch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
+  const size_t count = grads.size();
   const Coefficients c{static_cast<float>(1.0 - o.beta1),
                        static_cast<float>(o.beta2),
                        static_cast<float>(1.0 - o.beta2),
@@ -52,17 +125,16 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
                        static_cast<float>(o.eps),
                        static_cast<float>(-(o.lr / bc1)),
                        static_cast<float>(std::sqrt(bc2)),
-                       static_cast<float>(grads.size())};
-  alignas(64) float g[kBlock];
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t len = std::min(kBlock, n - begin);
-    const float* __restrict g0 = grads[0] + begin;
-    for (int64_t i = 0; i < len; ++i) g[i] = g0[i];
-    for (size_t r = 1; r < grads.size(); ++r) {  // rank order
-      const float* __restrict gr = grads[r] + begin;
-      for (int64_t i = 0; i < len; ++i) g[i] += gr[i];
-    }
-    UpdateBlock(c, len, g, params + begin, m + begin, v + begin);
+                       static_cast<float>(count),
+                       1.0f / static_cast<float>(count)};
+  auto update = [&](int64_t begin, int64_t end) {
+    AverageAndUpdate(c, grads.data(), count, begin, end, params, m, v);
+  };
+  if (pool == nullptr) {
+    update(0, n);
+  } else {
+    // Ranges of whole blocks, so no block straddles two threads.
+    pool->ParallelFor(n, kBlock, update);
   }
 }
 

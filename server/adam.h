@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
+#include "common/parallel_for.h"
 
 namespace dp {
 
@@ -30,9 +31,13 @@ struct AdamOptions {
 // No gradient of a mean loss comes near it.
 inline constexpr float kMaxAbsGradient = 1e15f;
 
+// With a pool, the elements are split into one contiguous range per thread.
+// Every element's arithmetic is the same whatever the split, so the result
+// is bit-identical for any pool size, or none.
 void AverageAndAdamStep(const AdamOptions& options, int64_t t,
                         absl::Span<const float* const> grads, int64_t n,
-                        float* params, float* m, float* v);
+                        float* params, float* m, float* v,
+                        WorkerPool* pool = nullptr);
 
 }  // namespace dp
 

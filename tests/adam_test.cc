@@ -2,8 +2,11 @@
 #include "server/adam.h"
 
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
 
+#include "common/parallel_for.h"
 #include "gtest/gtest.h"
 
 namespace dp {
@@ -78,6 +81,145 @@ TEST(AdamTest, WeightDecayAddsDecayTimesParamToTheGradient) {
   AverageAndAdamStep(o, 1, grads, 1, p.data(), m.data(), v.data());
   // Effective gradient 0.5 > 0: the first step moves by -lr.
   EXPECT_NEAR(p[0], 1.0 - o.lr, 1e-7);
+}
+
+struct AdamState {
+  std::vector<float> p, m, v;
+};
+
+// Random state and three steps of gradients: magnitudes from 1e-12 to 1e3,
+// zeros of both signs, subnormals.
+struct RandomRun {
+  AdamState start;
+  std::vector<std::vector<std::vector<float>>> grads;  // [step][rank][i]
+};
+
+RandomRun MakeRandomRun(int ranks, int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-40, 10);
+  std::uniform_int_distribution<int> kind(0, 19);
+  auto draw = [&] {
+    switch (kind(rng)) {
+      case 0:
+        return 0.0f;
+      case 1:
+        return -0.0f;
+      case 2:
+        return mantissa(rng) * 1e-39f;  // subnormal
+      default:
+        return std::ldexp(mantissa(rng), exponent(rng));
+    }
+  };
+  RandomRun run;
+  run.start = {std::vector<float>(n), std::vector<float>(n),
+               std::vector<float>(n)};
+  for (int64_t i = 0; i < n; ++i) {
+    run.start.p[i] = draw();
+    run.start.m[i] = draw();
+    run.start.v[i] = std::fabs(draw());
+  }
+  run.grads.assign(
+      3, std::vector<std::vector<float>>(ranks, std::vector<float>(n)));
+  for (auto& step : run.grads) {
+    for (auto& g : step) {
+      for (float& x : g) x = draw();
+    }
+  }
+  return run;
+}
+
+AdamState Apply(const RandomRun& run, double weight_decay, WorkerPool* pool) {
+  AdamState s = run.start;
+  AdamOptions o;
+  o.weight_decay = weight_decay;
+  for (size_t step = 0; step < run.grads.size(); ++step) {
+    std::vector<const float*> grads;
+    for (const auto& g : run.grads[step]) grads.push_back(g.data());
+    AverageAndAdamStep(o, step + 1, grads, s.p.size(), s.p.data(), s.m.data(),
+                       s.v.data(), pool);
+  }
+  return s;
+}
+
+bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Each element's arithmetic does not depend on which thread runs it, so the
+// pool changes no bit - including for a non-power-of-two rank count (true
+// division) and a length that is not a multiple of the block.
+TEST(AdamTest, PoolsOfAnySizeGiveTheSameBitsAsNoPool) {
+  for (int64_t n : {int64_t{235146}, int64_t{1500}, int64_t{7}}) {
+    for (int ranks : {1, 2, 3}) {
+      const RandomRun run = MakeRandomRun(ranks, n, ranks);
+      for (double wd : {0.0, 0.01}) {
+        const AdamState expected = Apply(run, wd, nullptr);
+        for (int threads : {1, 2, 3, 4}) {
+          SCOPED_TRACE(testing::Message()
+                       << "n " << n << " ranks " << ranks << " wd " << wd
+                       << " threads " << threads);
+          WorkerPool pool(threads);
+          const AdamState got = Apply(run, wd, &pool);
+          EXPECT_TRUE(BitwiseEqual(got.p, expected.p));
+          EXPECT_TRUE(BitwiseEqual(got.m, expected.m));
+          EXPECT_TRUE(BitwiseEqual(got.v, expected.v));
+        }
+      }
+    }
+  }
+}
+
+// The average is the float sum divided by N, bit for bit: for N = 2^k the
+// update multiplies by 1/N instead, which must round the same, subnormal
+// results included; for other N it must not (0.1 * 3 * (1/3) is not 0.1).
+TEST(AdamTest, AverageIsTheRankSumDividedByTheCountExactly) {
+  const std::vector<float> g0 = {1.0f,  3.0f,   0.1f,    0.7f,   7.0f,
+                                 11.0f, 1e-45f, -3e-45f, 7e-39f, 1e30f};
+  for (int ranks : {2, 3, 4, 5, 6, 7, 8, 9}) {
+    std::vector<const float*> grads(ranks, g0.data());
+    const size_t n = g0.size();
+    std::vector<float> p(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
+    AdamOptions o;
+    o.beta1 = 0.0;  // m = g exactly
+    AverageAndAdamStep(o, 1, grads, n, p.data(), m.data(), v.data());
+    for (size_t i = 0; i < n; ++i) {
+      float sum = g0[i];
+      for (int r = 1; r < ranks; ++r) sum += g0[i];
+      const float expected = sum / static_cast<float>(ranks);
+      EXPECT_EQ(std::memcmp(&m[i], &expected, sizeof(float)), 0)
+          << "ranks " << ranks << " element " << i << ": " << m[i] << " vs "
+          << expected;
+    }
+  }
+}
+
+// Float addition is not associative: the sum must be ((g0 + g1) + g2) + ...
+// exactly, whatever the number of ranks.
+TEST(AdamTest, GradientsAreAddedInRankOrder) {
+  const int64_t n = 1100;  // two full blocks and a partial one
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-24, 24);
+  for (int ranks = 1; ranks <= 10; ++ranks) {
+    std::vector<std::vector<float>> g(ranks, std::vector<float>(n));
+    std::vector<const float*> grads;
+    for (auto& rank : g) {
+      for (float& x : rank) x = std::ldexp(mantissa(rng), exponent(rng));
+      grads.push_back(rank.data());
+    }
+    std::vector<float> p(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
+    AdamOptions o;
+    o.beta1 = 0.0;  // m = g exactly
+    AverageAndAdamStep(o, 1, grads, n, p.data(), m.data(), v.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float sum = g[0][i];
+      for (int r = 1; r < ranks; ++r) sum += g[r][i];
+      ASSERT_EQ(m[i], sum / static_cast<float>(ranks))
+          << "ranks " << ranks << " element " << i;
+    }
+  }
 }
 
 }  // namespace
