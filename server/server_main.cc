@@ -2,6 +2,7 @@
 // step is applied, then saves the model and exits 0.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -52,6 +53,7 @@ struct ServerFlags {
   std::string on_worker_loss = "wait";
   std::string grad_encoding = "f32";
   std::string weight_encoding = "f32";
+  int update_threads = 0;
   bool exit_when_done = true;
   bool dry_run = false;
 };
@@ -105,6 +107,10 @@ absl::Status Validate(const ServerFlags& f) {
   if (auto e = ParseEncoding(f.weight_encoding); !e.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--weight_encoding: ", e.status().message()));
+  }
+  if (f.update_threads < 0 || f.update_threads > 256) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--update_threads must be in 0..256, got %d", f.update_threads));
   }
   if (f.on_worker_loss != "wait" && f.on_worker_loss != "fail") {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -173,6 +179,9 @@ int Run(int argc, char** argv) {
                   "how dp-ps sends the weights: f32 | bf16 (half the bytes; "
                   "workers compute on rounded weights, dp-ps keeps and "
                   "updates them in float32)");
+  flags.AddInt("update_threads", &f.update_threads,
+               "threads for the average + Adam update (0 = one per core, at "
+               "most 4; the result is the same for any number)");
   flags.AddString("checkpoint_dir", &f.checkpoint_dir,
                   "write checkpoints here and resume from the newest valid "
                   "one at start (empty = no checkpoints)");
@@ -272,7 +281,17 @@ int Run(int argc, char** argv) {
   }
 
   ServerMetrics metrics(f.workers);
-  StepCoordinator coordinator(layout, config, std::move(state));
+  // Workers wait while the update runs, so its threads take no CPU from
+  // them; beyond 4 the update is bound by memory, not cores.
+  const int update_threads =
+      f.update_threads > 0
+          ? f.update_threads
+          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()),
+                       1, 4);
+  StepCoordinator coordinator(layout, config, std::move(state),
+                              update_threads);
+  Log("the update runs on %d thread%s", update_threads,
+      update_threads == 1 ? "" : "s");
   coordinator.SetUpdateObserver(
       [&metrics](absl::Duration d) { metrics.ObserveUpdate(d); });
   if (resumed.has_value() && resumed->data.has_value()) {

@@ -20,8 +20,9 @@ absl::Status Unavailable() {
 }  // namespace
 
 StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
-                                 TrainingState state)
+                                 TrainingState state, int update_threads)
     : layout_(std::move(layout)),
+      pool_(update_threads),
       config_(std::move(config)),
       state_(std::move(state)),
       started_(absl::Now()) {
@@ -241,7 +242,7 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   const absl::Time apply_start = absl::Now();
   AverageAndAdamStep(config_.adam, state_.step + 1, grads,
                      layout_.num_params(), state_.params.data(),
-                     state_.m.data(), state_.v.data());
+                     state_.m.data(), state_.v.data(), &pool_);
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = loss_sum / static_cast<float>(losses_.size());
   ++state_.step;

@@ -29,6 +29,7 @@
 #include "common/data_order.h"
 #include "common/dataset.h"
 #include "common/model_layout.h"
+#include "common/parallel_for.h"
 #include "server/adam.h"
 #include "server/job_config.h"
 
@@ -74,7 +75,10 @@ struct CoordinatorStatus {
 
 class StepCoordinator {
  public:
-  StepCoordinator(ModelLayout layout, JobConfig config, TrainingState state);
+  // update_threads: how many threads run the average + Adam update (the
+  // result is bit-identical for any number).
+  StepCoordinator(ModelLayout layout, JobConfig config, TrainingState state,
+                  int update_threads = 1);
 
   const ModelLayout& layout() const { return layout_; }
 
@@ -211,6 +215,7 @@ class StepCoordinator {
 
   const ModelLayout layout_;
   mutable absl::Mutex mu_;
+  WorkerPool pool_ ABSL_GUARDED_BY(mu_);  // runs the update, under mu_
   JobConfig config_ ABSL_GUARDED_BY(mu_);
   TrainingState state_ ABSL_GUARDED_BY(mu_);
   bool have_data_ ABSL_GUARDED_BY(mu_) = false;
