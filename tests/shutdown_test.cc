@@ -203,6 +203,8 @@ TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
       {DP_PS_BINARY, "--dry_run", "--workers=0"},
       {DP_PS_BINARY, "--dry_run", "--dataset=cifar"},
       {DP_PS_BINARY, "--dry_run", "--port=70000"},
+      {DP_PS_BINARY, "--dry_run", "--weight_encoding=fp8"},
+      {DP_PS_BINARY, "--dry_run", "--update_threads=-1"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=no-port"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--backend=tpu"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--health_port=-2"},
