@@ -12,7 +12,9 @@ namespace {
 // How long the caller polls for the other shares before it sleeps. The
 // shares are equal, so they usually end within microseconds of each other,
 // and a futex wake-up (plus, in a VM, an idle vCPU's wake-up) costs more
-// than that. Short enough not to matter to a worker wanting the core.
+// than that: on a 2-vCPU VM a call took ~27 us more than its work without
+// the poll, ~17 us with it (100 us did no better). Short enough not to
+// matter to a training worker wanting the core.
 constexpr std::chrono::microseconds kSpinBeforeSleep(20);
 
 inline void CpuRelax() {
