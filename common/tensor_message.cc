@@ -155,8 +155,9 @@ absl::Status ParseWithTensor(const grpc::ByteBuffer& buffer, int field_number,
     const int wire_type = static_cast<int>(tag & 7);
     if (field == 0) return malformed("field number 0");
     uint64_t len;
-    if (field == static_cast<uint64_t>(field_number)) {
-      if (wire_type != 2) return malformed("the tensor field is not bytes");
+    // With another wire type the field falls through to the header, where
+    // protobuf keeps it as an unknown field, as it would here.
+    if (field == static_cast<uint64_t>(field_number) && wire_type == 2) {
       if (!in.Varint(&len, nullptr)) return malformed("truncated length");
       // A repeated occurrence replaces the earlier one, as in protobuf.
       tensor->pieces_.clear();

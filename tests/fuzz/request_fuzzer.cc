@@ -30,10 +30,15 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/model_layout.h"
+#include "common/tensor_message.h"
 #include "google/protobuf/stubs/logging.h"
 #include "proto/dp.pb.h"
 #include "server/request_validator.h"
@@ -188,6 +193,41 @@ class Harness {
   template <typename Request>
   bool Parse(const uint8_t* body, size_t len, Request* r) {
     return r->ParseFromArray(body, static_cast<int>(len));
+  }
+
+  // A push parsed as dp-ps parses it (tensor_message.h), from the bytes cut
+  // into slices of 1 to 5 bytes, checked against protobuf's reading: what it
+  // accepts, protobuf accepts with the same fields and tensor; what it
+  // refuses and protobuf accepts can only hold a group (no dp.v1 message
+  // has one).
+  bool Parse(const uint8_t* body, size_t len, dp::v1::PushRequest* r) {
+    dp::v1::PushRequest reference;
+    const bool protobuf_ok =
+        reference.ParseFromArray(body, static_cast<int>(len));
+    const size_t piece = 1 + len % 5;
+    std::vector<grpc::Slice> slices;
+    for (size_t i = 0; i < len; i += piece) {
+      slices.emplace_back(body + i, std::min(piece, len - i));
+    }
+    const grpc::ByteBuffer buffer(slices.data(), slices.size());
+    ReceivedTensor tensor;
+    const absl::Status s = ParseWithTensor(
+        buffer, dp::v1::PushRequest::kGradientFieldNumber, r, &tensor);
+    if (!s.ok()) {
+      FUZZ_CHECK(!protobuf_ok || absl::StrContains(s.message(), "wire type"),
+                 "protobuf reads what dp-ps refuses: %s",
+                 std::string(s.message()).c_str());
+      return false;
+    }
+    FUZZ_CHECK(protobuf_ok, "dp-ps reads what protobuf refuses");
+    std::string gradient(tensor.size(), '\0');
+    tensor.CopyTo(gradient.data());
+    FUZZ_CHECK(gradient == reference.gradient(), "tensors differ: %zu vs %zu",
+               gradient.size(), reference.gradient().size());
+    r->set_gradient(gradient);
+    FUZZ_CHECK(r->SerializeAsString() == reference.SerializeAsString(),
+               "header fields differ");
+    return true;
   }
 
   absl::Status Validate(bool validate, const google::protobuf::Message& m,
