@@ -10,157 +10,79 @@
 //   gpu_bench [--batches=64,512,4096] [--repeats=7] [--iters=50] [--tf32]
 //             [--csv=FILE]
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "bench/step_bench.h"
+#include "common/flags.h"
 #include "common/model_layout.h"
-#include "common/random.h"
 #include "worker/backend.h"
 #include "worker/cuda_backend.h"
 
 namespace {
 
-struct Args {
-  std::vector<int> batches = {64, 512, 4096};
-  int repeats = 7;
-  int iters = 50;
-  bool tf32 = false;
-  std::string csv;
-};
-
-bool ParsePositive(absl::string_view s, int* out) {
-  return absl::SimpleAtoi(s, out) && *out > 0;
-}
-
-bool Parse(int argc, char** argv, Args* args) {
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view a = argv[i];
-    if (a == "--tf32") {
-      args->tf32 = true;
-      continue;
-    }
-    std::vector<std::string> kv = absl::StrSplit(a, absl::MaxSplits('=', 1));
-    if (kv.size() != 2) return false;
-    if (kv[0] == "--batches") {
-      args->batches.clear();
-      for (absl::string_view b : absl::StrSplit(kv[1], ',')) {
-        int v;
-        if (!ParsePositive(b, &v)) return false;
-        args->batches.push_back(v);
-      }
-    } else if (kv[0] == "--repeats") {
-      if (!ParsePositive(kv[1], &args->repeats)) return false;
-    } else if (kv[0] == "--iters") {
-      if (!ParsePositive(kv[1], &args->iters)) return false;
-    } else if (kv[0] == "--csv") {
-      args->csv = kv[1];
-    } else {
-      return false;
-    }
-  }
-  return !args->batches.empty();
-}
-
-void Check(const absl::Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "gpu_bench: %s\n", s.ToString().c_str());
-    std::exit(1);
-  }
-}
-
-struct Timing {
-  double median_ms;
-  double min_ms;
-};
-
-// Runs step iters times per repeat, after a warm-up; ms per step.
-Timing Time(const Args& args, const std::function<void()>& step) {
-  for (int i = 0; i < std::max(5, args.iters / 5); ++i) step();
-  std::vector<double> ms;
-  for (int r = 0; r < args.repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < args.iters; ++i) step();
-    const auto t1 = std::chrono::steady_clock::now();
-    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() /
-                 args.iters);
-  }
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front()};
-}
+void Check(const absl::Status& s) { dp::ExitIfError("gpu_bench", s); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args;
-  if (!Parse(argc, argv, &args)) {
-    std::fprintf(stderr,
-                 "usage: %s [--batches=64,512,4096] [--repeats=7] "
-                 "[--iters=50] [--tf32] [--csv=FILE]\n",
-                 argv[0]);
-    return 2;
-  }
+  dp::StepBenchOptions options;
+  options.batches = "64,512,4096";
+  bool tf32 = false;
+  std::string csv_path;
+  dp::Flags flags("gpu_bench",
+                  "Forward+backward time of the CUDA backend on SimpleNet.");
+  dp::AddStepBenchFlags(&flags, &options);
+  flags.AddBool("tf32", &tf32, "TF32 tensor-core matrix products");
+  flags.AddString("csv", &csv_path,
+                  "also write impl,mode,batch,median_ms,min_ms rows here");
+  const std::vector<int> batches =
+      dp::ParseStepBenchFlags(&flags, argc, argv, options);
   std::string why;
   if (!dp::CudaDeviceAvailable(&why)) {
     std::fprintf(stderr, "gpu_bench: no usable GPU: %s\n", why.c_str());
     return 1;
   }
   const dp::ModelLayout layout = dp::ModelLayout::SimpleNet();
-  const int max_batch =
-      *std::max_element(args.batches.begin(), args.batches.end());
-  dp::BackendOptions options;
-  options.max_batch = max_batch;
-  options.tf32 = args.tf32;
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  dp::BackendOptions backend_options;
+  backend_options.max_batch = max_batch;
+  backend_options.tf32 = tf32;
   dp::CudaOptions graphs_on, graphs_off;
   graphs_off.graphs = false;
-  auto graphed = dp::CudaBackend::Create(layout, options, graphs_on);
+  auto graphed = dp::CudaBackend::Create(layout, backend_options, graphs_on);
   Check(graphed.status());
-  auto eager = dp::CudaBackend::Create(layout, options, graphs_off);
+  auto eager = dp::CudaBackend::Create(layout, backend_options, graphs_off);
   Check(eager.status());
   const std::vector<float> params = dp::InitParams(layout, 1);
   Check((*graphed)->SetWeights(params));
   Check((*eager)->SetWeights(params));
 
-  dp::Rng rng(2, 0);
-  std::vector<float> x(static_cast<size_t>(max_batch) * layout.input_dim());
-  for (float& v : x) v = static_cast<float>(rng.Normal());
-  std::vector<int32_t> labels(max_batch);
-  for (int32_t& l : labels) l = static_cast<int32_t>(rng.Below(10));
+  const dp::BenchBatch batch_data = dp::RandomBatch(layout, max_batch);
   std::vector<float> grad(layout.num_params());
 
-  // Multiply-adds of one step: forward X W^T, dW = dY^T X, and dX = dY W for
-  // every layer but the first.
-  int64_t macs_per_sample = 0;
-  for (int l = 0; l < layout.num_layers(); ++l) {
-    macs_per_sample += (l == 0 ? 2 : 3) * layout.weight(l).size;
-  }
-
   FILE* csv = nullptr;
-  if (!args.csv.empty()) {
-    csv = std::fopen(args.csv.c_str(), "w");
+  if (!csv_path.empty()) {
+    csv = std::fopen(csv_path.c_str(), "w");
     if (csv == nullptr) {
-      std::fprintf(stderr, "gpu_bench: cannot write %s\n", args.csv.c_str());
+      std::fprintf(stderr, "gpu_bench: cannot write %s\n", csv_path.c_str());
       return 1;
     }
     std::fprintf(csv, "impl,mode,batch,median_ms,min_ms\n");
   }
   std::printf("%s, SimpleNet 784-256-128-10, fp32%s, %d repeats x %d steps\n",
-              (*graphed)->Name().c_str(), args.tf32 ? " (TF32 on)" : "",
-              args.repeats, args.iters);
+              (*graphed)->Name().c_str(), tf32 ? " (TF32 on)" : "",
+              options.repeats, options.iters);
   std::printf("%8s %-8s %11s %11s %12s %9s\n", "batch", "mode", "median ms",
               "min ms", "samples/s", "TFLOP/s");
-  for (int batch : args.batches) {
-    absl::Span<const float> xs(x.data(),
+  for (int batch : batches) {
+    absl::Span<const float> xs(batch_data.x.data(),
                                static_cast<size_t>(batch) * layout.input_dim());
-    absl::Span<const int32_t> ls(labels.data(), batch);
+    absl::Span<const int32_t> ls(batch_data.labels.data(), batch);
     Check((*graphed)->UploadBatch(xs, ls));
     Check((*eager)->UploadBatch(xs, ls));
     struct Mode {
@@ -178,9 +100,9 @@ int main(int argc, char** argv) {
          }},
     };
     for (const Mode& mode : modes) {
-      const Timing t = Time(args, mode.step);
+      const dp::StepTiming t = dp::TimeSteps(options, mode.step);
       const double tflops =
-          2.0 * macs_per_sample * batch / (t.median_ms * 1e-3) / 1e12;
+          2.0 * dp::MacsPerSample(layout) * batch / (t.median_ms * 1e-3) / 1e12;
       std::printf("%8d %-8s %11.4f %11.4f %12.0f %9.2f\n", batch, mode.name,
                   t.median_ms, t.min_ms, batch / (t.median_ms * 1e-3), tflops);
       if (csv != nullptr) {
