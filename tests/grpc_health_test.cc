@@ -3,11 +3,11 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
 #include "gtest/gtest.h"
 #include "server/ps_service.h"
 #include "tests/health_client.h"
+#include "tests/in_process_ps.h"
 
 namespace dp {
 namespace {
@@ -17,31 +17,16 @@ const std::string kPsService = dp::v1::ParameterServer::service_full_name();
 class GrpcHealthTest : public ::testing::Test {
  protected:
   void Start(bool ready) {
-    JobConfig config;
-    config.schedule.world_size = 1;
-    config.schedule.batch_size = 8;
-    config.dataset = "synthetic";
-    TrainingState state;
-    state.params = InitParams(layout_, 3);
-    coordinator_ = std::make_unique<StepCoordinator>(layout_, config, state);
-    service_ = std::make_unique<PsService>(coordinator_.get());
-    GrpcServerOptions options;
-    options.address = "127.0.0.1:0";
+    InProcessPsOptions options;
+    options.world_size = 1;
     options.ready = ready;
-    auto running = StartGrpcServer(options, {service_.get()});
-    ASSERT_TRUE(running.ok()) << running.status();
-    server_ = std::move(running->server);
-    address_ = absl::StrCat("127.0.0.1:", running->port);
-  }
-  void TearDown() override {
-    if (coordinator_) coordinator_->Shutdown();
-    if (server_) server_->Shutdown();
+    auto ps = InProcessPs::Start(options);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    ps_ = std::move(*ps);
+    address_ = ps_->address();
   }
 
-  const ModelLayout layout_ = ModelLayout::SimpleNet();
-  std::unique_ptr<StepCoordinator> coordinator_;
-  std::unique_ptr<PsService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<InProcessPs> ps_;
   std::string address_;
 };
 
@@ -68,13 +53,13 @@ TEST_F(GrpcHealthTest, NotReadyServerIsNotServingButLive) {
 
 TEST_F(GrpcHealthTest, SetReadyFalseDrainsReadinessOfNamedServicesOnly) {
   Start(/*ready=*/true);
-  SetReady(server_.get(), true, {kPsService});
+  SetReady(&ps_->server(), true, {kPsService});
   EXPECT_EQ(CheckHealth(address_, kPsService).value_or(HealthStatus{}),
             kServing);
   HealthWatcher watcher(address_, "");
   ASSERT_TRUE(watcher.WaitFor(kServing, absl::Seconds(10)));
 
-  SetReady(server_.get(), false, {kPsService});
+  SetReady(&ps_->server(), false, {kPsService});
   // Watch delivers the change; Check agrees; liveness is untouched, so a
   // draining server is not restarted by its liveness probe.
   EXPECT_TRUE(watcher.WaitFor(kNotServing, absl::Seconds(10)));

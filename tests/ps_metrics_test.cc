@@ -5,12 +5,11 @@
 
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
-#include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "server/ps_service.h"
 #include "tests/exposition.h"
+#include "tests/in_process_ps.h"
 
 namespace dp {
 namespace {
@@ -21,30 +20,14 @@ const std::map<std::string, std::string> kPs = {{"role", "ps"}};
 class PsMetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    JobConfig config;
-    config.schedule.world_size = kWorld;
-    config.schedule.batch_size = 8;
-    config.dataset = "synthetic";
-    TrainingState state;
-    state.params = InitParams(layout_, 3);
-    coordinator_ = std::make_unique<StepCoordinator>(layout_, config, state);
-    coordinator_->SetUpdateObserver(
-        [this](absl::Duration d) { metrics_.ObserveUpdate(d); });
-    service_ = std::make_unique<PsService>(coordinator_.get(), &metrics_);
-    GrpcServerOptions options;
-    options.address = "127.0.0.1:0";
-    options.max_message_bytes = MessageBytesFor(layout_.num_params());
-    auto running = StartGrpcServer(options, {service_.get()});
-    ASSERT_TRUE(running.ok()) << running.status();
-    server_ = std::move(running->server);
-    stub_ = dp::v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
-        absl::StrCat("127.0.0.1:", running->port),
-        grpc::InsecureChannelCredentials(),
-        ClientChannelArguments(options.max_message_bytes)));
-  }
-  void TearDown() override {
-    coordinator_->Shutdown();
-    server_->Shutdown();
+    InProcessPsOptions options;
+    options.world_size = kWorld;
+    options.metrics = &metrics_;
+    auto ps = InProcessPs::Start(options);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    ps_ = std::move(*ps);
+    coordinator_ = &ps_->coordinator();
+    stub_ = &ps_->stub();
   }
 
   grpc::Status Register(int rank) {
@@ -98,10 +81,9 @@ class PsMetricsTest : public ::testing::Test {
 
   const ModelLayout layout_ = ModelLayout::SimpleNet();
   ServerMetrics metrics_{kWorld};
-  std::unique_ptr<StepCoordinator> coordinator_;
-  std::unique_ptr<PsService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
+  std::unique_ptr<InProcessPs> ps_;
+  StepCoordinator* coordinator_ = nullptr;
+  dp::v1::ParameterServer::Stub* stub_ = nullptr;
 };
 
 TEST_F(PsMetricsTest, RejectionsAreCountedByReasonAndBadRanksCreateNoSeries) {

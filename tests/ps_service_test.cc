@@ -8,9 +8,8 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/str_cat.h"
-#include "common/grpc_server.h"
 #include "gtest/gtest.h"
+#include "tests/in_process_ps.h"
 
 namespace dp {
 namespace {
@@ -20,29 +19,14 @@ constexpr int kWorld = 2;
 class PsServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    JobConfig config;
-    config.schedule.world_size = kWorld;
-    config.schedule.batch_size = 8;
-    config.dataset = "synthetic";
-    TrainingState state;
-    state.params = InitParams(layout_, 3);
-    coordinator_ = std::make_unique<StepCoordinator>(layout_, config, state);
-    service_ = std::make_unique<PsService>(coordinator_.get());
-    GrpcServerOptions options;
-    options.address = "127.0.0.1:0";
-    options.max_message_bytes = MessageBytesFor(layout_.num_params());
-    auto running = StartGrpcServer(options, {service_.get()});
-    ASSERT_TRUE(running.ok()) << running.status();
-    server_ = std::move(running->server);
-    auto channel = grpc::CreateCustomChannel(
-        absl::StrCat("127.0.0.1:", running->port),
-        grpc::InsecureChannelCredentials(),
-        ClientChannelArguments(8 << 20));  // larger than the server's limit
-    stub_ = dp::v1::ParameterServer::NewStub(channel);
-  }
-  void TearDown() override {
-    coordinator_->Shutdown();
-    server_->Shutdown();
+    InProcessPsOptions options;
+    options.world_size = kWorld;
+    options.client_max_message_bytes = 8 << 20;  // above the server's limit
+    auto ps = InProcessPs::Start(options);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    ps_ = std::move(*ps);
+    coordinator_ = &ps_->coordinator();
+    stub_ = &ps_->stub();
   }
 
   grpc::Status Register(int rank, uint64_t model_fp, int64_t samples,
@@ -101,10 +85,9 @@ class PsServiceTest : public ::testing::Test {
   }
 
   const ModelLayout layout_ = ModelLayout::SimpleNet();
-  std::unique_ptr<StepCoordinator> coordinator_;
-  std::unique_ptr<PsService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
+  std::unique_ptr<InProcessPs> ps_;
+  StepCoordinator* coordinator_ = nullptr;
+  dp::v1::ParameterServer::Stub* stub_ = nullptr;
 };
 
 TEST_F(PsServiceTest, PlainProtocolPushBarrierPullAdvancesOneStep) {

@@ -1,0 +1,48 @@
+// A PsService on loopback gRPC, in the test's own process.
+#include "tests/in_process_ps.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
+#include "common/status_macros.h"
+
+namespace dp {
+
+absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
+    const InProcessPsOptions& options) {
+  std::unique_ptr<InProcessPs> ps(new InProcessPs());
+  JobConfig config;
+  config.schedule.world_size = options.world_size;
+  config.schedule.batch_size = 8;
+  config.dataset = "synthetic";
+  TrainingState state;
+  state.params = InitParams(ps->layout_, 3);
+  ps->coordinator_ =
+      std::make_unique<StepCoordinator>(ps->layout_, config, state);
+  if (ServerMetrics* metrics = options.metrics) {
+    ps->coordinator_->SetUpdateObserver(
+        [metrics](absl::Duration d) { metrics->ObserveUpdate(d); });
+  }
+  ps->service_ =
+      std::make_unique<PsService>(ps->coordinator_.get(), options.metrics);
+  GrpcServerOptions server_options;
+  server_options.address = "127.0.0.1:0";
+  server_options.ready = options.ready;
+  server_options.max_message_bytes = MessageBytesFor(ps->layout_.num_params());
+  ASSIGN_OR_RETURN(RunningServer running,
+                   StartGrpcServer(server_options, {ps->service_.get()}));
+  ps->server_ = std::move(running.server);
+  ps->address_ = absl::StrCat("127.0.0.1:", running.port);
+  ps->stub_ = dp::v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
+      ps->address_, grpc::InsecureChannelCredentials(),
+      ClientChannelArguments(options.client_max_message_bytes > 0
+                                 ? options.client_max_message_bytes
+                                 : server_options.max_message_bytes)));
+  return ps;
+}
+
+InProcessPs::~InProcessPs() {
+  if (coordinator_) coordinator_->Shutdown();
+  if (server_) server_->Shutdown();
+}
+
+}  // namespace dp

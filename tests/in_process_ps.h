@@ -1,0 +1,57 @@
+// dp-ps inside the test process: a StepCoordinator behind a PsService, served
+// by a real gRPC server on a loopback port, for tests that call it over the
+// network without starting a process.
+#ifndef DP_TESTS_IN_PROCESS_PS_H_
+#define DP_TESTS_IN_PROCESS_PS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/metrics.h"
+#include "common/model_layout.h"
+#include "proto/dp.grpc.pb.h"
+#include "server/job_config.h"
+#include "server/ps_service.h"
+#include "server/step_coordinator.h"
+
+namespace dp {
+
+struct InProcessPsOptions {
+  int world_size = 2;  // a synthetic job with batch 8; SimpleNet at seed 3
+  // Records requests and update times here when not null.
+  ServerMetrics* metrics = nullptr;
+  bool ready = true;  // the readiness the health service starts with
+  // The client's message limit; 0: the server's.
+  int client_max_message_bytes = 0;
+};
+
+class InProcessPs {
+ public:
+  static absl::StatusOr<std::unique_ptr<InProcessPs>> Start(
+      const InProcessPsOptions& options = {});
+  // Shuts the coordinator, then the server, down.
+  ~InProcessPs();
+
+  const ModelLayout& layout() const { return layout_; }
+  StepCoordinator& coordinator() { return *coordinator_; }
+  grpc::Server& server() { return *server_; }
+  const std::string& address() const { return address_; }
+  dp::v1::ParameterServer::Stub& stub() { return *stub_; }
+
+ private:
+  InProcessPs() = default;
+
+  const ModelLayout layout_ = ModelLayout::SimpleNet();
+  std::unique_ptr<StepCoordinator> coordinator_;
+  std::unique_ptr<PsService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
+};
+
+}  // namespace dp
+
+#endif  // DP_TESTS_IN_PROCESS_PS_H_
