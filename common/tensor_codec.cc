@@ -90,4 +90,33 @@ int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n,
   return -1;
 }
 
+int64_t DecodeChecked(Encoding e, const char* bytes, int64_t n, float limit,
+                      float* out) {
+  // As FirstOutOfRange: a branch-free OR-reduction that vectorises.
+  uint32_t any = 0;
+  if (e == Encoding::kBf16) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t half;
+      std::memcpy(&half, bytes + 2 * i, 2);
+      const uint32_t bits = static_cast<uint32_t>(half) << 16;
+      float x;
+      std::memcpy(&x, &bits, 4);
+      out[i] = x;
+      any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      float x;
+      std::memcpy(&x, bytes + 4 * i, 4);
+      out[i] = x;
+      any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
+    }
+  }
+  if (any == 0) return -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(std::fabs(out[i]) <= limit)) return i;
+  }
+  return -1;
+}
+
 }  // namespace dp

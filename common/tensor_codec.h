@@ -29,6 +29,11 @@ void Decode(Encoding e, const char* bytes, int64_t n, float* out);
 // magnitude than `limit`, or -1.
 int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n,
                         float limit = std::numeric_limits<float>::max());
+// Decode and FirstOutOfRange in one pass over the bytes: decodes all n
+// values into out and returns the index of the first out-of-range one, or
+// -1.
+int64_t DecodeChecked(Encoding e, const char* bytes, int64_t n, float limit,
+                      float* out);
 
 }  // namespace dp
 

@@ -193,24 +193,23 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
           "rank %d pushed step %d but the job finished at step %d", rank,
           step, current));
     }
-    // Check before copying so that a rejected push leaves no trace.
-    if (int64_t bad = FirstOutOfRange(encoding, gradient.data(), n,
-                                      kMaxAbsGradient);
+    // Decoded and checked in one pass, into the rank's buffer: it holds
+    // nothing of this step yet (received_[rank] is false), so a refused push
+    // still leaves no trace.
+    float* const pending = pending_[rank].data();
+    if (int64_t bad = DecodeChecked(encoding, gradient.data(), n,
+                                    kMaxAbsGradient, pending);
         bad >= 0) {
-      float value;
-      Decode(encoding, gradient.data() + bad * BytesPerValue(encoding), 1,
-             &value);
       return absl::InvalidArgumentError(absl::StrFormat(
           "gradient from rank %d for step %d has a non-finite or out-of-range "
           "value (%g, limit %g) at index %d",
-          rank, step, value, kMaxAbsGradient, bad));
+          rank, step, pending[bad], kMaxAbsGradient, bad));
     }
     if (!std::isfinite(loss)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "loss from rank %d for step %d is not finite (%f)", rank, step,
           loss));
     }
-    Decode(encoding, gradient.data(), n, pending_[rank].data());
     received_[rank] = true;
     losses_[rank] = loss;
     arrival_[rank] = absl::Now();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -86,6 +87,34 @@ TEST(TensorCodecTest, ParseEncodingNamesTheValidChoices) {
   auto bad = ParseEncoding("fp8");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("f32, bf16"), std::string::npos);
+}
+
+TEST(TensorCodecTest, DecodeCheckedIsDecodePlusFirstOutOfRange) {
+  const float kLimit = 1e15f;
+  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(), 3e15f};
+  for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
+    for (int64_t n : {1, 7, 1000}) {
+      for (int64_t at : {int64_t{-1}, int64_t{0}, n / 2, n - 1}) {
+        for (float bad : bad_values) {
+          std::vector<float> x(n);
+          for (int64_t i = 0; i < n; ++i) x[i] = 0.001f * i - 0.3f;
+          if (at >= 0) x[at] = bad;
+          std::string bytes(n * BytesPerValue(e), '\0');
+          Encode(e, x.data(), n, bytes.data());
+          std::vector<float> decoded(n), checked(n);
+          Decode(e, bytes.data(), n, decoded.data());
+          const int64_t first = FirstOutOfRange(e, bytes.data(), n, kLimit);
+          EXPECT_EQ(DecodeChecked(e, bytes.data(), n, kLimit, checked.data()),
+                    first);
+          EXPECT_EQ(first, at);
+          EXPECT_EQ(std::memcmp(decoded.data(), checked.data(), n * 4), 0);
+          if (at < 0) break;  // one clean case per size is enough
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
