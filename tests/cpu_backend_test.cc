@@ -438,6 +438,33 @@ TEST(CpuBackendTest, SameInputGivesBitwiseIdenticalGradients) {
   EXPECT_EQ(differing, 0) << "of " << first.size() << " gradient entries";
 }
 
+TEST(CpuBackendTest, TakeWeightsIsSetWeightsWithoutTheCopy) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> params = InitParams(layout, 81);
+  const Batch batch = RandomBatch(layout, 16, 82);
+  std::unique_ptr<Backend> set = MakeCpu(layout, 16);
+  std::unique_ptr<Backend> taken = MakeCpu(layout, 16);
+  ASSERT_TRUE(set != nullptr && taken != nullptr);
+  ASSERT_TRUE(set->SetWeights(params).ok());
+  std::vector<float> buffer = params;
+  ASSERT_TRUE(taken->TakeWeights(&buffer).ok());
+  EXPECT_EQ(buffer.size(), params.size()) << "a same-sized buffer comes back";
+  std::vector<float> g1(layout.num_params()), g2(layout.num_params());
+  auto l1 = set->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g1));
+  auto l2 = taken->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g2));
+  ASSERT_TRUE(l1.ok() && l2.ok());
+  EXPECT_EQ(*l1, *l2);
+  EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0);
+  // The wrong size is refused, and the weights stay.
+  std::vector<float> shorter(layout.num_params() - 1, 0.0f);
+  EXPECT_EQ(taken->TakeWeights(&shorter).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shorter.size(), layout.num_params() - 1);
+  auto l3 = taken->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g2));
+  ASSERT_TRUE(l3.ok());
+  EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0);
+}
+
 TEST(CpuBackendTest, SimpleNetLossAtInitIsNearLn10) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> params = InitParams(layout, 81);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,6 +35,12 @@ class Backend {
   // layout of ModelLayout.
   [[nodiscard]] virtual absl::Status SetWeights(
       absl::Span<const float> params) = 0;
+  // SetWeights that may take *params' memory instead of copying it (the
+  // worker receives new weights every step); *params is then left with a
+  // buffer of the same size and unspecified contents.
+  [[nodiscard]] virtual absl::Status TakeWeights(std::vector<float>* params) {
+    return SetWeights(*params);
+  }
 
   // x is (batch, input_dim) row-major, labels (batch) in [0, num_classes).
   // Writes the gradient of the mean cross-entropy over the batch w.r.t. every

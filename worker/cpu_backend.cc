@@ -174,6 +174,15 @@ absl::Status CpuBackend::SetWeights(absl::Span<const float> params) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::TakeWeights(std::vector<float>* params) {
+  if (static_cast<int64_t>(params->size()) != layout_.num_params()) {
+    return SetWeights(*params);  // the size error
+  }
+  params_.swap(*params);
+  weights_set_ = true;
+  return absl::OkStatus();
+}
+
 void CpuBackend::Forward(const float* x, int B) {
   const std::vector<int>& d = layout_.dims();
   const int L = layout_.num_layers();

@@ -29,6 +29,8 @@ class CpuBackend : public Backend {
 
   std::string Name() const override { return "cpu"; }
 
+  // Swaps buffers with *params: no copy.
+  [[nodiscard]] absl::Status TakeWeights(std::vector<float>* params) override;
   [[nodiscard]] absl::Status SetWeights(
       absl::Span<const float> params) override;
 

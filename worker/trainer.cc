@@ -108,7 +108,7 @@ absl::Status Trainer::Run() {
                           [&] { return client_->Pull(rank, &weights); }));
     metrics.AddReceivedBytes(weights.wire_bytes);
     step = weights.header.step();
-    return backend->SetWeights(weights.params);
+    return backend->TakeWeights(&weights.params);
   };
   RETURN_IF_ERROR(sync());
   BatchSampler sampler(schedule);
@@ -216,7 +216,7 @@ absl::Status Trainer::Run() {
     }
     resyncs_in_a_row = 0;
     RETURN_IF_ERROR(exchanged);
-    RETURN_IF_ERROR(backend->SetWeights(weights.params));
+    RETURN_IF_ERROR(backend->TakeWeights(&weights.params));
     stats_.compute_seconds += absl::ToDoubleSeconds(t1 - t0);
     stats_.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - t1);
     stats_.bytes_sent += request.Length();
