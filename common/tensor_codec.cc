@@ -44,79 +44,66 @@ void Encode(Encoding e, const float* x, int64_t n, char* out) {
   }
 }
 
+namespace {
+
+// Value i of the encoded bytes.
+template <Encoding E>
+float ValueAt(const char* bytes, int64_t i) {
+  float x;
+  if constexpr (E == Encoding::kF32) {
+    std::memcpy(&x, bytes + 4 * i, 4);
+  } else {
+    uint16_t half;
+    std::memcpy(&half, bytes + 2 * i, 2);
+    const uint32_t bits = static_cast<uint32_t>(half) << 16;
+    std::memcpy(&x, &bits, 4);
+  }
+  return x;
+}
+
+// One pass over n encoded values: stores them in out unless it is null, and
+// returns the index of the first NaN, Inf or value beyond `limit` in
+// magnitude, or -1. The branch-free OR-reduction vectorises; only when it
+// fires is the position looked for. !(|x| <= limit) is true for NaN.
+template <Encoding E>
+int64_t Scan(const char* bytes, int64_t n, float limit, float* out) {
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = ValueAt<E>(bytes, i);
+    if (out != nullptr) out[i] = x;
+    any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
+  }
+  if (any == 0) return -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(std::fabs(ValueAt<E>(bytes, i)) <= limit)) return i;
+  }
+  return -1;
+}
+
+int64_t Scan(Encoding e, const char* bytes, int64_t n, float limit,
+             float* out) {
+  return e == Encoding::kBf16 ? Scan<Encoding::kBf16>(bytes, n, limit, out)
+                              : Scan<Encoding::kF32>(bytes, n, limit, out);
+}
+
+}  // namespace
+
 void Decode(Encoding e, const char* bytes, int64_t n, float* out) {
   if (e == Encoding::kF32) {
     std::memcpy(out, bytes, n * sizeof(float));
     return;
   }
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t half;
-    std::memcpy(&half, bytes + 2 * i, 2);
-    const uint32_t bits = static_cast<uint32_t>(half) << 16;
-    std::memcpy(out + i, &bits, 4);
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = ValueAt<Encoding::kBf16>(bytes, i);
 }
 
 int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n,
                         float limit) {
-  // A branch-free OR-reduction over the decoded values vectorises; only when
-  // it fires do we look for the position. !(|x| <= limit) is true for NaN.
-  auto value = [e, bytes](int64_t i) {
-    float x;
-    Decode(e, bytes + i * BytesPerValue(e), 1, &x);
-    return x;
-  };
-  uint32_t any = 0;
-  if (e == Encoding::kBf16) {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t half;
-      std::memcpy(&half, bytes + 2 * i, 2);
-      const uint32_t bits = static_cast<uint32_t>(half) << 16;
-      float x;
-      std::memcpy(&x, &bits, 4);
-      any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      float x;
-      std::memcpy(&x, bytes + 4 * i, 4);
-      any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
-    }
-  }
-  if (any == 0) return -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!(std::fabs(value(i)) <= limit)) return i;
-  }
-  return -1;
+  return Scan(e, bytes, n, limit, nullptr);
 }
 
 int64_t DecodeChecked(Encoding e, const char* bytes, int64_t n, float limit,
                       float* out) {
-  // As FirstOutOfRange: a branch-free OR-reduction that vectorises.
-  uint32_t any = 0;
-  if (e == Encoding::kBf16) {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t half;
-      std::memcpy(&half, bytes + 2 * i, 2);
-      const uint32_t bits = static_cast<uint32_t>(half) << 16;
-      float x;
-      std::memcpy(&x, &bits, 4);
-      out[i] = x;
-      any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      float x;
-      std::memcpy(&x, bytes + 4 * i, 4);
-      out[i] = x;
-      any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
-    }
-  }
-  if (any == 0) return -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!(std::fabs(out[i]) <= limit)) return i;
-  }
-  return -1;
+  return Scan(e, bytes, n, limit, out);
 }
 
 }  // namespace dp
