@@ -96,8 +96,7 @@ void Decode(Encoding e, const char* bytes, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = ValueAt<Encoding::kBf16>(bytes, i);
 }
 
-int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n,
-                        float limit) {
+int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n, float limit) {
   return Scan(e, bytes, n, limit, nullptr);
 }
 
