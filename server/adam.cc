@@ -38,6 +38,26 @@ __attribute__((always_inline)) inline void AddRanks(
   }
 }
 
+// AddRanks for k (1 to 4) ranks, picked at run time.
+template <bool kStart>
+__attribute__((always_inline)) inline void AddSomeRanks(
+    size_t k, float* __restrict g, const float* const* grads, size_t first,
+    int64_t b, int64_t n) {
+  switch (k) {
+    case 1:
+      AddRanks<1, kStart>(g, grads, first, b, n);
+      break;
+    case 2:
+      AddRanks<2, kStart>(g, grads, first, b, n);
+      break;
+    case 3:
+      AddRanks<3, kStart>(g, grads, first, b, n);
+      break;
+    default:
+      AddRanks<4, kStart>(g, grads, first, b, n);
+  }
+}
+
 // Sums the gradients of [begin, end) in rank order, block by block, and
 // applies the update to each block while its sum is in L1.
 // The sum takes up to four ranks per pass over g: one load and store of g
@@ -54,30 +74,9 @@ __attribute__((always_inline)) inline void AverageAndUpdateRange(
   for (int64_t b = begin; b < end; b += kBlock) {
     const int64_t n = std::min(kBlock, end - b);
     size_t r = std::min<size_t>(count, 4);
-    switch (r) {
-      case 1:
-        AddRanks<1, true>(g, grads, 0, b, n);
-        break;
-      case 2:
-        AddRanks<2, true>(g, grads, 0, b, n);
-        break;
-      case 3:
-        AddRanks<3, true>(g, grads, 0, b, n);
-        break;
-      default:
-        AddRanks<4, true>(g, grads, 0, b, n);
-    }
-    for (; r + 4 <= count; r += 4) AddRanks<4, false>(g, grads, r, b, n);
-    switch (count - r) {
-      case 1:
-        AddRanks<1, false>(g, grads, r, b, n);
-        break;
-      case 2:
-        AddRanks<2, false>(g, grads, r, b, n);
-        break;
-      case 3:
-        AddRanks<3, false>(g, grads, r, b, n);
-        break;
+    AddSomeRanks<true>(r, g, grads, 0, b, n);
+    for (; r < count; r += 4) {
+      AddSomeRanks<false>(std::min<size_t>(count - r, 4), g, grads, r, b, n);
     }
     float* __restrict p = params + b;
     float* __restrict m = m_all + b;
