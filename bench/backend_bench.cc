@@ -11,6 +11,7 @@
 #include "common/flags.h"
 #include "common/model_layout.h"
 #include "worker/backend.h"
+#include "worker/backend_choice.h"
 
 int main(int argc, char** argv) {
   dp::StepBenchOptions options;

@@ -42,9 +42,9 @@ int main(int argc, char** argv) {
                   "also write impl,mode,batch,median_ms,min_ms rows here");
   const std::vector<int> batches =
       dp::ParseStepBenchFlags(&flags, argc, argv, options);
-  std::string why;
-  if (!dp::CudaDeviceAvailable(&why)) {
-    std::fprintf(stderr, "gpu_bench: no usable GPU: %s\n", why.c_str());
+  if (absl::StatusOr<dp::GpuInfo> gpu = dp::OpenCudaDevice(0); !gpu.ok()) {
+    std::fprintf(stderr, "gpu_bench: no usable GPU: %s\n",
+                 std::string(gpu.status().message()).c_str());
     return 1;
   }
   const dp::ModelLayout layout = dp::ModelLayout::SimpleNet();

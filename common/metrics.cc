@@ -365,6 +365,20 @@ WorkerMetrics::WorkerMetrics(int rank) : Metrics("worker", rank) {
   loss_family_ = &LossFamily(reg, labels);
 }
 
+void WorkerMetrics::SetBackend(
+    const std::map<std::string, std::string>& labels) {
+  Labels all = constant_labels();
+  all.insert(labels.begin(), labels.end());
+  prometheus::BuildGauge()
+      .Name("dp_worker_backend_info")
+      .Help(
+          "The compute backend of this worker, and its GPU for cuda; "
+          "always 1.")
+      .Register(registry())
+      .Add(all)
+      .Set(1);
+}
+
 void WorkerMetrics::ObserveCall(Call call, absl::Duration d) {
   calls_[static_cast<int>(call)]->Observe(absl::ToDoubleSeconds(d));
 }

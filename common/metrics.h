@@ -184,6 +184,10 @@ class WorkerMetrics final : public Metrics {
   void ObserveStep(absl::Duration d, int64_t samples);
   // dp-ps answered ABORTED (stale or future step) and the worker re-joined.
   void CountResync();
+  // dp_worker_backend_info{labels...} 1: which backend and device this
+  // worker computes on (backend="cpu", or "cuda" with device, gpu and
+  // compute_capability). Call once.
+  void SetBackend(const std::map<std::string, std::string>& labels);
 
  private:
   prometheus::Histogram* calls_[4];

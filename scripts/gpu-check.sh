@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check (issue 3), for a machine with an NVIDIA GPU, CUDA 13 and
+# The GPU check, for a machine with an NVIDIA GPU, CUDA 13 and
 # python3+torch but none of our Debian libraries. Unpacks gpu-pack/dp-gpu.tar.xz
 # (made by scripts/pack-gpu.sh on the build machine) and runs:
 #   1. nvidia-smi
-#   2. cuda_backend_test and cpu_backend_test (on a GPU, no test may skip)
+#   2. cuda_backend_test and cpu_backend_test (on a GPU, no test may skip),
+#      and cuda_module_check (dp-worker links no CUDA library, the module
+#      holds code for sm_75..sm_120 + PTX, --backend=auto chooses cuda)
 #   3. compute-sanitizer memcheck and racecheck over the kernel tests
-#   4. end to end: dp-ps + 2 dp-worker --backend cuda, Fashion-MNIST, 1 epoch,
-#      batch 64: final test accuracy >= 0.84, samples/s reported
+#   4. end to end: dp-ps + 2 dp-worker --backend cuda with metrics on for
+#      every process (each /metrics scraped while it trains), Fashion-MNIST,
+#      1 epoch, batch 64: final test accuracy >= 0.84, samples/s reported
 #   5. forward+backward time at batch 64, 512, 4096 against PyTorch eager on
 #      the same GPU (bench/torch_gpu_bench.py), as ratios
 # Logs and summary.txt go to $OUT if set, else build-gpu-check/. Exit 0 only
@@ -117,6 +120,8 @@ if LD_LIBRARY_PATH=$LDP ldd "$P"/bin/*/* 2>&1 |
   say "the system's libstdc++ is older than the pack's: using lib-compat/"
 fi
 say "LD_LIBRARY_PATH=$LDP"
+# The tests load the packed CUDA module (dp-worker finds it next to itself).
+export DP_CUDA_MODULE=$P/bin/worker/libdp_cuda.so
 run() { LD_LIBRARY_PATH=$LDP "$@"; }
 
 # ---------------------------------------------------------------------------
@@ -125,6 +130,7 @@ run() { LD_LIBRARY_PATH=$LDP "$@"; }
 check_pack() {
   local bad=0 cuda_missing="" b line name path
   for b in "$P"/bin/*/*; do
+    [[ "$b" == *.py ]] && continue
     while read -r line; do
       case "$line" in
         *"version "*" not found"*)
@@ -203,6 +209,15 @@ if [ "$dry_run" -eq 0 ]; then
 fi
 run_tests cuda_backend_test
 run_tests cpu_backend_test
+t0=$SECONDS
+if run python3 "$P/bin/tests/cuda_module_check.py" \
+  --worker "$P/bin/worker/dp-worker" --module "$DP_CUDA_MODULE" \
+  >"$WORK/module.log" 2>&1; then
+  result module PASS "$(tail -1 "$WORK/module.log") ($((SECONDS - t0))s)"
+else
+  result module FAIL "$(grep FAIL "$WORK/module.log" | head -3 | tr '\n' ' ')"
+fi
+cat "$WORK/module.log" >>"$TESTS_LOG"
 
 # ---------------------------------------------------------------------------
 # compute-sanitizer over the kernel tests and the determinism tests (which
@@ -254,9 +269,28 @@ else  # a short CPU job: the binaries, the data and launch.sh work
 fi
 mkdir -p "$WORK/tmp"
 t0=$SECONDS
+# Metrics on for every process (dp-ps 9400, workers 9401, 9402), each scraped
+# once while the job runs.
+METRICS=9400
 LD_LIBRARY_PATH=$LDP BIN=$P/bin TMPDIR=$WORK/tmp timeout 600 scripts/launch.sh \
   --workers 2 --data_dir "$P/data/fashion-mnist" --dataset=fashion-mnist \
-  --batch_size=64 --seed=1 "${e2e_args[@]}" >"$E2E_LOG" 2>&1
+  --batch_size=64 --seed=1 --metrics_port "$METRICS" "${e2e_args[@]}" \
+  >"$E2E_LOG" 2>&1 &
+launch_pid=$!
+scraped=""
+while kill -0 "$launch_pid" 2>/dev/null && [ "$(echo "$scraped" | wc -w)" -lt 3 ]; do
+  for port in $METRICS $((METRICS + 1)) $((METRICS + 2)); do
+    case " $scraped " in *" $port "*) continue ;; esac
+    if python3 -c 'import sys, urllib.request
+body = urllib.request.urlopen(sys.argv[1], timeout=2).read().decode()
+sys.exit(0 if "dp_build_info" in body else 1)' \
+      "http://127.0.0.1:$port/metrics" 2>/dev/null; then
+      scraped="$scraped $port"
+    fi
+  done
+  sleep 0.5
+done
+wait "$launch_pid"
 code=$?
 for f in "$WORK"/tmp/dp-run-*/worker-*.log; do
   [ -f "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; } >>"$E2E_LOG"
@@ -274,8 +308,10 @@ elif [ -z "$accuracy" ]; then
   result e2e FAIL "no final test accuracy in e2e.log"
 elif [ -z "$backend_line" ]; then
   result e2e FAIL "the workers did not report a cuda backend"
+elif [ "$(echo "$scraped" | wc -w)" -ne 3 ]; then
+  result e2e FAIL "not every /metrics answered while training (scraped:$scraped)"
 elif awk -v a="$accuracy" 'BEGIN { exit !(a >= 0.84) }'; then
-  result e2e PASS "accuracy $accuracy >= 0.84; $done_line; $backend_line ($((SECONDS - t0))s)"
+  result e2e PASS "accuracy $accuracy >= 0.84; $done_line; $backend_line; /metrics:$scraped ($((SECONDS - t0))s)"
 else
   result e2e FAIL "accuracy $accuracy < 0.84; $done_line"
 fi

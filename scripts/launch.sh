@@ -3,16 +3,19 @@
 # progress (epoch, step/total, loss, samples/s, ETA) and the test accuracy.
 # Stops everything on Ctrl-C or on the first process that fails.
 #
-# Usage: scripts/launch.sh [--workers N] [--backend cpu|cuda|auto]
+# Usage: scripts/launch.sh [--workers N] [--backend auto|cpu|cuda]
 #                          [--data_dir DIR] [--metrics_port P]
 #                          [any other dp-ps flag ...]
+# --backend (default auto): the workers' backend. With GPUs, worker r runs on
+# GPU r modulo their number, so each worker has its own while there are
+# enough.
 # --metrics_port P serves Prometheus metrics on 127.0.0.1: dp-ps on P, worker
 # r on P+1+r (deploy/prometheus/prometheus.yml scrapes P=9400, 2 workers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build}
 workers=2
-backend=cpu
+backend=auto
 data_dir=""
 metrics_port=0
 ps_args=()
@@ -66,16 +69,28 @@ if [ -z "$port" ]; then
   exit 1
 fi
 
+# GPUs this machine shows (0 without a driver); the CPU backend needs none.
+gpus=0
+if [ "$backend" != cpu ] && command -v nvidia-smi >/dev/null 2>&1; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+fi
+device_flag() {  # worker $1's GPU, when there are GPUs
+  [ "$gpus" -gt 0 ] && echo "--device=$(($1 % gpus))"
+}
+
 declare -A name_of=([$ps_pid]=dp-ps)
 for ((r = 0; r < workers; r++)); do
   "$BIN/worker/dp-worker" --ps="127.0.0.1:$port" --rank="$r" \
-    --backend="$backend" ${data_dir:+--data_dir="$data_dir"} \
+    --backend="$backend" $(device_flag "$r") \
+    ${data_dir:+--data_dir="$data_dir"} \
     $(metrics_flags $((r + 1))) \
     > "$run_dir/worker-$r.log" 2>&1 &
   pids+=("$!")
   name_of[$!]="worker $r"
 done
-echo "launch: dp-ps on port $port, $workers workers; logs in $run_dir"
+on_gpus=""
+[ "$gpus" -gt 0 ] && on_gpus=" on $gpus GPUs"
+echo "launch: dp-ps on port $port, $workers workers$on_gpus; logs in $run_dir"
 
 # Reap processes as they end; the first failure stops the others.
 remaining=${#pids[@]}

@@ -8,20 +8,23 @@
 # the most a working tree may carry to the GPU machine), listed in
 # gpu-pack/MANIFEST.
 #
-# Usage: scripts/pack-gpu.sh    (BUILD_DIR=build-cuda, PACK_DIR=gpu-pack,
+# Usage: scripts/pack-gpu.sh    (BUILD_DIR=build, PACK_DIR=gpu-pack,
 #                                DATA_DIR=/usr/share/datasets/fashion-mnist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD_DIR=${BUILD_DIR:-build-cuda}
+BUILD_DIR=${BUILD_DIR:-build}
 PACK_DIR=${PACK_DIR:-gpu-pack}
 DATA_DIR=${DATA_DIR:-/usr/share/datasets/fashion-mnist}
 MAX_MIB=${MAX_MIB:-60}  # leaves room for the source tree itself
 
 # name in the build dir -> path in the pack (scripts/launch.sh expects
-# BIN/server/dp-ps and BIN/worker/dp-worker).
+# BIN/server/dp-ps and BIN/worker/dp-worker; dp-worker finds the CUDA module
+# next to itself).
 declare -A BINARIES=(
   [server/dp-ps]=bin/server/dp-ps
   [worker/dp-worker]=bin/worker/dp-worker
+  [worker/libdp_cuda.so]=bin/worker/libdp_cuda.so
+  [tests/cuda_module_check.py]=bin/tests/cuda_module_check.py
   [tests/cuda_backend_test]=bin/tests/cuda_backend_test
   [tests/cpu_backend_test]=bin/tests/cpu_backend_test
   [bench/gpu_bench]=bin/bench/gpu_bench
@@ -51,9 +54,9 @@ if ! grep -q 'cuda_backend.cu' "$BUILD_DIR/build.ninja"; then
   echo "pack-gpu: $BUILD_DIR is not a CUDA build (nvcc not found?)" >&2
   exit 1
 fi
-targets=()
-for b in "${!BINARIES[@]}"; do targets+=("$(basename "$b")"); done
-cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" --target "${targets[@]}"
+cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" --target dp-ps dp-worker \
+  dp_cuda cuda_backend_test cpu_backend_test gpu_bench
+cp tests/cuda_module_check.py "$BUILD_DIR/tests/"
 
 stage=$(mktemp -d "${TMPDIR:-/tmp}/dp-gpu-pack-XXXXXX")
 trap 'rm -rf "$stage"' EXIT
@@ -64,6 +67,7 @@ for b in "${!BINARIES[@]}"; do
   dst="$root/${BINARIES[$b]}"
   mkdir -p "$(dirname "$dst")"
   cp "$BUILD_DIR/$b" "$dst"
+  case "$b" in *.py) continue ;; esac
   strip --strip-unneeded "$dst"
 done
 
@@ -80,7 +84,9 @@ while read -r name path; do
   if is_compat_lib "$name"; then dir=lib-compat; fi
   cp -L "$path" "$root/$dir/$name"
   strip --strip-unneeded "$root/$dir/$name" 2>/dev/null || true
-done < <(for b in "${!BINARIES[@]}"; do ldd "$BUILD_DIR/$b"; done |
+done < <(for b in "${!BINARIES[@]}"; do
+  case "$b" in *.py) ;; *) ldd "$BUILD_DIR/$b" ;; esac
+done |
   awk '$2 == "=>" {print $1, $3}' | sort -u)
 [ "$missing" -eq 0 ] || exit 1
 

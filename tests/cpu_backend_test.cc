@@ -14,6 +14,7 @@
 #include "common/random.h"
 #include "gtest/gtest.h"
 #include "worker/backend.h"
+#include "worker/backend_choice.h"
 
 namespace dp {
 namespace {
@@ -327,8 +328,9 @@ TEST(CpuBackendTest, CreateBackendByName) {
   // "cuda" either works or says why not; it is never an argument error.
   absl::StatusOr<std::unique_ptr<Backend>> cuda =
       CreateBackend("cuda", layout, options);
-  if (!cuda.ok()) {
-    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition)
+  if (!cuda.ok()) {  // no module (NOT_FOUND), or it cannot run here
+    EXPECT_TRUE(cuda.status().code() == absl::StatusCode::kNotFound ||
+                cuda.status().code() == absl::StatusCode::kFailedPrecondition)
         << cuda.status();
     EXPECT_FALSE(cuda.status().message().empty());
   }

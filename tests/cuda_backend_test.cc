@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "common/random.h"
 #include "gtest/gtest.h"
 #include "worker/backend.h"
+#include "worker/backend_choice.h"
 #include "worker/cpu_backend.h"
 #ifdef DP_HAVE_CUDA
 #include "worker/cuda_kernels_testing.h"
@@ -36,12 +38,16 @@ TEST(CudaBackendTest, NeedsACudaBuild) {
                   "-DDP_ENABLE_CUDA=OFF): no CUDA backend to test";
 }
 
-TEST(CudaBackendTest, CudaBackendByNameIsFailedPreconditionWithoutCuda) {
+TEST(CudaBackendTest, CudaBackendByNameSaysWhyItCannotRun) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   auto backend = CreateBackend("cuda", layout, BackendOptions());
   ASSERT_FALSE(backend.ok());
-  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(backend.status().message().find("without CUDA"), std::string::npos);
+  // No module next to this test binary, or one that finds no GPU.
+  EXPECT_TRUE(backend.status().code() == absl::StatusCode::kNotFound ||
+              backend.status().code() == absl::StatusCode::kFailedPrecondition)
+      << backend.status();
+  EXPECT_EQ(backend.status().message().rfind("backend \"cuda\": ", 0), 0u)
+      << backend.status();
 }
 
 #else  // DP_HAVE_CUDA
@@ -68,7 +74,13 @@ constexpr double kKinkMargin = 1e-4;
 // of a sum of n terms, either order, is ~eps * sqrt(n) of that).
 constexpr double kSumRtol = 1e-6;
 
-bool GpuUsable(std::string* why) { return CudaDeviceAvailable(why); }
+// Only a missing driver or device skips: a GPU this build has no code for
+// fails every test that needs one.
+bool GpuUsable(std::string* why) {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) *why = std::string(count.status().message());
+  return count.ok();
+}
 
 #define SKIP_WITHOUT_GPU()                                   \
   do {                                                       \
@@ -221,28 +233,6 @@ std::unique_ptr<CudaBackend> MakeCuda(const ModelLayout& layout, int max_batch,
 
 // ---------------------------------------------------------------------------
 // Without a GPU (these run everywhere).
-
-TEST(CudaBackendTest, DeviceAvailabilityAgreesWithCreateBackend) {
-  std::string why;
-  const bool usable = CudaDeviceAvailable(&why);
-  const ModelLayout layout = ModelLayout::SimpleNet();
-  auto cuda = CreateBackend("cuda", layout, BackendOptions());
-  auto any = CreateBackend("auto", layout, BackendOptions());
-  ASSERT_TRUE(any.ok()) << any.status();
-  if (usable) {
-    ASSERT_TRUE(cuda.ok()) << cuda.status();
-    EXPECT_EQ((*cuda)->Name().rfind("cuda (", 0), 0u) << (*cuda)->Name();
-    EXPECT_EQ((*any)->Name().rfind("cuda", 0), 0u) << (*any)->Name();
-  } else {
-    std::printf("no usable GPU: %s\n", why.c_str());
-    EXPECT_FALSE(why.empty());
-    ASSERT_FALSE(cuda.ok());
-    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(cuda.status().message().find(why), std::string::npos)
-        << cuda.status();
-    EXPECT_EQ((*any)->Name(), "cpu");
-  }
-}
 
 TEST(CudaBackendTest, MaxBatchBelowOneIsInvalidArgument) {
   BackendOptions options;
@@ -423,6 +413,45 @@ TEST(CudaKernelTest, EvalRowsArgmaxTiesGoToTheLowestClass) {
     EXPECT_EQ(correct, want_correct);
     EXPECT_EQ(
         CompareFlat("row_loss", loss, want_loss, kLossTol, 1e-6).mismatches, 0);
+  }
+}
+
+TEST(CudaKernelTest, EvalRowsArgmaxTreatsNaNAsTheCpuLoop) {
+  SKIP_WITHOUT_GPU();
+  const int C = 45;  // more columns than lanes: NaNs on several lanes
+  const int B = 64;
+  Rng rng(771, 0);
+  std::vector<float> logits(static_cast<size_t>(B) * C);
+  for (float& v : logits) v = static_cast<float>(rng.Below(5));
+  for (int i = 0; i < B; ++i) {
+    float* z = logits.data() + static_cast<size_t>(i) * C;
+    // Row i: NaN in column 0 for odd rows, and in 1 + i % 7 more columns.
+    if (i % 2 == 1) z[0] = NAN;
+    for (int k = 0; k < 1 + i % 7; ++k) z[rng.Below(C)] = NAN;
+    if (i % 8 == 0) std::fill(z, z + C, NAN);  // all NaN
+  }
+  std::vector<int32_t> labels(B), want_arg(B);
+  for (int i = 0; i < B; ++i) {  // cpu_backend.cc: Evaluate's argmax loop
+    const float* z = logits.data() + static_cast<size_t>(i) * C;
+    int arg = 0;
+    for (int j = 1; j < C; ++j) {
+      if (z[j] > z[arg]) arg = j;
+    }
+    want_arg[i] = arg;
+  }
+  // Each row twice, once labelled with the CPU's argmax (must be correct)
+  // and once with the next class (must not be).
+  for (int shift : {0, 1}) {
+    for (int i = 0; i < B; ++i) labels[i] = (want_arg[i] + shift) % C;
+    std::vector<float> loss(B);
+    std::vector<int32_t> correct(B);
+    ASSERT_TRUE(CudaEvalRowsForTest(logits, labels, B, C, absl::MakeSpan(loss),
+                                    absl::MakeSpan(correct))
+                    .ok());
+    for (int i = 0; i < B; ++i) {
+      EXPECT_EQ(correct[i], shift == 0 ? 1 : 0)
+          << "row " << i << ", cpu argmax " << want_arg[i];
+    }
   }
 }
 
@@ -614,6 +643,11 @@ TEST(CudaBackendTest, Tf32StaysCloseToFloat32) {
   }
   std::printf("tf32 vs float32: gradient rel L2 %.3g\n", std::sqrt(diff / ref));
   EXPECT_LT(std::sqrt(diff / ref), 2e-2);
+  // TF32 really ran: products of random float32 values rounded to 10
+  // mantissa bits cannot all come out the same as exact float32 ones.
+  EXPECT_GT(diff, 0.0)
+      << "TF32 was asked for but the gradients are exactly "
+         "float32's: cuBLAS ignored CUBLAS_TF32_TENSOR_OP_MATH";
 }
 
 // ---------------------------------------------------------------------------
@@ -673,6 +707,105 @@ TEST(CudaBackendTest, BadInputsAreRejectedLikeTheCpuBackend) {
   EXPECT_EQ(empty->count, 0);
   EXPECT_TRUE(cuda->UploadBatch(x, labels).ok());
   EXPECT_TRUE(cuda->ComputeUploaded().ok());
+}
+
+// ---------------------------------------------------------------------------
+// The module, as dp-worker loads it.
+
+// The module this build made, or DP_CUDA_MODULE's (as dp-worker's
+// --cuda_module) where the test runs from elsewhere.
+BackendRequest ModuleRequest(const std::string& name) {
+  BackendRequest request;
+  request.name = name;
+  const char* from_env = std::getenv("DP_CUDA_MODULE");
+  request.cuda_module = from_env != nullptr ? from_env : DP_CUDA_MODULE_FILE;
+  return request;
+}
+
+TEST(CudaModuleTest, ModuleLoadsAndAgreesWithTheDirectBackend) {
+  std::string why;
+  const bool usable = GpuUsable(&why);
+  auto cuda = BackendChoice::Resolve(ModuleRequest("cuda"));
+  auto any = BackendChoice::Resolve(ModuleRequest("auto"));
+  ASSERT_TRUE(any.ok()) << any.status();
+  if (!usable) {
+    std::printf("no usable GPU: %s\n", why.c_str());
+    ASSERT_FALSE(cuda.ok());
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(cuda.status().message().find(why), std::string::npos)
+        << cuda.status();
+    EXPECT_FALSE(any->cuda());
+    EXPECT_EQ(any->why(), why);
+    EXPECT_EQ(any->Describe(), absl::StrCat("cpu (auto: ", why, ")"));
+    return;
+  }
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  ASSERT_TRUE(cuda->cuda() && any->cuda());
+  std::printf("%s\n", cuda->Describe().c_str());
+  EXPECT_EQ(cuda->gpu().device, 0);  // rank 0, device -1
+  EXPECT_GT(cuda->gpu().memory_bytes, 0);
+  EXPECT_GE(cuda->gpu().cc_major * 10 + cuda->gpu().cc_minor, 75);
+  EXPECT_NE(cuda->Describe().find(cuda->gpu().name), std::string::npos);
+
+  // The module's backend and the one linked here are the same code.
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  BackendOptions options;
+  options.max_batch = 64;
+  auto from_module = cuda->Create(layout, options);
+  ASSERT_TRUE(from_module.ok()) << from_module.status();
+  auto direct = CudaBackend::Create(layout, options);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  const std::vector<float> params = InitParams(layout, 3);
+  const Batch batch = DrawBatch(layout, params, 64, 9100);
+  ASSERT_TRUE((*from_module)->SetWeights(params).ok());
+  ASSERT_TRUE((*direct)->SetWeights(params).ok());
+  float loss_module, loss_direct;
+  const std::vector<float> g1 =
+      Gradient(from_module->get(), layout, batch, &loss_module);
+  const std::vector<float> g2 =
+      Gradient(direct->get(), layout, batch, &loss_direct);
+  EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0);
+  EXPECT_EQ(loss_module, loss_direct);
+}
+
+TEST(CudaModuleTest, DevicesAreChosenByRankAndCheckedForRange) {
+  SKIP_WITHOUT_GPU();
+  const int count = *CudaDeviceCount();
+  BackendRequest request = ModuleRequest("cuda");
+  request.rank = count + 1;  // device -1: rank modulo the visible devices
+  auto by_rank = BackendChoice::Resolve(request);
+  ASSERT_TRUE(by_rank.ok()) << by_rank.status();
+  EXPECT_EQ(by_rank->gpu().device, (count + 1) % count);
+  EXPECT_EQ(by_rank->gpu().device_count, count);
+  request.device = count;  // one past the last
+  auto missing = BackendChoice::Resolve(request);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(missing.status().message().find("does not exist"),
+            std::string::npos)
+      << missing.status();
+}
+
+TEST(CudaModuleTest, AMissingModuleIsNamed) {
+  BackendRequest request;
+  request.name = "cuda";
+  request.cuda_module = "/nonexistent/libdp_cuda.so";
+  auto cuda = BackendChoice::Resolve(request);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(cuda.status().message().find(request.cuda_module),
+            std::string::npos)
+      << cuda.status();
+  request.name = "auto";
+  auto any = BackendChoice::Resolve(request);
+  ASSERT_TRUE(any.ok()) << any.status();
+  EXPECT_FALSE(any->cuda());
+  EXPECT_NE(any->why().find(request.cuda_module), std::string::npos);
+}
+
+TEST(CudaModuleTest, TheBuildNamesEveryArchitecture) {
+  EXPECT_EQ(CudaArchitectures(),
+            "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120, PTX compute_120");
 }
 
 #endif  // DP_HAVE_CUDA

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "server/step_coordinator.h"
 #include "worker/backend.h"
+#include "worker/backend_choice.h"
 
 namespace dp {
 namespace {

@@ -1,7 +1,9 @@
 // The compute interface of a worker: forward, backward and evaluation of an
 // MLP (ModelLayout) with ReLU between layers and mean cross-entropy loss.
-// Implementations: CpuBackend (the reference, OpenBLAS) and CudaBackend.
-// No device headers here, so the trainer and tests stay device-agnostic.
+// Implementations: CpuBackend (the reference, OpenBLAS) and CudaBackend (in
+// the run-time loaded CUDA module, see cuda_module.h). No device headers
+// here, so the trainer and tests stay device-agnostic. Choosing and creating
+// a backend by name: backend_choice.h.
 #ifndef DP_WORKER_BACKEND_H_
 #define DP_WORKER_BACKEND_H_
 
@@ -12,7 +14,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/model_layout.h"
 
@@ -59,11 +60,9 @@ struct BackendOptions {
   int max_batch = 512;  // largest batch ForwardBackward will be given
   int cpu_threads = 1;  // BLAS threads of the CPU backend
   bool tf32 = false;    // CUDA: allow TF32 tensor-core math
+  int device = 0;       // CUDA: the device ordinal to run on
 };
 
-// name: "cpu" | "cuda" | "auto" (cuda when a GPU is usable, else cpu).
-// "cuda" without a usable GPU (or in a build without CUDA) is
-// FAILED_PRECONDITION with the reason; unknown names INVALID_ARGUMENT.
 // The input checks every backend makes before computing, so that all refuse
 // the same inputs with the same messages. `what` names the call
 // ("ForwardBackward", "Evaluate"); max_batch > 0 bounds the number of
@@ -74,15 +73,6 @@ absl::Status CheckBackendInputs(const char* what, const ModelLayout& layout,
                                 bool weights_set, int max_batch,
                                 absl::Span<const float> x,
                                 absl::Span<const int32_t> labels);
-
-// Cheap check of what CreateBackend(name, ...) would refuse: an unknown
-// name, and with probe_device "cuda" without a usable GPU; so that a worker
-// fails before it connects.
-absl::Status CheckBackend(absl::string_view name, bool probe_device = true);
-
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
-    absl::string_view name, const ModelLayout& layout,
-    const BackendOptions& options);
 
 }  // namespace dp
 

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -19,6 +20,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "common/model_layout.h"
 #include "common/status_macros.h"
@@ -50,17 +54,6 @@ absl::Status CublasErrorStatus(cublasStatus_t status, const char* expr,
       return CublasErrorStatus(dp_cublas_status_, #expr, __FILE__, __LINE__); \
     }                                                                         \
   } while (0)
-
-struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-struct CudaFreeHost {
-  void operator()(void* p) const { cudaFreeHost(p); }
-};
-template <typename T>
-using DevicePtr = std::unique_ptr<T, CudaFree>;
-template <typename T>
-using PinnedPtr = std::unique_ptr<T, CudaFreeHost>;
 
 template <typename T>
 absl::Status AllocDevice(int64_t n, DevicePtr<T>* out) {
@@ -94,14 +87,14 @@ class CudaBackendImpl final : public CudaBackend {
       : layout_(layout),
         max_batch_(options.max_batch),
         tf32_(options.tf32),
+        device_(options.device),
         cuda_options_(cuda_options) {}
 
   ~CudaBackendImpl() override {
+    cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     for (auto& [batch, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    if (weights_copied_ != nullptr) cudaEventDestroy(weights_copied_);
-    if (inputs_copied_ != nullptr) cudaEventDestroy(inputs_copied_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -120,6 +113,11 @@ class CudaBackendImpl final : public CudaBackend {
   absl::Status ComputeUploaded() override;
 
  private:
+  // Every public call starts here: the caller's thread may have another
+  // current device.
+  absl::Status UseDevice();
+  // Waits for the stream; the staging buffers are then free.
+  absl::Status Sync();
   absl::Status CheckBatch(const char* what, absl::Span<const float> x,
                           absl::Span<const int32_t> labels) const;
   // Copies n samples to x_ and labels_ (asynchronously, on stream_).
@@ -146,13 +144,14 @@ class CudaBackendImpl final : public CudaBackend {
   const ModelLayout layout_;
   const int max_batch_;
   const bool tf32_;
+  const int device_;
   const CudaOptions cuda_options_;
   std::string name_;
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  cudaEvent_t weights_copied_ = nullptr;   // h_params_ may be overwritten
-  cudaEvent_t inputs_copied_ = nullptr;    // h_x_, h_labels_ may be overwritten
+  // A copy out of the staging buffers may still run: Sync before reuse.
+  bool staging_busy_ = false;
   std::map<int, cudaGraphExec_t> graphs_;  // by batch size
   std::set<int> seen_batches_;             // sizes run at least once
 
@@ -170,7 +169,7 @@ class CudaBackendImpl final : public CudaBackend {
   DevicePtr<float> dlogits_;           // (max_batch, num_classes)
   DevicePtr<int32_t> correct_;         // (max_batch)
   DevicePtr<float> partials_;          // column-sum chunk partials
-  DevicePtr<unsigned> counters_;       // column-sum tile counters (zeroed)
+  DevicePtr<unsigned> counters_;       // column-sum tile counters
   DevicePtr<char> workspace_;          // cuBLAS
 
   // Pinned host staging buffers.
@@ -181,19 +180,24 @@ class CudaBackendImpl final : public CudaBackend {
   PinnedPtr<int32_t> h_correct_;  // (max_batch)
 };
 
+absl::Status CudaBackendImpl::UseDevice() {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::Sync() {
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  staging_busy_ = false;
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackendImpl::Init() {
-  int device = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  cudaDeviceProp prop;
-  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
-  name_ = absl::StrCat("cuda (", prop.name, tf32_ ? ", tf32" : "", ")");
+  ASSIGN_OR_RETURN(const GpuInfo gpu, OpenCudaDevice(device_));
+  name_ = absl::StrCat("cuda (", gpu.name, ", device ", device_,
+                       tf32_ ? ", tf32" : "", ")");
 
   CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  CUDA_RETURN_IF_ERROR(
-      cudaEventCreateWithFlags(&weights_copied_, cudaEventDisableTiming));
-  CUDA_RETURN_IF_ERROR(
-      cudaEventCreateWithFlags(&inputs_copied_, cudaEventDisableTiming));
   CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
   // Plain float32 FMA unless TF32 is asked for; never atomics (determinism).
@@ -229,34 +233,32 @@ absl::Status CudaBackendImpl::Init() {
   RETURN_IF_ERROR(AllocDevice(B, &correct_));
   RETURN_IF_ERROR(AllocDevice(
       static_cast<int64_t>(ColumnSumChunks(max_batch_)) * max_out, &partials_));
-  const int tiles = ColumnSumTiles(max_out);
-  RETURN_IF_ERROR(AllocDevice(tiles, &counters_));
-  CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(counters_.get(), 0, sizeof(unsigned) * tiles, stream_));
+  RETURN_IF_ERROR(AllocDevice(ColumnSumTiles(max_out), &counters_));
 
   RETURN_IF_ERROR(AllocPinned(P, &h_params_));
   RETURN_IF_ERROR(AllocPinned(P + B, &h_grad_));
   RETURN_IF_ERROR(AllocPinned(B * layout_.input_dim(), &h_x_));
   RETURN_IF_ERROR(AllocPinned(B, &h_labels_));
   RETURN_IF_ERROR(AllocPinned(B, &h_correct_));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
+  return Sync();
 }
 
 absl::Status CudaBackendImpl::SetWeights(absl::Span<const float> params) {
+  RETURN_IF_ERROR(UseDevice());
   const int64_t P = layout_.num_params();
   if (static_cast<int64_t>(params.size()) != P) {
     return absl::InvalidArgumentError(
         absl::StrCat("SetWeights: got ", params.size(),
                      " floats, the model has ", P, " parameters"));
   }
-  // The previous upload must have left the staging buffer.
-  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(weights_copied_));
+  // A step ends with Sync, so this waits only after an UploadBatch or a
+  // SetWeights with no step since.
+  if (staging_busy_) RETURN_IF_ERROR(Sync());
   std::memcpy(h_params_.get(), params.data(), P * sizeof(float));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(params_.get(), h_params_.get(),
                                        P * sizeof(float),
                                        cudaMemcpyHostToDevice, stream_));
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(weights_copied_, stream_));
+  staging_busy_ = true;
   weights_set_ = true;
   return absl::OkStatus();
 }
@@ -264,14 +266,12 @@ absl::Status CudaBackendImpl::SetWeights(absl::Span<const float> params) {
 absl::Status CudaBackendImpl::CheckBatch(
     const char* what, absl::Span<const float> x,
     absl::Span<const int32_t> labels) const {
-  return CheckBackendInputs(what, layout_, weights_set_, max_batch_, x,
-                            labels);
+  return CheckBackendInputs(what, layout_, weights_set_, max_batch_, x, labels);
 }
 
 absl::Status CudaBackendImpl::StageInputs(const float* x, const int32_t* labels,
                                           int n) {
-  // The previous inputs must have left the staging buffers.
-  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(inputs_copied_));
+  if (staging_busy_) RETURN_IF_ERROR(Sync());
   const int64_t x_bytes =
       static_cast<int64_t>(n) * layout_.input_dim() * sizeof(float);
   char* dst = reinterpret_cast<char*>(x_.get());
@@ -287,7 +287,7 @@ absl::Status CudaBackendImpl::StageInputs(const float* x, const int32_t* labels,
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(labels_.get(), h_labels_.get(),
                                        n * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, stream_));
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(inputs_copied_, stream_));
+  staging_busy_ = true;
   return absl::OkStatus();
 }
 
@@ -409,6 +409,7 @@ absl::Status CudaBackendImpl::LaunchForwardBackward(int B) {
 absl::StatusOr<float> CudaBackendImpl::ForwardBackward(
     absl::Span<const float> x, absl::Span<const int32_t> labels,
     absl::Span<float> grad) {
+  RETURN_IF_ERROR(UseDevice());
   RETURN_IF_ERROR(CheckBatch("ForwardBackward", x, labels));
   const int64_t P = layout_.num_params();
   if (static_cast<int64_t>(grad.size()) != P) {
@@ -424,7 +425,7 @@ absl::StatusOr<float> CudaBackendImpl::ForwardBackward(
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_grad_.get(), grad_.get(),
                                        (P + B) * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  RETURN_IF_ERROR(Sync());
   std::memcpy(grad.data(), h_grad_.get(), P * sizeof(float));
   // The mean loss exactly as the CPU reference: float per-sample losses
   // added in sample order in double.
@@ -436,6 +437,7 @@ absl::StatusOr<float> CudaBackendImpl::ForwardBackward(
 
 absl::Status CudaBackendImpl::UploadBatch(absl::Span<const float> x,
                                           absl::Span<const int32_t> labels) {
+  RETURN_IF_ERROR(UseDevice());
   RETURN_IF_ERROR(CheckBatch("UploadBatch", x, labels));
   const int B = static_cast<int>(labels.size());
   RETURN_IF_ERROR(StageInputs(x.data(), labels.data(), B));
@@ -444,17 +446,18 @@ absl::Status CudaBackendImpl::UploadBatch(absl::Span<const float> x,
 }
 
 absl::Status CudaBackendImpl::ComputeUploaded() {
+  RETURN_IF_ERROR(UseDevice());
   if (uploaded_batch_ == 0) {
     return absl::FailedPreconditionError(
         "ComputeUploaded: no batch was uploaded");
   }
   RETURN_IF_ERROR(LaunchForwardBackward(uploaded_batch_));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
+  return Sync();
 }
 
 absl::StatusOr<EvalResult> CudaBackendImpl::Evaluate(
     absl::Span<const float> x, absl::Span<const int32_t> labels) {
+  RETURN_IF_ERROR(UseDevice());
   RETURN_IF_ERROR(CheckBackendInputs("Evaluate", layout_, weights_set_,
                                      /*max_batch=*/0, x, labels));
   const int64_t n = static_cast<int64_t>(labels.size());
@@ -480,7 +483,7 @@ absl::StatusOr<EvalResult> CudaBackendImpl::Evaluate(
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_correct_.get(), correct_.get(),
                                          B * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, stream_));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    RETURN_IF_ERROR(Sync());
     for (int i = 0; i < B; ++i) {
       result.correct += h_correct_.get()[i];
       result.loss_sum += static_cast<double>(h_row_loss[i]);
@@ -489,6 +492,22 @@ absl::StatusOr<EvalResult> CudaBackendImpl::Evaluate(
   result.count = n;
   return result;
 }
+
+// The module's entry object (cuda_module.h) over the functions below.
+class CudaModuleImpl final : public CudaModule {
+ public:
+  absl::StatusOr<int> DeviceCount() override { return CudaDeviceCount(); }
+  absl::StatusOr<GpuInfo> OpenDevice(int device) override {
+    return OpenCudaDevice(device);
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
+      const ModelLayout& layout, const BackendOptions& options) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
+                     CudaBackend::Create(layout, options));
+    return std::unique_ptr<Backend>(std::move(backend));
+  }
+  std::string Architectures() override { return CudaArchitectures(); }
+};
 
 }  // namespace
 
@@ -499,52 +518,92 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda backend: max_batch must be >= 1, got ", options.max_batch));
   }
-  std::string why;
-  if (!CudaDeviceAvailable(&why)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("backend \"cuda\": ", why));
-  }
   auto backend =
       std::make_unique<CudaBackendImpl>(layout, options, cuda_options);
   RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<CudaBackend>(std::move(backend));
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
-    const ModelLayout& layout, const BackendOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
-                   CudaBackend::Create(layout, options));
-  return std::unique_ptr<Backend>(std::move(backend));
+absl::StatusOr<int> CudaDeviceCount() {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error == cudaSuccess && count > 0) return count;
+  cudaGetLastError();  // clear it, so that later calls do not report it
+  const std::string code = error == cudaSuccess
+                               ? ""
+                               : absl::StrCat(": ", cudaGetErrorName(error),
+                                              ": ", cudaGetErrorString(error));
+  if (error == cudaErrorInsufficientDriver) {
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no CUDA driver, or one too old for CUDA ", runtime / 1000, ".",
+        runtime % 1000 / 10, " (CUDA 13 needs driver R580 or newer)", code));
+  }
+  if (error == cudaSuccess || error == cudaErrorNoDevice) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device is visible",
+                     visible != nullptr
+                         ? absl::StrCat(" (CUDA_VISIBLE_DEVICES=", visible, ")")
+                         : "",
+                     code));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("no usable CUDA driver or device", code));
 }
 
-bool CudaDeviceAvailable(std::string* why) {
-  std::string reason;
-  int count = 0;
-  cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) {
-    reason = absl::StrCat("no usable CUDA driver or device (",
-                          cudaGetErrorName(error), ": ",
-                          cudaGetErrorString(error), ")");
-  } else if (count == 0) {
-    reason = "no CUDA device";
-  } else if ((error = CheckKernelImage()) != cudaSuccess) {
-    int device = 0;
-    cudaDeviceProp prop;
-    std::string which = "the current device";
-    if (cudaGetDevice(&device) == cudaSuccess &&
-        cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-      which = absl::StrCat(prop.name, " (compute capability ", prop.major, ".",
-                           prop.minor, ")");
-    }
-    reason =
-        absl::StrCat("this build has no kernel image for ", which, " (",
-                     cudaGetErrorName(error), ": ", cudaGetErrorString(error),
-                     "); it was built for sm_90 (H100/H200) and newer");
+absl::StatusOr<GpuInfo> OpenCudaDevice(int device) {
+  ASSIGN_OR_RETURN(const int count, CudaDeviceCount());
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, " does not exist: ", count,
+                     " device", count == 1 ? " is" : "s are", " visible"));
   }
-  if (reason.empty()) return true;
-  cudaGetLastError();  // clear the error so later CUDA calls do not see it
-  if (why != nullptr) *why = std::move(reason);
-  return false;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaDeviceProp prop;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+  GpuInfo info;
+  info.device = device;
+  info.device_count = count;
+  info.name = prop.name;
+  info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  info.cc_major = prop.major;
+  info.cc_minor = prop.minor;
+  if (const cudaError_t error = CheckKernelImage(); error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("this build has no kernel image for ", info.name,
+                     " (compute capability ", info.cc_major, ".", info.cc_minor,
+                     "): it holds ", CudaArchitectures(), " (",
+                     cudaGetErrorName(error), ")"));
+  }
+  return info;
+}
+
+std::string CudaArchitectures() {
+  // DP_CUDA_ARCHITECTURES is CMake's list: "75-real;...;120-virtual".
+  std::vector<std::string> real, ptx;
+  for (absl::string_view arch :
+       absl::StrSplit(DP_CUDA_ARCHITECTURES, ';', absl::SkipEmpty())) {
+    // "N-real": code only; "N-virtual": PTX only; "N": both.
+    const bool is_virtual = absl::ConsumeSuffix(&arch, "-virtual");
+    const bool is_real = absl::ConsumeSuffix(&arch, "-real");
+    if (!is_virtual) real.push_back(absl::StrCat("sm_", arch));
+    if (!is_real) ptx.push_back(absl::StrCat("compute_", arch));
+  }
+  return absl::StrCat(absl::StrJoin(real, " "), ", PTX ",
+                      ptx.empty() ? "none" : absl::StrJoin(ptx, " "));
 }
 
 }  // namespace dp
+
+extern "C" {
+__attribute__((visibility("default"))) const char* dp_cuda_module_abi() {
+  return DP_CUDA_MODULE_ABI;
+}
+__attribute__((visibility("default"))) dp::CudaModule* dp_cuda_module_v1() {
+  static auto* module = new dp::CudaModuleImpl();
+  return module;
+}
+}

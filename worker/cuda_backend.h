@@ -1,5 +1,6 @@
-// Entry points of the CUDA backend (implemented in a .cu file, compiled only
-// when CMake finds CUDA and defines DP_HAVE_CUDA). No CUDA headers here.
+// The CUDA backend (implemented in cuda_backend.cu, built only when CMake
+// finds CUDA): what the CUDA module offers the worker (cuda_module.h), and
+// what its tests and benchmark use directly. No CUDA headers here.
 #ifndef DP_WORKER_CUDA_BACKEND_H_
 #define DP_WORKER_CUDA_BACKEND_H_
 
@@ -12,6 +13,7 @@
 #include "absl/types/span.h"
 #include "common/model_layout.h"
 #include "worker/backend.h"
+#include "worker/cuda_module.h"
 
 namespace dp {
 
@@ -32,9 +34,10 @@ struct CudaOptions {
 // Not thread-safe: one caller at a time.
 class CudaBackend : public Backend {
  public:
-  // Uses the current CUDA device. FAILED_PRECONDITION with the reason when no
-  // usable device is present; INVALID_ARGUMENT when max_batch < 1;
-  // RESOURCE_EXHAUSTED when the buffers for max_batch do not fit.
+  // Runs on device options.device (every call makes it the calling thread's
+  // device). FAILED_PRECONDITION with the reason when it cannot be used;
+  // INVALID_ARGUMENT when max_batch < 1; RESOURCE_EXHAUSTED when the
+  // buffers for max_batch do not fit.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
       const ModelLayout& layout, const BackendOptions& options,
       const CudaOptions& cuda_options = CudaOptions());
@@ -49,14 +52,16 @@ class CudaBackend : public Backend {
   [[nodiscard]] virtual absl::Status ComputeUploaded() = 0;
 };
 
-// A cuBLAS backend on the current CUDA device. FAILED_PRECONDITION with the
-// reason when no usable device is present; INVALID_ARGUMENT on bad options.
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
-    const ModelLayout& layout, const BackendOptions& options);
+// The number of visible CUDA devices, or FAILED_PRECONDITION saying why
+// there is none (no driver, a driver too old for this CUDA, no device).
+absl::StatusOr<int> CudaDeviceCount();
 
-// True when a CUDA device can be used; otherwise false, and *why (if not
-// null) says why (no driver, no device, no kernel image for this device...).
-bool CudaDeviceAvailable(std::string* why);
+// Makes `device` the calling thread's CUDA device and checks that this build
+// has code it can run; FAILED_PRECONDITION naming the reason otherwise.
+absl::StatusOr<GpuInfo> OpenCudaDevice(int device);
+
+// The code this build holds, e.g. "sm_75 sm_80 sm_120, PTX compute_120".
+std::string CudaArchitectures();
 
 }  // namespace dp
 

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/status_macros.h"
 #include "worker/cuda_kernels.cuh"
 #include "worker/cuda_kernels_testing.h"
 
@@ -42,6 +43,20 @@ constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;  // warps per block of the row kernels
 constexpr int kElementwiseThreads = 256;
 constexpr int kMaxElementwiseBlocks = 4096;
+
+// Launches kernel<<<grid, block, 0, stream>>>(args...) and returns the error
+// of this launch. (cudaGetLastError after <<<>>> would also return an error
+// left by any earlier call, and report it at the wrong file:line.)
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block,
+                   cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
 
 int ElementwiseBlocks(int64_t n) {
   return static_cast<int>(std::min<int64_t>(
@@ -109,25 +124,13 @@ cudaError_t LaunchBiasRelu(float* y, const float* bias, int B, int out,
     const int64_t n4 = n / 4;
     float4* y4 = reinterpret_cast<float4*>(y);
     const float4* b4 = reinterpret_cast<const float4*>(bias);
-    if (relu) {
-      BiasReluKernel4<true>
-          <<<ElementwiseBlocks(n4), kElementwiseThreads, 0, stream>>>(
-              y4, b4, n4, out / 4);
-    } else {
-      BiasReluKernel4<false>
-          <<<ElementwiseBlocks(n4), kElementwiseThreads, 0, stream>>>(
-              y4, b4, n4, out / 4);
-    }
-  } else if (relu) {
-    BiasReluKernel<true>
-        <<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(y, bias, n,
-                                                                   out);
-  } else {
-    BiasReluKernel<false>
-        <<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(y, bias, n,
-                                                                   out);
+    return Launch(relu ? BiasReluKernel4<true> : BiasReluKernel4<false>,
+                  ElementwiseBlocks(n4), kElementwiseThreads, stream, y4, b4,
+                  n4, out / 4);
   }
-  return cudaGetLastError();
+  return Launch(relu ? BiasReluKernel<true> : BiasReluKernel<false>,
+                ElementwiseBlocks(n), kElementwiseThreads, stream, y, bias, n,
+                out);
 }
 
 namespace {
@@ -188,9 +191,8 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
   if (B == 0) return cudaSuccess;
   const int blocks = (B + kRowsPerBlock - 1) / kRowsPerBlock;
   const float inv_b = 1.0f / static_cast<float>(B);
-  SoftmaxCrossEntropyKernel<<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(
-      logits, labels, dlogits, row_loss, B, C, inv_b);
-  return cudaGetLastError();
+  return Launch(SoftmaxCrossEntropyKernel, blocks, kRowsPerBlock * kWarp,
+                stream, logits, labels, dlogits, row_loss, B, C, inv_b);
 }
 
 namespace {
@@ -202,7 +204,9 @@ namespace {
 // sums in ty order. With one chunk that is the result; otherwise each chunk's
 // sum goes to partials (chunks, out) and the last block of the column tile
 // to arrive adds them in chunk order. Which block is last varies; the order
-// of the additions does not.
+// of the additions does not. The tile counters are zeroed before every such
+// launch, in the same stream, so an aborted launch or a replayed graph
+// cannot leave them counting from anything but zero.
 constexpr int kColumnSumRowsPerPass = 8;
 
 template <bool kMask>
@@ -258,7 +262,6 @@ __global__ void ColumnSumsKernel(float* __restrict__ dy,
     }
     db[c] = total;
   }
-  if (tx == 0 && ty == 0) counters[blockIdx.x] = 0;  // ready for the next call
 }
 
 }  // namespace
@@ -270,21 +273,24 @@ cudaError_t LaunchColumnSums(float* dy, const float* act, float* db, int B,
   if (B == 0) return cudaMemsetAsync(db, 0, sizeof(float) * out, stream);
   const dim3 grid(ColumnSumTiles(out), ColumnSumChunks(B));
   const dim3 block(kColumnSumTile, kColumnSumRowsPerPass);
-  if (act != nullptr) {
-    ColumnSumsKernel<true>
-        <<<grid, block, 0, stream>>>(dy, act, db, B, out, partials, counters);
-  } else {
-    ColumnSumsKernel<false>
-        <<<grid, block, 0, stream>>>(dy, act, db, B, out, partials, counters);
+  if (grid.y > 1) {
+    const cudaError_t zeroed = cudaMemsetAsync(
+        counters, 0, sizeof(unsigned) * ColumnSumTiles(out), stream);
+    if (zeroed != cudaSuccess) return zeroed;
   }
-  return cudaGetLastError();
+  return Launch(
+      act != nullptr ? ColumnSumsKernel<true> : ColumnSumsKernel<false>, grid,
+      block, stream, dy, act, db, B, out, partials, counters);
 }
 
 namespace {
 
 // ---------------------------------------------------------------------------
-// Evaluation rows: loss as SoftmaxCrossEntropyKernel, argmax with the CPU's
-// tie rule (the lowest index wins). One warp per row.
+// Evaluation rows: loss as SoftmaxCrossEntropyKernel, argmax as the CPU's
+// sequential loop (arg = 0; arg = j when z[j] > z[arg]) decides it: the
+// lowest index wins ties, a NaN never wins, and a NaN in column 0 wins
+// (nothing compares greater than it). Lanes skip NaNs, the warp reduces the
+// rest, and column 0's NaN is applied last. One warp per row.
 __global__ void EvalRowsKernel(const float* __restrict__ logits,
                                const int32_t* __restrict__ labels,
                                float* __restrict__ row_loss,
@@ -297,6 +303,7 @@ __global__ void EvalRowsKernel(const float* __restrict__ logits,
   float best = 0.0f;
   int arg = -1;  // -1: this lane has no column
   for (int j = lane; j < C; j += kWarp) {
+    if (isnan(z[j])) continue;
     if (arg < 0 || z[j] > best) {
       best = z[j];
       arg = j;
@@ -314,6 +321,7 @@ __global__ void EvalRowsKernel(const float* __restrict__ logits,
   }
   const RowStats r = WarpRowStats(z, C, lane);
   if (lane == 0) {
+    if (arg < 0 || isnan(z[0])) arg = 0;
     row_loss[row] = (r.max + logf(r.sum)) - z[label];
     correct[row] = arg == label ? 1 : 0;
   }
@@ -328,9 +336,8 @@ cudaError_t LaunchEvalRows(const float* logits, const int32_t* labels,
                            cudaStream_t stream) {
   if (B == 0) return cudaSuccess;
   const int blocks = (B + kRowsPerBlock - 1) / kRowsPerBlock;
-  EvalRowsKernel<<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(
-      logits, labels, row_loss, correct, B, C);
-  return cudaGetLastError();
+  return Launch(EvalRowsKernel, blocks, kRowsPerBlock * kWarp, stream, logits,
+                labels, row_loss, correct, B, C);
 }
 
 cudaError_t CheckKernelImage() {
@@ -341,12 +348,6 @@ cudaError_t CheckKernelImage() {
 // ---------------------------------------------------------------------------
 // Host-memory test entry points.
 namespace {
-
-struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-template <typename T>
-using DevicePtr = std::unique_ptr<T, CudaFree>;
 
 // Copies host (n) to a new device buffer; with copy false, only allocates.
 template <typename T>
@@ -377,23 +378,17 @@ absl::Status CheckSize(const char* what, size_t got, int64_t want) {
       absl::StrCat(what, " has ", got, " elements, expected ", want));
 }
 
-#define DP_RETURN_IF_ERROR_(expr)      \
-  do {                                 \
-    const absl::Status dp_s_ = (expr); \
-    if (!dp_s_.ok()) return dp_s_;     \
-  } while (0)
-
 }  // namespace
 
 absl::Status CudaBiasReluForTest(absl::Span<float> y,
                                  absl::Span<const float> bias, int B, int out,
                                  bool relu) {
   const int64_t n = static_cast<int64_t>(B) * out;
-  DP_RETURN_IF_ERROR_(CheckSize("y", y.size(), n));
-  DP_RETURN_IF_ERROR_(CheckSize("bias", bias.size(), out));
+  RETURN_IF_ERROR(CheckSize("y", y.size(), n));
+  RETURN_IF_ERROR(CheckSize("bias", bias.size(), out));
   DevicePtr<float> dy, db;
-  DP_RETURN_IF_ERROR_(ToDevice<float>(y, n, true, &dy));
-  DP_RETURN_IF_ERROR_(ToDevice<float>(bias, out, true, &db));
+  RETURN_IF_ERROR(ToDevice<float>(y, n, true, &dy));
+  RETURN_IF_ERROR(ToDevice<float>(bias, out, true, &db));
   CUDA_RETURN_IF_ERROR(LaunchBiasRelu(dy.get(), db.get(), B, out, relu, 0));
   CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return ToHost(dy, y);
@@ -405,20 +400,20 @@ absl::Status CudaSoftmaxCrossEntropyForTest(absl::Span<const float> logits,
                                             absl::Span<float> dlogits,
                                             absl::Span<float> row_loss) {
   const int64_t n = static_cast<int64_t>(B) * C;
-  DP_RETURN_IF_ERROR_(CheckSize("logits", logits.size(), n));
-  DP_RETURN_IF_ERROR_(CheckSize("labels", labels.size(), B));
-  DP_RETURN_IF_ERROR_(CheckSize("dlogits", dlogits.size(), n));
-  DP_RETURN_IF_ERROR_(CheckSize("row_loss", row_loss.size(), B));
+  RETURN_IF_ERROR(CheckSize("logits", logits.size(), n));
+  RETURN_IF_ERROR(CheckSize("labels", labels.size(), B));
+  RETURN_IF_ERROR(CheckSize("dlogits", dlogits.size(), n));
+  RETURN_IF_ERROR(CheckSize("row_loss", row_loss.size(), B));
   DevicePtr<float> dz, ddz, dloss;
   DevicePtr<int32_t> dlabels;
-  DP_RETURN_IF_ERROR_(ToDevice<float>(logits, n, true, &dz));
-  DP_RETURN_IF_ERROR_(ToDevice<int32_t>(labels, B, true, &dlabels));
-  DP_RETURN_IF_ERROR_(ToDevice<float>({}, n, false, &ddz));
-  DP_RETURN_IF_ERROR_(ToDevice<float>({}, B, false, &dloss));
+  RETURN_IF_ERROR(ToDevice<float>(logits, n, true, &dz));
+  RETURN_IF_ERROR(ToDevice<int32_t>(labels, B, true, &dlabels));
+  RETURN_IF_ERROR(ToDevice<float>({}, n, false, &ddz));
+  RETURN_IF_ERROR(ToDevice<float>({}, B, false, &dloss));
   CUDA_RETURN_IF_ERROR(LaunchSoftmaxCrossEntropy(
       dz.get(), dlabels.get(), ddz.get(), dloss.get(), B, C, 0));
   CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  DP_RETURN_IF_ERROR_(ToHost(ddz, dlogits));
+  RETURN_IF_ERROR(ToHost(ddz, dlogits));
   return ToHost(dloss, row_loss);
 }
 
@@ -426,25 +421,28 @@ absl::Status CudaColumnSumsForTest(absl::Span<float> dy,
                                    absl::Span<const float> act, int B, int out,
                                    absl::Span<float> db) {
   const int64_t n = static_cast<int64_t>(B) * out;
-  DP_RETURN_IF_ERROR_(CheckSize("dy", dy.size(), n));
-  if (!act.empty()) DP_RETURN_IF_ERROR_(CheckSize("act", act.size(), n));
-  DP_RETURN_IF_ERROR_(CheckSize("db", db.size(), out));
+  RETURN_IF_ERROR(CheckSize("dy", dy.size(), n));
+  if (!act.empty()) RETURN_IF_ERROR(CheckSize("act", act.size(), n));
+  RETURN_IF_ERROR(CheckSize("db", db.size(), out));
   DevicePtr<float> ddy, dact, ddb, partials;
   DevicePtr<unsigned> counters;
-  DP_RETURN_IF_ERROR_(ToDevice<float>(dy, n, true, &ddy));
-  if (!act.empty()) DP_RETURN_IF_ERROR_(ToDevice<float>(act, n, true, &dact));
-  DP_RETURN_IF_ERROR_(ToDevice<float>({}, out, false, &ddb));
-  DP_RETURN_IF_ERROR_(ToDevice<float>(
+  RETURN_IF_ERROR(ToDevice<float>(dy, n, true, &ddy));
+  if (!act.empty()) RETURN_IF_ERROR(ToDevice<float>(act, n, true, &dact));
+  RETURN_IF_ERROR(ToDevice<float>({}, out, false, &ddb));
+  RETURN_IF_ERROR(ToDevice<float>(
       {}, static_cast<size_t>(ColumnSumChunks(B)) * out, false, &partials));
-  const int tiles = ColumnSumTiles(out);
-  DP_RETURN_IF_ERROR_(ToDevice<unsigned>({}, tiles, false, &counters));
+  RETURN_IF_ERROR(
+      ToDevice<unsigned>({}, ColumnSumTiles(out), false, &counters));
+  // Scratch of any contents must do: as a graph replay or an aborted launch
+  // could leave it.
   CUDA_RETURN_IF_ERROR(
-      cudaMemset(counters.get(), 0, sizeof(unsigned) * std::max(tiles, 1)));
+      cudaMemset(counters.get(), 0xab,
+                 sizeof(unsigned) * std::max(ColumnSumTiles(out), 1)));
   CUDA_RETURN_IF_ERROR(LaunchColumnSums(ddy.get(), dact.get(), ddb.get(), B,
                                         out, partials.get(), counters.get(),
                                         0));
   CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  DP_RETURN_IF_ERROR_(ToHost(ddy, dy));
+  RETURN_IF_ERROR(ToHost(ddy, dy));
   return ToHost(ddb, db);
 }
 
@@ -453,20 +451,20 @@ absl::Status CudaEvalRowsForTest(absl::Span<const float> logits,
                                  absl::Span<float> row_loss,
                                  absl::Span<int32_t> correct) {
   const int64_t n = static_cast<int64_t>(B) * C;
-  DP_RETURN_IF_ERROR_(CheckSize("logits", logits.size(), n));
-  DP_RETURN_IF_ERROR_(CheckSize("labels", labels.size(), B));
-  DP_RETURN_IF_ERROR_(CheckSize("row_loss", row_loss.size(), B));
-  DP_RETURN_IF_ERROR_(CheckSize("correct", correct.size(), B));
+  RETURN_IF_ERROR(CheckSize("logits", logits.size(), n));
+  RETURN_IF_ERROR(CheckSize("labels", labels.size(), B));
+  RETURN_IF_ERROR(CheckSize("row_loss", row_loss.size(), B));
+  RETURN_IF_ERROR(CheckSize("correct", correct.size(), B));
   DevicePtr<float> dz, dloss;
   DevicePtr<int32_t> dlabels, dcorrect;
-  DP_RETURN_IF_ERROR_(ToDevice<float>(logits, n, true, &dz));
-  DP_RETURN_IF_ERROR_(ToDevice<int32_t>(labels, B, true, &dlabels));
-  DP_RETURN_IF_ERROR_(ToDevice<float>({}, B, false, &dloss));
-  DP_RETURN_IF_ERROR_(ToDevice<int32_t>({}, B, false, &dcorrect));
+  RETURN_IF_ERROR(ToDevice<float>(logits, n, true, &dz));
+  RETURN_IF_ERROR(ToDevice<int32_t>(labels, B, true, &dlabels));
+  RETURN_IF_ERROR(ToDevice<float>({}, B, false, &dloss));
+  RETURN_IF_ERROR(ToDevice<int32_t>({}, B, false, &dcorrect));
   CUDA_RETURN_IF_ERROR(LaunchEvalRows(dz.get(), dlabels.get(), dloss.get(),
                                       dcorrect.get(), B, C, 0));
   CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  DP_RETURN_IF_ERROR_(ToHost(dloss, row_loss));
+  RETURN_IF_ERROR(ToHost(dloss, row_loss));
   return ToHost(dcorrect, correct);
 }
 

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 
@@ -25,6 +26,18 @@ absl::Status CudaErrorStatus(cudaError_t error, const char* expr,
       return ::dp::CudaErrorStatus(dp_cuda_error_, #expr, __FILE__, __LINE__); \
     }                                                                          \
   } while (0)
+
+// Device and pinned host memory owned by a unique_ptr.
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+struct CudaFreeHost {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+template <typename T>
+using DevicePtr = std::unique_ptr<T, CudaFree>;
+template <typename T>
+using PinnedPtr = std::unique_ptr<T, CudaFreeHost>;
 
 // Rows per chunk of the column-sum kernels: the reduction order of a column
 // sum depends on B only, never on scheduling.
@@ -58,13 +71,14 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
 // fixed chunk of rows for 32 columns in row order; the last block of each
 // column tile (found with an integer atomic counter) adds the chunk partials
 // in chunk order. partials holds ColumnSumChunks(B) * out floats; counters
-// ColumnSumTiles(out) zeroed unsigned ints, left zeroed on return.
+// ColumnSumTiles(out) unsigned ints of scratch (any contents).
 cudaError_t LaunchColumnSums(float* dy, const float* act, float* db, int B,
                              int out, float* partials, unsigned* counters,
                              cudaStream_t stream);
 
 // Evaluation of logits (B,C): row_loss (B) as in LaunchSoftmaxCrossEntropy,
-// correct (B) = 1 where argmax (lowest index on ties) == label, else 0.
+// correct (B) = 1 where argmax == label, else 0, with the argmax of the CPU
+// loop: lowest index on ties, NaN never wins except in column 0.
 cudaError_t LaunchEvalRows(const float* logits, const int32_t* labels,
                            float* row_loss, int32_t* correct, int B, int C,
                            cudaStream_t stream);

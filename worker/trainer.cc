@@ -1,10 +1,11 @@
 // Worker loop: pull -> compute -> push -> barrier, with re-sync on ABORTED.
 #include "worker/trainer.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <unistd.h>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -58,9 +59,9 @@ absl::Status Trainer::Run() {
   ASSIGN_OR_RETURN(dp::v1::GetStatusResponse job, client_->GetStatus());
   const dp::v1::JobConfig& cfg = job.config();
   if (rank < 0 || rank >= cfg.world_size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d is out of range: the job has %d workers", rank,
-        cfg.world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d is out of range: the job has %d workers", rank,
+                        cfg.world_size()));
   }
   ASSIGN_OR_RETURN(Dataset train, LoadDataset(cfg.dataset(), options_.data_dir,
                                               cfg.seed(), Split::kTrain));
@@ -75,9 +76,9 @@ absl::Status Trainer::Run() {
   backend_options.cpu_threads = options_.cpu_threads;
   backend_options.tf32 = options_.tf32;
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
-                   CreateBackend(options_.backend, layout, backend_options));
-  Log("rank %d: %d training samples of %s, backend %s", rank,
-      train.num_samples, cfg.dataset(), backend->Name());
+                   options_.backend.Create(layout, backend_options));
+  Log("rank %d: %d training samples of %s, backend %s", rank, train.num_samples,
+      cfg.dataset(), backend->Name());
 
   dp::v1::RegisterRequest reg_request;
   reg_request.set_rank(rank);
@@ -226,11 +227,13 @@ absl::Status Trainer::Run() {
     const int64_t finished = step;
     step = weights.header.step();
     if (rank == 0 && schedule.ends_epoch(finished)) {
-      ASSIGN_OR_RETURN(EvalResult eval, backend->Evaluate(test->x, test->labels));
+      ASSIGN_OR_RETURN(EvalResult eval,
+                       backend->Evaluate(test->x, test->labels));
       dp::v1::ReportEvalRequest report;
       report.set_rank(rank);
       report.set_step(step);
-      report.set_epoch(static_cast<int>((step - 1) / schedule.steps_per_epoch()) + 1);
+      report.set_epoch(
+          static_cast<int>((step - 1) / schedule.steps_per_epoch()) + 1);
       report.set_accuracy(static_cast<double>(eval.correct) / eval.count);
       report.set_loss(eval.loss_sum / eval.count);
       report.set_num_samples(eval.count);

@@ -11,17 +11,18 @@
 #include "absl/status/status.h"
 #include "common/metrics.h"
 #include "worker/backend.h"
+#include "worker/backend_choice.h"
 #include "worker/ps_client.h"
 
 namespace dp {
 
 struct TrainerOptions {
   int rank = 0;
-  std::string data_dir;         // empty: the data set's default location
-  std::string backend = "auto";
+  std::string data_dir;   // empty: the data set's default location
+  BackendChoice backend;  // default: the CPU backend
   int cpu_threads = 1;
-  bool tf32 = false;            // CUDA: TF32 tensor-core matrix products
-  bool fused = true;            // PushPull instead of Push + Barrier + Pull
+  bool tf32 = false;  // CUDA: TF32 tensor-core matrix products
+  bool fused = true;  // PushPull instead of Push + Barrier + Pull
   // Read before every step: once true, Run returns CANCELLED, so a worker
   // asked to stop (SIGTERM) does so after the step in progress.
   const std::atomic<bool>* stop = nullptr;

@@ -7,9 +7,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/flags.h"
@@ -18,8 +22,8 @@
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/model_layout.h"
-#include "worker/backend.h"
 #include "common/security.h"
+#include "worker/backend_choice.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
 
@@ -43,6 +47,17 @@ void OnStopSignal(int sig) {
   [[maybe_unused]] ssize_t n = write(stop_pipe[1], &byte, 1);
 }
 
+// The labels of dp_worker_backend_info.
+std::map<std::string, std::string> BackendLabels(const BackendChoice& choice) {
+  if (!choice.cuda()) return {{"backend", "cpu"}};
+  const GpuInfo& gpu = choice.gpu();
+  return {
+      {"backend", "cuda"},
+      {"device", absl::StrCat(gpu.device)},
+      {"gpu", gpu.name},
+      {"compute_capability", absl::StrCat(gpu.cc_major, ".", gpu.cc_minor)}};
+}
+
 // "host:port" with a port in 1..65535 ("[v6]:port" too).
 bool IsHostPort(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -57,6 +72,8 @@ int Run(int argc, char** argv) {
   int rank = -1;
   std::string data_dir;
   std::string backend = "auto";
+  int device = -1;
+  std::string cuda_module;
   int metrics_port = 0;
   std::string metrics_host = "0.0.0.0";
   int threads = 1;
@@ -74,7 +91,15 @@ int Run(int argc, char** argv) {
                {"RANK", "JOB_COMPLETION_INDEX"});
   flags.AddString("data_dir", &data_dir,
                   "directory of the IDX files (empty: the data set's default)");
-  flags.AddString("backend", &backend, "auto | cpu | cuda");
+  flags.AddString("backend", &backend,
+                  "auto | cpu | cuda (auto: cuda when the CUDA module is "
+                  "installed and finds a GPU it has code for, else cpu)");
+  flags.AddInt("device", &device,
+               "CUDA device ordinal (-1: rank modulo the visible GPUs)",
+               {"LOCAL_RANK"});
+  flags.AddString("cuda_module", &cuda_module,
+                  "path of libdp_cuda.so (empty: next to dp-worker, then "
+                  "../lib/dp-ps/)");
   flags.AddInt("metrics_port", &metrics_port,
                "Prometheus metrics port (0 = off, -1 = any free port)");
   flags.AddString("metrics_host", &metrics_host,
@@ -104,7 +129,8 @@ int Run(int argc, char** argv) {
   AddSecurityFlags(&flags, &security_flags, Side::kClient);
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
+    std::fprintf(stderr, "%s\n",
+                 std::string(action.status().message()).c_str());
     return kExitConfigError;
   }
   if (*action == Flags::Action::kExit) return kExitOk;
@@ -127,8 +153,7 @@ int Run(int argc, char** argv) {
   }
   // A dry run checks the name only: the manifests name the GPU backend,
   // and their check runs where there is no GPU.
-  if (absl::Status s = CheckBackend(backend, /*probe_device=*/!dry_run);
-      !s.ok()) {
+  if (absl::Status s = CheckBackendName(backend); !s.ok()) {
     Log("configuration error: %s", s.message());
     return kExitConfigError;
   }
@@ -154,6 +179,18 @@ int Run(int argc, char** argv) {
   }
   Log("dp-worker %s starting: %s", DP_VERSION, flags.Effective());
   Log("security: %s", security->Describe());
+  BackendRequest backend_request;
+  backend_request.name = backend;
+  backend_request.device = device;
+  backend_request.rank = rank;
+  backend_request.cuda_module = cuda_module;
+  absl::StatusOr<BackendChoice> backend_choice =
+      BackendChoice::Resolve(backend_request);
+  if (!backend_choice.ok()) {
+    Log("configuration error: %s", backend_choice.status().message());
+    return kExitConfigError;
+  }
+  Log("backend: %s", backend_choice->Describe());
 
   if (pipe(stop_pipe) != 0) {
     Log("error: pipe: %s", std::strerror(errno));
@@ -199,6 +236,7 @@ int Run(int argc, char** argv) {
   watcher.detach();
 
   WorkerMetrics metrics(rank);
+  metrics.SetBackend(BackendLabels(*backend_choice));
   std::unique_ptr<MetricsEndpoint> metrics_endpoint;
   if (metrics_port != kMetricsOff) {
     auto endpoint = metrics.Serve(metrics_host, metrics_port);
@@ -223,7 +261,7 @@ int Run(int argc, char** argv) {
   TrainerOptions options;
   options.rank = rank;
   options.data_dir = data_dir;
-  options.backend = backend;
+  options.backend = *std::move(backend_choice);
   options.cpu_threads = threads;
   options.tf32 = tf32;
   options.fused = protocol == "fused";

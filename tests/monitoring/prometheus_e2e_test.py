@@ -227,10 +227,14 @@ def run(args, tmp, processes):
     for rank, protocol in [(0, "fused"), (1, "plain")]:
         w = Process(f"worker {rank}", [
             args.worker, f"--ps=127.0.0.1:{grpc_port}", f"--rank={rank}",
-            "--backend=cpu", f"--protocol={protocol}", "--metrics_port=-1",
+            # auto: where the CUDA module is built, the workers load it (and
+            # fall back to the CPU without a GPU) before serving metrics.
+            "--backend=auto", f"--protocol={protocol}", "--metrics_port=-1",
             "--metrics_host=127.0.0.1"], tmp)
         processes.append(w)
         workers.append(w)
+        print(f"[{time.monotonic() - start:5.1f}s] worker {rank} backend: " +
+              w.wait_for_line(r"backend: (.*)", deadline)[1])
         worker_metrics.append(int(w.wait_for_line(
             r"metrics on 127\.0\.0\.1:(\d+)", deadline)[1]))
     workers[1].proc.send_signal(signal.SIGSTOP)  # holds the job at step 0
@@ -282,6 +286,8 @@ def run(args, tmp, processes):
             raise Failure(f"promtool check metrics on {name}'s /metrics:\n"
                           f"{lint.stdout}{lint.stderr}")
         families.update(mc.exported_families(text))
+        if name.startswith("worker") and "dp_worker_backend_info{" not in text:
+            raise Failure(f"{name}'s /metrics has no dp_worker_backend_info")
     print(f"[{time.monotonic() - start:5.1f}s] promtool check metrics: "
           f"dp-ps and both workers clean; {len(families)} families")
     rules = mc.load_rules(rule_files)
