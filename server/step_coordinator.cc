@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -421,6 +422,9 @@ void StepCoordinator::SetUpdateObserver(
 }
 
 void StepCoordinator::Fail(const absl::Status& reason) {
+  // Workers stop only on this code and prefix; anything else would have
+  // them retry or re-sync against a job that is over.
+  DP_CHECK(IsJobFailed(reason));
   std::vector<WaitCallback> to_fail;
   int64_t step;
   {

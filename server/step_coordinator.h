@@ -157,7 +157,8 @@ class StepCoordinator {
   bool AwaitFinalEval(absl::Duration timeout) const;
   // Rejects further requests with UNAVAILABLE and fails pending waits.
   void Shutdown();
-  // Ends the job with `reason`: pending waits and every later request get it.
+  // Ends the job with `reason`, a JobFailedError (common/grpc_status.h):
+  // pending waits and every later request get it.
   void Fail(const absl::Status& reason);
 
   // Restores the data fingerprint saved with a checkpoint, as if the worker

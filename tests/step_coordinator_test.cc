@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 
+#include "common/grpc_status.h"
 #include "gtest/gtest.h"
 
 namespace dp {
@@ -323,6 +324,23 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
   ASSERT_TRUE(c->Push(2, 2, 0, Bytes(Gradient(l, 2, 2)), 1.0f).ok());
   EXPECT_EQ(c->Snapshot().step, 3);
   EXPECT_EQ(released_at, 3);
+}
+
+// The job's failure reaches the waiting ranks and every later request.
+TEST(StepCoordinatorTest, JobFailureFailsWaitersAndLaterRequests) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
+  absl::Status waited;
+  ASSERT_TRUE(c->WaitForStep(0, 0, [&](const absl::Status& s, int64_t) {
+                 waited = s;
+               }).ok());
+  c->Fail(JobFailedError("rank 2 was lost"));
+  EXPECT_TRUE(IsJobFailed(waited)) << waited;
+  EXPECT_TRUE(IsJobFailed(
+      c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).status()));
+  EXPECT_TRUE(IsJobFailed(c->Register(2, l.Fingerprint(), kData).status()));
+  EXPECT_TRUE(IsJobFailed(c->Pull(1, 0, 0).status()));
 }
 
 // The comparison itself must see a change in each kind of state, or the
