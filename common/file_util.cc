@@ -6,6 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 
 namespace dp {
@@ -72,9 +75,15 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 absl::Status WriteFileAtomic(const std::string& path,
                              absl::string_view contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd =
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A name of its own for every write - process id and a per-process
+  // count - created exclusively: two writers of one path (threads, or
+  // processes sharing a directory) must never truncate or rename each
+  // other's temporary file.
+  static std::atomic<uint64_t> writes{0};
+  const std::string tmp =
+      absl::StrCat(path, ".tmp.", ::getpid(), ".", writes.fetch_add(1));
+  const int fd = ::open(tmp.c_str(),
+                        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError(errno, "cannot write", path);
 
   int e = WriteAll(fd, contents);

@@ -16,7 +16,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // Writes `contents` so that `path` holds either its old contents or the new
 // ones, never a mix: temporary file in the same directory, fsync, rename,
 // fsync of the directory. On error `path` is untouched and the temporary
-// file is removed.
+// file is removed. Safe to call concurrently for one path: each call has its
+// own temporary file, and `path` ends up holding one caller's contents.
 [[nodiscard]] absl::Status WriteFileAtomic(const std::string& path,
                                            absl::string_view contents);
 

@@ -36,10 +36,15 @@ void Encode(Encoding e, const float* x, int64_t n, char* out) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, x + i, 4);
-    // Round to nearest even on the dropped 16 bits. NaN stays NaN (its
-    // mantissa keeps a high bit set); the server rejects it anyway.
+    // Round to nearest even on the dropped 16 bits. That addition would carry
+    // a NaN into the exponent or the sign (0xffff8000 becomes +0.0,
+    // 0x7f800001 becomes Inf), so a NaN takes the quiet NaN of its sign
+    // instead: the server must see it to refuse it. A select, not a branch,
+    // so the loop still vectorises.
     const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
-    const uint16_t half = static_cast<uint16_t>(rounded >> 16);
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    const uint16_t half = static_cast<uint16_t>(
+        nan ? ((bits >> 16) | 0x0040u) : (rounded >> 16));
     std::memcpy(out + 2 * i, &half, 2);
   }
 }

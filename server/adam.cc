@@ -14,8 +14,8 @@ namespace {
 constexpr int64_t kBlock = 512;
 
 struct Coefficients {
-  float one_minus_beta1, beta2, one_minus_beta2, wd, eps, neg_step_size,
-      bc2_sqrt, count, inv_count;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, wd, eps,
+      neg_step_size, bc2_sqrt, count, inv_count;
 };
 
 // g[0, n) = the sum of ranks [first, first + kRanks) at offset b, added in
@@ -83,21 +83,33 @@ __attribute__((always_inline)) inline void AverageAndUpdateRange(
     float* __restrict v = v_all + b;
     for (int64_t i = 0; i < n; ++i) {
       float gi = kMultiply ? g[i] * c.inv_count : g[i] / c.count;
-      gi += c.wd * p[i];  // wd is 0 by default, and 0 * p adds +-0: exact
-      m[i] += c.one_minus_beta1 * (gi - m[i]);  // torch's lerp, weight < 0.5
-      v[i] = v[i] * c.beta2 + c.one_minus_beta2 * (gi * gi);
-      // torch divides sqrt(v) by sqrt(bc2) before adding eps; keep that order.
+      // torch.optim.Adam 1.13, operation by operation, as its AVX2 kernels
+      // round them. grad.add(param, alpha=wd) and add_(grad, alpha) are
+      // vec::fmadd, one rounding; wd is 0 by default (adds +-0: exact).
+      gi = std::fma(p[i], c.wd, gi);
+      // exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+      m[i] = std::fma(gi, c.one_minus_beta1, m[i] * c.beta1);
+      // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2): the
+      // kernel's v + value * g * g is ((value * g) * g) + v, and GCC fuses
+      // its last multiply and add into an FMA (tests/adam_test.cc checks the
+      // bits against PyTorch's).
+      v[i] = std::fma(c.one_minus_beta2 * gi, gi, v[i] * c.beta2);
+      // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
       const float denom = std::sqrt(v[i]) / c.bc2_sqrt + c.eps;
-      p[i] += c.neg_step_size * (m[i] / denom);
+      // param.addcdiv_(exp_avg, denom, value=-step_size): p + value * m / d
+      p[i] += (c.neg_step_size * m[i]) / denom;
     }
   }
 }
 
-// Cloned for AVX2 (8 floats a vector) and the x86-64 baseline (4), the
-// summing loops included. Only correctly rounded operations (+ - * / sqrt)
-// are used and FMA is not enabled, so both clones give the same bits on
-// every machine. Not a template: clang cannot clone those.
-__attribute__((target_clones("avx2", "default"))) void AverageAndUpdate(
+// Compiled twice: for AVX2 with FMA (8 floats a vector, FMA instructions)
+// and for the x86-64 baseline (4), the summing loops included, and picked
+// by what the CPU supports. Only correctly rounded operations (+ - * / sqrt
+// fma) are used, and contraction of a * b + c into an FMA is off for this
+// file (server/CMakeLists.txt), so both give the same bits on every
+// machine; the baseline calls fmaf() for the FMAs, slower but rounding the
+// same. Not templates: clang cannot retarget those.
+__attribute__((target("avx2,fma"))) void AverageAndUpdateAvx2Fma(
     const Coefficients& c, const float* const* grads, size_t count,
     int64_t begin, int64_t end, float* params, float* m, float* v) {
   if ((count & (count - 1)) == 0) {
@@ -105,6 +117,25 @@ __attribute__((target_clones("avx2", "default"))) void AverageAndUpdate(
   } else {
     AverageAndUpdateRange<false>(c, grads, count, begin, end, params, m, v);
   }
+}
+
+void AverageAndUpdateBaseline(const Coefficients& c, const float* const* grads,
+                              size_t count, int64_t begin, int64_t end,
+                              float* params, float* m, float* v) {
+  if ((count & (count - 1)) == 0) {
+    AverageAndUpdateRange<true>(c, grads, count, begin, end, params, m, v);
+  } else {
+    AverageAndUpdateRange<false>(c, grads, count, begin, end, params, m, v);
+  }
+}
+
+void AverageAndUpdate(const Coefficients& c, const float* const* grads,
+                      size_t count, int64_t begin, int64_t end, float* params,
+                      float* m, float* v) {
+  static const bool avx2_fma =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  (avx2_fma ? AverageAndUpdateAvx2Fma : AverageAndUpdateBaseline)(
+      c, grads, count, begin, end, params, m, v);
 }
 
 }  // namespace
@@ -117,7 +148,10 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
   const size_t count = grads.size();
-  const Coefficients c{static_cast<float>(1.0 - o.beta1),
+  // Like torch, scalars are Python floats (double) cast to float by the
+  // kernels: 1 - beta1 is computed in double, then rounded.
+  const Coefficients c{static_cast<float>(o.beta1),
+                       static_cast<float>(1.0 - o.beta1),
                        static_cast<float>(o.beta2),
                        static_cast<float>(1.0 - o.beta2),
                        static_cast<float>(o.weight_decay),

@@ -20,10 +20,12 @@ struct AdamOptions {
 // Averages `grads` (each n floats) in the order given - rank order, so the
 // result never depends on arrival order - and applies Adam step `t` (1-based)
 // to params, m and v (n floats each), exactly as torch.optim.Adam's
-// single-tensor path:
-//   g = (grads[0] + grads[1] + ...) / N  (+ weight_decay * p)
-//   m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
-//   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// single-tensor path (PyTorch 1.13, CPU), rounding for rounding:
+//   g = (grads[0] + grads[1] + ...) / N;  g = fma(p, weight_decay, g)
+//   m = fma(g, 1 - beta1, m * beta1)
+//   v = fma((1 - beta2) * g, g, v * beta2)
+//   p += (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// with the scalars computed in double and rounded to float, as torch does.
 // Each buffer is read and written once.
 // The largest gradient value dp-ps accepts. Within it the rank sum of up to
 // 1024 gradients, its square and Adam's m, v and update all stay finite for

@@ -194,6 +194,7 @@ std::optional<Checkpoint> CheckpointStore::LoadNewest() const {
 }
 
 absl::Status CheckpointStore::Write(const Checkpoint& c) {
+  absl::MutexLock lock(&write_mu_);
   const std::string path = dir_ + "/" + CheckpointFileName(c.state.step);
   if (absl::Status s = WriteFileAtomic(path, EncodeCheckpoint(layout_, c));
       !s.ok()) {

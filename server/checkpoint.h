@@ -52,7 +52,9 @@ class CheckpointStore {
   std::optional<Checkpoint> LoadNewest() const;
 
   // Writes now, then removes all but the newest `keep` checkpoints. On error
-  // the files already there are untouched.
+  // the files already there are untouched. Writes of one store - this, and
+  // the background writer's - run one at a time: the final checkpoint may
+  // write the step whose WriteAsync is still in progress.
   [[nodiscard]] absl::Status Write(const Checkpoint& c);
 
   // Hands the checkpoint to a background writer so training does not wait
@@ -71,6 +73,8 @@ class CheckpointStore {
   const std::string dir_;
   const ModelLayout layout_;
   const int keep_;
+  // Held for a whole Write: serialises the file and the retention pass.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::optional<Checkpoint> pending_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

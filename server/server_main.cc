@@ -16,6 +16,7 @@
 #include "common/dataset.h"
 #include "common/flags.h"
 #include "common/grpc_server.h"
+#include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
@@ -391,9 +392,8 @@ int Run(int argc, char** argv) {
       } else if (e.kind == StepCoordinator::LeaseEvent::kBack) {
         Log("rank %d is back after %.1f s", e.rank, secs);
       } else if (f.on_worker_loss == "fail") {
-        failure = absl::CancelledError(absl::StrFormat(
-            "the job failed: rank %d was lost (no call for %.1f s, "
-            "--on_worker_loss=fail)",
+        failure = JobFailedError(absl::StrFormat(
+            "rank %d was lost (no call for %.1f s, --on_worker_loss=fail)",
             e.rank, secs));
       } else {
         Log("rank %d is missing: no call for %.1f s; step %d waits for it "

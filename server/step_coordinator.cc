@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -75,7 +76,6 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
-  Touch(rank);
   if (model_fingerprint != layout_.Fingerprint()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "rank %d runs a different model (fingerprint %016x, dp-ps has "
@@ -106,6 +106,7 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
     Log("rank %d registered again at step %d", rank, state_.step);
   }
   registered_[rank] = true;
+  Touch(rank);
   return Registration{config_, state_.step};
 }
 
@@ -114,7 +115,6 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
-  Touch(rank);
   const int64_t n = layout_.num_params();
   if (length == 0 && offset >= 0 && offset <= n) length = n - offset;
   // Ordered so that nothing overflows: offset is in [0, n] before n - offset.
@@ -124,6 +124,7 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
         "[0, %d)",
         offset, length, n));
   }
+  Touch(rank);
   const Encoding encoding = config_.weight_encoding;
   const size_t width = BytesPerValue(encoding);
   if (published_ == nullptr) {
@@ -158,7 +159,6 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(RefusalLocked());
     RETURN_IF_ERROR(CheckRank(rank));
-    Touch(rank);
     if (!registered_[rank]) {
       return absl::FailedPreconditionError(
           absl::StrFormat("rank %d has not registered", rank));
@@ -180,6 +180,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     const int64_t current = state_.step;
     // The step just applied: a retry whose answer was lost. Acknowledge it.
     if (step == current - 1 || (step == current && received_[rank])) {
+      Touch(rank);
       return PushResult{current, true};
     }
     if (step != current) {
@@ -210,6 +211,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
           "loss from rank %d for step %d is not finite (%f)", rank, step,
           loss));
     }
+    Touch(rank);
     received_[rank] = true;
     losses_[rank] = loss;
     arrival_[rank] = absl::Now();
@@ -302,7 +304,6 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
     int rank, int64_t step, WaitCallback done, WaitCallback* evicted) {
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
-  Touch(rank);
   if (!registered_[rank]) {
     return absl::FailedPreconditionError(
         absl::StrFormat("rank %d has not registered", rank));
@@ -314,13 +315,17 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
         "re-sync",
         rank, step, current));
   }
-  if (step < current) return WaitTicket{true, current, 0};
+  if (step < current) {
+    Touch(rank);
+    return WaitTicket{true, current, 0};
+  }
   if (!received_[rank]) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "rank %d waits at the barrier of step %d without having pushed its "
         "gradient",
         rank, step));
   }
+  Touch(rank);
   if (waits_of_rank_[rank] >= kMaxWaitsPerRank) {
     for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
       if (it->second.rank == rank) {  // the oldest: ids grow with time
@@ -350,7 +355,6 @@ absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
-  Touch(rank);
   if (!std::isfinite(r.accuracy) || r.accuracy < 0.0 || r.accuracy > 1.0 ||
       !std::isfinite(r.loss) || r.num_samples < 0 || r.step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -364,6 +368,7 @@ absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
         "the job is at step %d (future step)",
         rank, r.step, state_.step));
   }
+  Touch(rank);
   last_eval_ = r;
   has_eval_ = true;
   if (r.final) final_eval_ = true;
@@ -417,6 +422,9 @@ void StepCoordinator::SetUpdateObserver(
 }
 
 void StepCoordinator::Fail(const absl::Status& reason) {
+  // Workers stop only on this code and prefix; anything else would have
+  // them retry or re-sync against a job that is over.
+  DP_CHECK(IsJobFailed(reason));
   std::vector<WaitCallback> to_fail;
   int64_t step;
   {
@@ -513,6 +521,77 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.apply_time = apply_time_;
   s.wait_time = wait_time_;
   return s;
+}
+
+}  // namespace dp
+
+namespace dp {
+
+StepCoordinator::ObservableState StepCoordinator::Observe() const {
+  absl::ReaderMutexLock lock(&mu_);
+  ObservableState o;
+  o.training = state_;
+  ToProto(config_, &o.config);
+  if (have_data_) o.data = data_;
+  o.registered = registered_;
+  o.received = received_;
+  o.losses.assign(received_.size(), 0.0f);
+  o.gradients.resize(received_.size());
+  for (size_t r = 0; r < received_.size(); ++r) {
+    if (!received_[r]) continue;  // a free buffer: its bytes mean nothing
+    o.losses[r] = losses_[r];
+    o.gradients[r] = pending_[r];
+  }
+  o.last_seen = last_seen_;
+  for (const auto& [id, w] : waiters_) o.waiters.emplace_back(w.rank, w.step);
+  o.has_eval = has_eval_;
+  o.final_eval = final_eval_;
+  o.last_eval = last_eval_;
+  o.shutdown = shutdown_;
+  o.failed = failed_;
+  return o;
+}
+
+std::string ObservableDifferences(const StepCoordinator::ObservableState& a,
+                                  const StepCoordinator::ObservableState& b) {
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() &&
+           std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  std::vector<std::string> diff;
+  auto check = [&diff](bool equal, const char* name) {
+    if (!equal) diff.push_back(name);
+  };
+  check(a.training.step == b.training.step, "step");
+  check(same(a.training.params, b.training.params), "params");
+  check(same(a.training.m, b.training.m), "adam m");
+  check(same(a.training.v, b.training.v), "adam v");
+  check(a.config.SerializeAsString() == b.config.SerializeAsString(),
+        "config");
+  check(a.data.has_value() == b.data.has_value() &&
+            (!a.data.has_value() || *a.data == *b.data),
+        "data fingerprint");
+  check(a.registered == b.registered, "registrations");
+  check(a.received == b.received, "received pushes");
+  check(same(a.losses, b.losses), "losses");
+  bool gradients = a.gradients.size() == b.gradients.size();
+  for (size_t r = 0; gradients && r < a.gradients.size(); ++r) {
+    gradients = same(a.gradients[r], b.gradients[r]);
+  }
+  check(gradients, "received gradients");
+  check(a.last_seen == b.last_seen, "leases");
+  check(a.waiters == b.waiters, "waiters");
+  const EvalReport& x = a.last_eval;
+  const EvalReport& y = b.last_eval;
+  check(a.has_eval == b.has_eval && a.final_eval == b.final_eval &&
+            x.step == y.step && x.epoch == y.epoch &&
+            std::memcmp(&x.accuracy, &y.accuracy, sizeof(double)) == 0 &&
+            std::memcmp(&x.loss, &y.loss, sizeof(double)) == 0 &&
+            x.num_samples == y.num_samples && x.final == y.final,
+        "evaluation");
+  check(a.shutdown == b.shutdown, "shutdown");
+  check(a.failed == b.failed, "failure");
+  return absl::StrJoin(diff, ", ");
 }
 
 }  // namespace dp

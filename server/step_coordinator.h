@@ -157,7 +157,8 @@ class StepCoordinator {
   bool AwaitFinalEval(absl::Duration timeout) const;
   // Rejects further requests with UNAVAILABLE and fails pending waits.
   void Shutdown();
-  // Ends the job with `reason`: pending waits and every later request get it.
+  // Ends the job with `reason`, a JobFailedError (common/grpc_status.h):
+  // pending waits and every later request get it.
   void Fail(const absl::Status& reason);
 
   // Restores the data fingerprint saved with a checkpoint, as if the worker
@@ -190,6 +191,26 @@ class StepCoordinator {
   TrainingState Snapshot() const;
   CoordinatorStatus Status() const;
 
+  // Everything a request can change, leases and waiters included: what
+  // "a rejected request changes nothing" is checked against.
+  struct ObservableState {
+    TrainingState training;
+    dp::v1::JobConfig config;  // the wire form compares with ==
+    std::optional<DataFingerprint> data;
+    std::vector<bool> registered;
+    std::vector<bool> received;
+    std::vector<float> losses;                 // of received ranks, else 0
+    std::vector<std::vector<float>> gradients;  // of received ranks
+    std::vector<absl::Time> last_seen;          // the leases
+    std::vector<std::pair<int, int64_t>> waiters;  // (rank, step), oldest first
+    bool has_eval = false;
+    bool final_eval = false;
+    EvalReport last_eval;
+    bool shutdown = false;
+    absl::Status failed;
+  };
+  ObservableState Observe() const;
+
  private:
   struct Waiter {
     int rank;
@@ -200,7 +221,9 @@ class StepCoordinator {
                                                WaitCallback done,
                                                WaitCallback* evicted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records that `rank` is alive (any call renews its lease).
+  // Records that `rank` is alive. Only an accepted call renews the lease: a
+  // rank whose every request is refused is not taking part, and must be
+  // reported missing.
   void Touch(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRank(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The error every request gets once the job failed or is shutting down.
@@ -256,6 +279,11 @@ class StepCoordinator {
   std::vector<bool> reported_unregistered_ ABSL_GUARDED_BY(mu_);
   std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);
 };
+
+// The names of the fields of `a` and `b` that differ, comma-separated;
+// empty when they are the same (floats compared bit by bit).
+std::string ObservableDifferences(const StepCoordinator::ObservableState& a,
+                                  const StepCoordinator::ObservableState& b);
 
 }  // namespace dp
 

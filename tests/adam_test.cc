@@ -2,7 +2,11 @@
 #include "server/adam.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -27,6 +31,74 @@ TEST(AdamTest, ConstantGradientMovesByLrPerStepInClosedForm) {
     const double expected =
         p0[i] - 3 * o.lr * g[i] / (std::fabs(g[i]) + o.eps);
     EXPECT_NEAR(p[i], expected, 1e-7) << "element " << i;
+  }
+}
+
+// Element i of step t's values, as tests/golden/make_adam_golden.py makes
+// them: float32 bit patterns from an integer hash, exponents
+// [min_exp, min_exp + exp_range), random signs, one in 64 exactly zero.
+float GoldenValue(uint64_t t, uint64_t i, uint64_t min_exp,
+                  uint64_t exp_range) {
+  uint64_t x = t * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1;
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  uint32_t bits = static_cast<uint32_t>(
+      ((x >> 40) & 1) << 31 | (min_exp + (x >> 23) % exp_range) << 23 |
+      (x & 0x7FFFFF));
+  if (((x >> 48) & 63) == 0) bits = 0;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// torch.optim.Adam (PyTorch 1.13.1, its AVX2 CPU kernels) ran 160 steps of
+// GoldenValue gradients on 2048 parameters and saved parameters, exp_avg and
+// exp_avg_sq (tests/golden/make_adam_golden.py). The same steps here must
+// give the same bits: every rounding of PyTorch's sequence is reproduced -
+// including the fused multiply-add of exp_avg.add_(grad, alpha) - so a
+// difference of even one ulp would grow over 160 steps.
+// The length is a multiple of 64 because PyTorch's kernels handle the last
+// (length mod 16) elements of a tensor in a scalar loop, where GCC contracts
+// v + (1-b2)*g*g into an FMA that its vector loop does not use: there,
+// and only there, torch itself rounds v differently (by up to 1 ulp).
+TEST(AdamTest, HundredsOfStepsMatchPyTorchAdamBitForBit) {
+  constexpr int64_t kN = 2048;
+  constexpr int kSteps = 160;
+  std::ifstream in(std::string(DP_GOLDEN_DIR) + "/adam_golden.f32",
+                   std::ios::binary);
+  ASSERT_TRUE(in.good()) << "cannot open " << DP_GOLDEN_DIR
+                         << "/adam_golden.f32";
+  const std::string bytes((std::istreambuf_iterator<char>(in)),
+                          std::istreambuf_iterator<char>());
+  ASSERT_EQ(bytes.size(), 3 * kN * sizeof(float));
+  std::vector<float> want(3 * kN);
+  std::memcpy(want.data(), bytes.data(), bytes.size());
+
+  std::vector<float> p(kN), m(kN, 0.0f), v(kN, 0.0f), g(kN);
+  for (int64_t i = 0; i < kN; ++i) p[i] = GoldenValue(0, i, 117, 10);
+  const AdamOptions o;  // torch's defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8
+  const float* grads[] = {g.data()};
+  for (int t = 1; t <= kSteps; ++t) {
+    for (int64_t i = 0; i < kN; ++i) g[i] = GoldenValue(t, i, 97, 42);
+    AverageAndAdamStep(o, t, grads, kN, p.data(), m.data(), v.data());
+  }
+  const char* names[] = {"param", "exp_avg", "exp_avg_sq"};
+  const std::vector<float>* got[] = {&p, &m, &v};
+  for (int k = 0; k < 3; ++k) {
+    int mismatches = 0;
+    for (int64_t i = 0; i < kN; ++i) {
+      const float w = want[k * kN + i];
+      const float h = (*got[k])[i];
+      if (std::memcmp(&w, &h, 4) == 0) continue;
+      if (++mismatches <= 5) {
+        ADD_FAILURE() << names[k] << "[" << i << "]: torch "
+                      << std::hexfloat << w << ", here " << h;
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << names[k] << " elements differ of " << kN;
   }
 }
 

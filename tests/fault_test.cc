@@ -3,9 +3,13 @@
 // had without the failure, and nothing hangs.
 #include <signal.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
@@ -42,8 +46,26 @@ std::string ReadModel(const std::string& path) {
   return bytes.value_or("");
 }
 
-int64_t RandomStep(int64_t lo, int64_t hi) {
-  static std::mt19937_64 rng(std::random_device{}());
+// The seed of a test's kill points: DP_FAULT_SEED when set, so that a
+// failure can be replayed, a fresh one otherwise. Printed either way.
+uint64_t FaultSeed() {
+  uint64_t seed = 0;
+  const char* env = std::getenv("DP_FAULT_SEED");
+  if (env != nullptr && *env != '\0') {
+    if (!absl::SimpleAtoi(env, &seed)) {
+      ADD_FAILURE() << "DP_FAULT_SEED=" << env << " is not a number";
+    }
+  } else {
+    seed = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  }
+  std::printf("fault seed: %llu (replay with DP_FAULT_SEED=%llu)\n",
+              static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed));
+  ::testing::Test::RecordProperty("fault_seed", absl::StrCat(seed));
+  return seed;
+}
+
+int64_t RandomStep(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   const int64_t s = std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   std::printf("chosen step: %lld\n", static_cast<long long>(s));
   return s;
@@ -57,7 +79,8 @@ TEST(FaultTest, KilledWorkerRestartedGivesByteIdenticalModel) {
   auto ps = StartServer(JobFlags(model), &port);
   auto w0 = StartWorker(port, 0);
   auto w1 = StartWorker(port, 1);
-  ASSERT_TRUE(WaitForStep(port, RandomStep(10, 200), absl::Minutes(2)));
+  std::mt19937_64 rng(FaultSeed());
+  ASSERT_TRUE(WaitForStep(port, RandomStep(rng, 10, 200), absl::Minutes(2)));
   w1->Signal(SIGKILL);
   EXPECT_EQ(w1->Wait(absl::Seconds(30)), 128 + SIGKILL);
   const int64_t killed_at = CurrentStep(port);
@@ -82,7 +105,8 @@ TEST(FaultTest, KilledServerRestartedFromCheckpointGivesByteIdenticalModel) {
   auto ps = StartServer(flags, &port);
   auto w0 = StartWorker(port, 0);
   auto w1 = StartWorker(port, 1);
-  ASSERT_TRUE(WaitForStep(port, RandomStep(30, 220), absl::Minutes(2)));
+  std::mt19937_64 rng(FaultSeed());
+  ASSERT_TRUE(WaitForStep(port, RandomStep(rng, 30, 220), absl::Minutes(2)));
   ps->Signal(SIGKILL);
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 128 + SIGKILL);
   int again = 0;
@@ -181,7 +205,8 @@ TEST(FaultTest, StoppedWorkerIsReportedAndWaitPolicyFinishesAfterSigcont) {
   auto ps = StartServer(flags, &port);
   auto w0 = StartWorker(port, 0);
   auto w1 = StartWorker(port, 1);
-  ASSERT_TRUE(WaitForStep(port, RandomStep(10, 150), absl::Minutes(2)));
+  std::mt19937_64 rng(FaultSeed());
+  ASSERT_TRUE(WaitForStep(port, RandomStep(rng, 10, 150), absl::Minutes(2)));
   w1->Signal(SIGSTOP);
   EXPECT_TRUE(ps->WaitForOutput("rank 1 is missing", absl::Seconds(30)))
       << ps->output();
@@ -231,7 +256,7 @@ TEST(FaultTest, ChaosOfWorkerAndServerKillsGivesByteIdenticalModel) {
   std::vector<std::unique_ptr<Subprocess>> w;
   w.push_back(StartWorker(port, 0));
   w.push_back(StartWorker(port, 1));
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937_64 rng(FaultSeed());
   int64_t at = 0;
   const absl::Time deadline = absl::Now() + absl::Minutes(3);
   for (int round = 0; round < 5 && absl::Now() < deadline; ++round) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "common/grpc_status.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "server/ps_service.h"
@@ -110,6 +111,26 @@ TEST_F(PsMetricsTest, RejectionsAreCountedByReasonAndBadRanksCreateNoSeries) {
   EXPECT_EQ(Rejected(s, "deadline_exceeded"), 0);
   EXPECT_EQ(metrics_.Text().find("rank=\"7\""), std::string::npos);
   EXPECT_EQ(metrics_.ActiveWorkers(), 2);
+}
+
+// A failed job (e.g. --on_worker_loss=fail) answers with a documented code
+// that workers do not retry or re-sync on, tells it apart from "not
+// registered", and counts it as a rejection.
+TEST_F(PsMetricsTest, JobFailureIsFailedPreconditionAndCountedAsRejection) {
+  ASSERT_TRUE(Register(0).ok());
+  ASSERT_TRUE(Register(1).ok());
+  ASSERT_TRUE(Push(PushRequest(0, 0)).ok());
+  coordinator_->Fail(JobFailedError("rank 1 was lost"));
+  const grpc::Status barrier = Barrier(0, 0, absl::Seconds(30));
+  const grpc::Status push = Push(PushRequest(1, 0));
+  for (const grpc::Status& s : {barrier, push}) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(s.error_message(), "the job failed: rank 1 was lost");
+    EXPECT_TRUE(IsJobFailed(FromGrpcStatus(s)));
+  }
+  EXPECT_EQ(Rejected(Scrape(), "failed_precondition"), 2);
+  EXPECT_FALSE(IsJobFailed(absl::FailedPreconditionError(
+      "rank 1 has not registered")));
 }
 
 TEST_F(PsMetricsTest, AStepRecordsUpdateTimeBarrierWaitPerRankAndBytes) {

@@ -3,6 +3,7 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/fsuid.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -523,16 +524,53 @@ TEST_F(WriteFileAtomicTest, FailedWriteKeepsTheOldContentsAndRemovesTemporary) {
   EXPECT_EQ(Entries(), std::set<std::string>{"model.safetensors"});
 }
 
-TEST_F(WriteFileAtomicTest, ReadOnlyDirectoryFailsAndKeepsTheOldContents) {
-  if (::geteuid() == 0) {
-    GTEST_SKIP() << "running as root: directory permissions do not stop "
-                    "writes (FailedWriteKeepsTheOldContents covers this)";
+// For its scope, this thread checks file permissions as an unprivileged
+// user, even when the test runs as root (as it does in CI): setfsuid() from
+// 0 drops CAP_DAC_OVERRIDE, which otherwise lets root write anywhere, and
+// it changes only the calling thread. A no-op for other users, whose own
+// permissions apply anyway.
+class UnprivilegedFiles {
+ public:
+  static constexpr uid_t kNobody = 65534;
+  UnprivilegedFiles() : was_root_(::geteuid() == 0) {
+    if (was_root_) ::setfsuid(kNobody);
   }
+  ~UnprivilegedFiles() {
+    if (was_root_) ::setfsuid(0);
+  }
+  // True when permission checks now apply: not root, or the switch took.
+  bool ok() const {
+    return !was_root_ || ::setfsuid(static_cast<uid_t>(-1)) == kNobody;
+  }
+
+ private:
+  const bool was_root_;
+};
+
+TEST_F(WriteFileAtomicTest, ReadOnlyDirectoryFailsAndKeepsTheOldContents) {
   const std::string path = Path("f");
   ASSERT_TRUE(WriteFileAtomic(path, "old").ok());
-  fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec);
-  const absl::Status s = WriteFileAtomic(path, "new");
+  const auto read_only = fs::perms::owner_read | fs::perms::owner_exec |
+                         fs::perms::group_read | fs::perms::group_exec |
+                         fs::perms::others_read | fs::perms::others_exec;
+  // The control: the same user can write there while the directory is
+  // writable, so the refusal below is the read-only directory's doing.
+  fs::permissions(dir_, fs::perms::all);
+  absl::Status control;
+  {
+    UnprivilegedFiles unprivileged;
+    ASSERT_TRUE(unprivileged.ok()) << "setfsuid failed";
+    control = WriteFileAtomic(Path("control"), "x");
+  }
+  fs::permissions(dir_, read_only);
+  absl::Status s;
+  {
+    UnprivilegedFiles unprivileged;
+    s = WriteFileAtomic(path, "new");
+  }
   fs::permissions(dir_, fs::perms::owner_all);
+  ASSERT_TRUE(control.ok()) << control;
+  ASSERT_TRUE(fs::remove(Path("control")));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(s.message(),
             absl::StrCat("cannot write ", path, ": Permission denied"));

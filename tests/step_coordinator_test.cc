@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 
+#include "common/grpc_status.h"
 #include "gtest/gtest.h"
 
 namespace dp {
@@ -248,8 +249,14 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
     }
   }
   ASSERT_TRUE(c->Push(0, 2, 0, Bytes(Gradient(l, 0, 2)), 1.0f).ok());
-  const TrainingState before = c->Snapshot();
-  const CoordinatorStatus status_before = c->Status();
+  // Rank 0 waits at the barrier, and an evaluation is on record: state that
+  // a refused request could disturb.
+  int64_t released_at = -1;
+  auto wait = c->WaitForStep(
+      0, 2, [&](const absl::Status&, int64_t step) { released_at = step; });
+  ASSERT_TRUE(wait.ok() && !wait->ready);
+  ASSERT_TRUE(c->RecordEval(0, EvalReport{2, 1, 0.5, 0.7, 10, false}).ok());
+  const StepCoordinator::ObservableState before = c->Observe();
 
   std::vector<float> nan_grad = Gradient(l, 1, 2);
   nan_grad[3] = std::numeric_limits<float>::quiet_NaN();
@@ -309,12 +316,49 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
     EXPECT_EQ(k.status.code(), k.code) << k.what << ": " << k.status;
     EXPECT_FALSE(k.status.message().empty()) << k.what;
   }
-  EXPECT_TRUE(SameState(before, c->Snapshot()));
-  EXPECT_EQ(c->Status().pushed_ranks, status_before.pushed_ranks);
+  // Leases included: a rank whose every request is refused must still be
+  // reported missing.
+  EXPECT_EQ(ObservableDifferences(before, c->Observe()), "");
   // The step still completes normally with the valid pushes.
   ASSERT_TRUE(c->Push(1, 2, 0, ok, 1.0f).ok());
   ASSERT_TRUE(c->Push(2, 2, 0, Bytes(Gradient(l, 2, 2)), 1.0f).ok());
   EXPECT_EQ(c->Snapshot().step, 3);
+  EXPECT_EQ(released_at, 3);
+}
+
+// The job's failure reaches the waiting ranks and every later request.
+TEST(StepCoordinatorTest, JobFailureFailsWaitersAndLaterRequests) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
+  absl::Status waited;
+  ASSERT_TRUE(c->WaitForStep(0, 0, [&](const absl::Status& s, int64_t) {
+                 waited = s;
+               }).ok());
+  c->Fail(JobFailedError("rank 2 was lost"));
+  EXPECT_TRUE(IsJobFailed(waited)) << waited;
+  EXPECT_TRUE(IsJobFailed(
+      c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).status()));
+  EXPECT_TRUE(IsJobFailed(c->Register(2, l.Fingerprint(), kData).status()));
+  EXPECT_TRUE(IsJobFailed(c->Pull(1, 0, 0).status()));
+}
+
+// The comparison itself must see a change in each kind of state, or the
+// test above could not fail.
+TEST(StepCoordinatorTest, ObservableDifferencesSeesLeasesWaitersAndPushes) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  const StepCoordinator::ObservableState start = c->Observe();
+  ASSERT_TRUE(c->Pull(1, 0, 0).ok());
+  EXPECT_EQ(ObservableDifferences(start, c->Observe()), "leases");
+  const StepCoordinator::ObservableState pulled = c->Observe();
+  ASSERT_TRUE(c->Push(2, 0, 0, Bytes(Gradient(l, 2, 0)), 1.0f).ok());
+  EXPECT_EQ(ObservableDifferences(pulled, c->Observe()),
+            "received pushes, losses, received gradients, leases");
+  const StepCoordinator::ObservableState pushed = c->Observe();
+  ASSERT_TRUE(
+      c->WaitForStep(2, 0, [](const absl::Status&, int64_t) {}).ok());
+  EXPECT_EQ(ObservableDifferences(pushed, c->Observe()), "leases, waiters");
 }
 
 TEST(StepCoordinatorTest, Bf16GradientsAreDecodedAndOtherEncodingsRefused) {

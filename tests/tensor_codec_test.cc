@@ -51,6 +51,63 @@ TEST(TensorCodecTest, Bf16RoundsToNearestEven) {
   }
 }
 
+// A diverged worker's NaN gradient must reach the server as NaN, where
+// validation refuses it, never as a finite number. Every float NaN (sign,
+// quiet or signalling, any payload) is checked: 2^24 patterns, in one call.
+TEST(TensorCodecTest, Bf16KeepsEveryNanAQuietNanOfTheSameSign) {
+  std::vector<float> nans;
+  nans.reserve(2 << 23);
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    for (uint32_t mantissa = 1; mantissa < (1u << 23); ++mantissa) {
+      nans.push_back(FromBits(sign | 0x7f800000u | mantissa));
+    }
+  }
+  std::vector<char> bytes(nans.size() * 2);
+  Encode(Encoding::kBf16, nans.data(), nans.size(), bytes.data());
+  int64_t wrong = 0;
+  uint32_t first_wrong = 0;
+  for (size_t i = 0; i < nans.size(); ++i) {
+    uint16_t half;
+    std::memcpy(&half, bytes.data() + 2 * i, 2);
+    uint32_t in;
+    std::memcpy(&in, &nans[i], 4);
+    // Quiet NaN: exponent all ones, top mantissa bit set; the sign kept.
+    if ((half & 0x7fc0u) != 0x7fc0u || (half >> 15) != (in >> 31)) {
+      if (wrong++ == 0) first_wrong = in;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "NaNs encoded as something else, the first 0x"
+                      << std::hex << first_wrong;
+  EXPECT_EQ(FirstOutOfRange(Encoding::kBf16, bytes.data(), nans.size()), 0);
+}
+
+TEST(TensorCodecTest, Bf16KeepsInfinitiesAndRoundsHugeValuesToInfinity) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(RoundTrip(inf), inf);
+  EXPECT_EQ(RoundTrip(-inf), -inf);
+  // The largest float lies above the largest bf16's halfway point.
+  EXPECT_EQ(RoundTrip(std::numeric_limits<float>::max()), inf);
+  EXPECT_EQ(RoundTrip(-std::numeric_limits<float>::max()), -inf);
+  // 0x7f7f7fff is below it: rounds down to the largest bf16, 0x7f7f.
+  EXPECT_EQ(RoundTrip(FromBits(0x7f7f7fffu)), FromBits(0x7f7f0000u));
+}
+
+// The server's check of a bf16 gradient sees every NaN, whatever its bits.
+TEST(TensorCodecTest, Bf16NanGradientIsRefusedByDecodeChecked) {
+  for (uint32_t bits : {0x7fc00000u, 0x7fffffffu, 0x7f800001u, 0xffffffffu,
+                        0xffff8000u, 0xffc00000u, 0xff800001u}) {
+    const std::vector<float> g = {1.0f, FromBits(bits), 2.0f};
+    std::vector<char> bytes(g.size() * 2);
+    Encode(Encoding::kBf16, g.data(), g.size(), bytes.data());
+    std::vector<float> out(g.size());
+    EXPECT_EQ(DecodeChecked(Encoding::kBf16, bytes.data(), g.size(), 1e15f,
+                            out.data()),
+              1)
+        << std::hex << bits;
+    EXPECT_TRUE(std::isnan(out[1])) << std::hex << bits;
+  }
+}
+
 TEST(TensorCodecTest, F32IsBitExact) {
   const std::vector<float> x = {1.5f, -3.25e-12f, 7e30f};
   std::vector<char> bytes(x.size() * 4);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/data_order.h"
+#include "common/grpc_status.h"
 #include "common/dataset.h"
 #include "common/log.h"
 #include "common/model_layout.h"
@@ -197,6 +198,8 @@ absl::Status Trainer::Run() {
           absl::StrJoin(missing, ","));
       continue;  // the push is recorded; a retry is acknowledged, not counted
     }
+    // dp-ps ended the job: nothing to re-sync with or retry.
+    if (IsJobFailed(exchanged)) return exchanged;
     // ABORTED: stale or future step; FAILED_PRECONDITION: dp-ps restarted
     // and no longer knows this rank. Both: register again and continue from
     // the step dp-ps is at. A registration refused for good ends the loop.
