@@ -374,7 +374,9 @@ int Run(int argc, char** argv) {
     Log("health service on port %d", health->port());
   }
   SetReady(running->server.get(), true, health_services);
-  if (health != nullptr) health->SetReady(true, health_services);
+  if (health != nullptr) {
+    health->SetReady(true, health_services);
+  }
   Log("listening on %s:%d for %d workers", f.host, running->port, f.workers);
   auto stop_server = [&]() {
     coordinator.Shutdown();
@@ -391,7 +393,9 @@ int Run(int argc, char** argv) {
     stop_signal.store(sig);
     // Readiness first, so that probes see the drain before requests fail.
     SetReady(running->server.get(), false, health_services);
-    if (health != nullptr) health->SetReady(false, health_services);
+    if (health != nullptr) {
+      health->SetReady(false, health_services);
+    }
     coordinator.Shutdown();  // refuses steps; wakes the progress loop below
     drained.Notify();
   });
