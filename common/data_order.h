@@ -1,4 +1,4 @@
-// The global data order (DESIGN.md "Data"): for epoch e a permutation drawn
+// The global data order (see README.md): for epoch e a permutation drawn
 // from (seed, e), the global batch g is [g*B, (g+1)*B) of it with
 // B = world_size * batch_size, rank r takes the r-th batch_size sub-slice,
 // the last incomplete global batch is dropped. A rank's data position is a

@@ -1,4 +1,4 @@
-// Command-line flags with an environment fallback, as DESIGN.md specifies:
+// Command-line flags with an environment fallback, as README.md specifies:
 // `--name=value` or `--name value` on the command line; otherwise DP_<NAME>
 // (upper case) from the environment, or extra environment names given per
 // flag (e.g. RANK, JOB_COMPLETION_INDEX); flags win over the environment.

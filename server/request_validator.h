@@ -6,7 +6,7 @@
 // invariants it relies on). Requests of dp.v1 have no repeated fields; the
 // size of a whole message is bounded by gRPC (RESOURCE_EXHAUSTED).
 //
-// Codes follow DESIGN.md: INVALID_ARGUMENT for malformed values,
+// Codes follow README.md: INVALID_ARGUMENT for malformed values,
 // FAILED_PRECONDITION for a different model.
 #ifndef DP_SERVER_REQUEST_VALIDATOR_H_
 #define DP_SERVER_REQUEST_VALIDATOR_H_

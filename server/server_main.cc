@@ -25,6 +25,7 @@
 #include "common/tensor_codec.h"
 #include "common/security.h"
 #include "server/checkpoint.h"
+#include "server/health_server.h"
 #include "server/ps_service.h"
 #include "server/step_coordinator.h"
 
@@ -34,6 +35,7 @@ namespace {
 struct ServerFlags {
   std::string host = "0.0.0.0";
   int port = 5000;
+  int health_port = -1;
   int metrics_port = 0;
   std::string metrics_host = "0.0.0.0";
   int workers = 2;
@@ -63,6 +65,10 @@ absl::Status Validate(const ServerFlags& f) {
   if (f.port < 0 || f.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--port must be in 0..65535, got %d", f.port));
+  }
+  if (f.health_port < -1 || f.health_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--health_port must be in -1..65535, got %d", f.health_port));
   }
   if (absl::Status s = ValidateMetricsPort(f.metrics_port); !s.ok()) return s;
   if (f.workers < 1 || f.workers > 1024) {
@@ -154,6 +160,9 @@ int Run(int argc, char** argv) {
                        "training of SimpleNet (784-256-128-10).");
   flags.AddString("host", &f.host, "address to listen on");
   flags.AddInt("port", &f.port, "gRPC port (0 picks a free one)");
+  flags.AddInt("health_port", &f.health_port,
+               "plaintext port serving only grpc.health.v1, for probes that "
+               "speak no TLS (-1 = off, 0 = any free port)");
   flags.AddInt("metrics_port", &f.metrics_port,
                "Prometheus metrics port (0 = off, -1 = any free port)");
   flags.AddString("metrics_host", &f.metrics_host,
@@ -354,7 +363,21 @@ int Run(int argc, char** argv) {
   }
   const std::vector<std::string> health_services = {
       dp::v1::ParameterServer::service_full_name()};
+  // With TLS on --port, the kubelet's probes use this plaintext port.
+  std::unique_ptr<HealthServer> health;
+  if (f.health_port >= 0) {
+    auto started = HealthServer::Start(f.host, f.health_port);
+    if (!started.ok()) {
+      Log("error: health service: %s", started.status().message());
+      return kExitFailure;
+    }
+    health = std::move(*started);
+    Log("health service on port %d", health->port());
+  }
   SetReady(running->server.get(), true, health_services);
+  if (health != nullptr) {
+    health->SetReady(true, health_services);
+  }
   Log("listening on %s:%d for %d workers", f.host, running->port, f.workers);
   auto stop_server = [&]() {
     coordinator.Shutdown();
@@ -371,6 +394,9 @@ int Run(int argc, char** argv) {
     stop_signal.store(sig);
     // Readiness first, so that probes see the drain before requests fail.
     SetReady(running->server.get(), false, health_services);
+    if (health != nullptr) {
+      health->SetReady(false, health_services);
+    }
     coordinator.Shutdown();  // refuses steps; wakes the progress loop below
     drained.Notify();
   });

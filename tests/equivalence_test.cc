@@ -1,4 +1,4 @@
-// DESIGN.md's consequence of the data order: N workers with batch b compute
+// A consequence of the data order: N workers with batch b compute
 // the same update as 1 worker with batch N*b, up to float rounding. Runs the
 // real coordinator and CPU backend on Fashion-MNIST, in one process.
 #include <cmath>

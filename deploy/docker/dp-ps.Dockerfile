@@ -36,6 +36,7 @@ RUN apt-get update \
 COPY --from=build /src/build/server/dp-ps /usr/local/bin/dp-ps
 # The uid/gid of the pods' securityContext in deploy/k8s.
 USER 65532:65532
-# grpc (--port), metrics (--metrics_port); set by DP_PORT, DP_METRICS_PORT.
-EXPOSE 5000 9090
+# grpc (--port), health (--health_port, plaintext, for probes), metrics
+# (--metrics_port); set by DP_PORT, DP_HEALTH_PORT, DP_METRICS_PORT.
+EXPOSE 5000 5001 9090
 ENTRYPOINT ["/usr/local/bin/dp-ps"]

@@ -7,11 +7,14 @@
 //  - every file copied from the build stage exists in the local build tree;
 //  - ENTRYPOINT, USER and EXPOSE agree with the copied binary and with the
 //    rendered manifests (runAsUser/runAsGroup, container ports);
-//  - dp-ps's runtime packages are exactly those of the libraries it links
-//    (ldd + dpkg -S), beyond the base image's, and dp-ps runs in a chroot
-//    holding only the base libraries and those packages' files;
-//  - collect-runtime-libs.sh gives dp-worker everything it links beyond the
-//    C/C++ runtimes: dp-worker runs in a chroot holding only those.
+//  - the runtime packages of dp-ps's image and of dp-worker's cpu image are
+//    exactly those of the libraries each binary links (ldd + dpkg -S),
+//    beyond the base image's, and each binary runs in a chroot holding only
+//    the base libraries and those packages' files;
+//  - dp-worker's cpu image has no CUDA at all; its gpu image is the cpu
+//    image plus the CUDA backend module at its installed path and only the
+//    CUDA runtime packages the module needs (cudart, cuBLAS + cuBLASLt),
+//    from the same CUDA version the module is built with.
 //
 // Usage (as root, for chroot): node check-dockerfiles.js --build-dir DIR
 // Exit status 0 when every check passes.
@@ -27,8 +30,7 @@ const REPO = path.resolve(__dirname, "../..");
 const DOCKER = path.join(REPO, "deploy/docker");
 // Packages of the debian:12-slim base that dp-ps's libraries come from.
 const DEBIAN_SLIM_BASE = ["libc6", "libgcc-s1", "libstdc++6", "zlib1g"];
-// Libraries the CUDA runtime image provides (collect-runtime-libs.sh skips
-// them): the C and C++ runtimes.
+// The loader and the C and C++ runtimes, which every base image has.
 const BASE_LIBS = /^(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so|^ld-linux/;
 
 let passed = 0;
@@ -63,6 +65,8 @@ function parseDockerfile(file) {
     if (op === "ARG" && stages.length === 0) {
       const [k, v] = args.split("=");
       argDefaults[k] = v;
+    } else if (op === "ARG") {
+      // Re-declared in a stage: it keeps the global default.
     } else if (op === "FROM") {
       const f = /^(\S+)(?: AS (\S+))?$/i.exec(args);
       stages.push({from: f[1], name: f[2], ops: []});
@@ -229,12 +233,18 @@ function manifestPods() {
   return pods;
 }
 
-// Checks shared by both Dockerfiles; returns the parsed stages.
-function checkCommon(name, buildDir, pods) {
+// Checks shared by both Dockerfiles, for the image of stage `target`
+// (default: the last stage); returns the parsed stages.
+function checkCommon(name, buildDir, pods, target) {
   const file = path.join(DOCKER, `${name}.Dockerfile`);
   const stages = parseDockerfile(file);
   const build = stages.find((s) => s.name === "build");
-  const final = stages[stages.length - 1];
+  const final = target ? stages.find((s) => s.name === target) : stages[stages.length - 1];
+  const label = target ? `${name} (${target})` : name;
+  if (!final) {
+    report(`${label}: stage exists`, [`no stage ${target}`]);
+    return {stages, build, final: {ops: []}};
+  }
 
   const context = [];
   let sent;
@@ -272,39 +282,55 @@ function checkCommon(name, buildDir, pods) {
       if (!have.has(p)) context.push(`build stage lacks ${p} (scripts/setup.sh)`);
     }
   }
-  report(`${name}: build context, sources and build packages`, context);
+  if (!target || target === "cpu") {
+    report(`${name}: build context, sources and build packages`, context);
+  }
 
-  // Files copied from the build stage exist in the local build tree, and the
-  // entry point is the copied binary.
+  // Files copied from a build stage exist in the local build tree (the CUDA
+  // module only in a CUDA build), and the entry point is the copied binary.
   const outputs = [];
+  const notes = [];
   let binaryDest;
-  for (const {op, args} of final.ops) {
-    if (op !== "COPY") continue;
-    const c = parseCopy(args);
-    if (c.from !== "build") continue;
-    for (const src of c.sources) {
-      if (!src.startsWith("/src/build/")) continue;
-      const local = path.join(buildDir, src.slice("/src/build/".length));
-      if (!fs.existsSync(local)) outputs.push(`${src}: ${local} does not exist`);
-      const target = path.basename(src);
-      const built = build?.ops.some((o) => o.op === "RUN" &&
-                                           o.args.includes(`--target ${target}`));
-      if (!built) outputs.push(`${src}: no cmake --build --target ${target}`);
-      if (target === name) binaryDest = c.dest;
+  // The stage and the ones it is built FROM.
+  const chain = [];
+  for (let s = final; s; s = stages.find((x) => x.name === s.from)) chain.unshift(s);
+  for (const stage of chain) {
+    for (const {op, args} of stage.ops) {
+      if (op !== "COPY") continue;
+      const c = parseCopy(args);
+      const from = stages.find((x) => x.name === c.from);
+      if (!from || !["build", "cuda-build"].includes(from.name)) continue;
+      for (const src of c.sources) {
+        if (!src.startsWith("/src/build/")) continue;
+        const local = path.join(buildDir, src.slice("/src/build/".length));
+        const cmakeTarget = path.basename(src).replace(/^lib(.*)\.so$/, "$1");
+        if (!fs.existsSync(local)) {
+          if (from.name === "cuda-build") {
+            notes.push(`${path.basename(src)} not built here (no CUDA build)`);
+          } else {
+            outputs.push(`${src}: ${local} does not exist`);
+          }
+        }
+        const built = from.ops.some((o) => o.op === "RUN" &&
+                                           o.args.includes(`--target ${cmakeTarget}`));
+        if (!built) outputs.push(`${src}: no cmake --build --target ${cmakeTarget} in ${from.name}`);
+        if (cmakeTarget === name) binaryDest = c.dest;
+      }
     }
   }
-  const entry = final.ops.find((o) => o.op === "ENTRYPOINT");
+  const entry = chain.flatMap((s) => s.ops).filter((o) => o.op === "ENTRYPOINT").pop();
   if (!binaryDest) outputs.push(`the final stage copies no ${name} binary`);
   if (!entry || JSON.stringify(JSON.parse(entry.args)) !==
                     JSON.stringify([binaryDest])) {
     outputs.push(`ENTRYPOINT ${entry?.args} is not ["${binaryDest}"]`);
   }
-  report(`${name}: build outputs exist in ${path.relative(REPO, buildDir) || "."}` +
-         ` and ENTRYPOINT runs the binary`, outputs);
+  report(`${label}: build outputs exist in ${path.relative(REPO, buildDir) || "."}` +
+         ` and ENTRYPOINT runs the binary${notes.length ? ` (${notes.join("; ")})` : ""}`,
+         outputs);
 
   // Non-root, the manifests' uid/gid and ports.
   const agree = [];
-  const user = final.ops.filter((o) => o.op === "USER").pop();
+  const user = chain.flatMap((s) => s.ops).filter((o) => o.op === "USER").pop();
   const m = user && /^(\d+):(\d+)$/.exec(user.args);
   if (!m || m[1] === "0") {
     agree.push(`USER ${user?.args}: want a numeric non-root uid:gid`);
@@ -315,20 +341,21 @@ function checkCommon(name, buildDir, pods) {
       agree.push(`USER ${user.args} != runAsUser/runAsGroup ` +
                  `${pods[name].user}:${pods[name].group} of the manifest`);
     }
-    const exposed = final.ops.filter((o) => o.op === "EXPOSE")
+    const exposed = chain.flatMap((s) => s.ops).filter((o) => o.op === "EXPOSE")
                         .flatMap((o) => o.args.split(" ").map(Number))
                         .sort((a, b) => a - b);
     if (JSON.stringify(exposed) !== JSON.stringify(pods[name].ports)) {
       agree.push(`EXPOSE ${exposed} != containerPorts ${pods[name].ports}`);
     }
   }
-  report(`${name}: non-root USER, ports and uid agree with deploy/k8s`, agree);
+  report(`${label}: non-root USER, ports and uid agree with deploy/k8s`, agree);
   return {stages, build, final};
 }
 
-function checkDpPs(buildDir, pods) {
-  const {final} = checkCommon("dp-ps", buildDir, pods);
-  const binary = path.join(buildDir, "server/dp-ps");
+// The image of `stage` installs exactly the Debian packages of the
+// libraries `binary` links, and the binary runs with only those (and the
+// base image's) in a chroot.
+function checkRuntimePackages(name, binary, stage, label) {
   const errors = [];
   const need = new Set();
   const unowned = [];
@@ -339,19 +366,18 @@ function checkDpPs(buildDir, pods) {
   }
   for (const f of unowned) errors.push(`${f} belongs to no Debian package`);
   for (const p of DEBIAN_SLIM_BASE) need.delete(p);
-  const listed = new Set(aptPackages(final));
+  const listed = new Set(aptPackages(stage));
   for (const p of need) {
-    if (!listed.has(p)) errors.push(`runtime stage lacks ${p} (dp-ps links it)`);
+    if (!listed.has(p)) errors.push(`runtime stage lacks ${p} (${name} links it)`);
   }
   for (const p of listed) {
-    if (!need.has(p)) errors.push(`runtime stage installs ${p}, which dp-ps does not link`);
+    if (!need.has(p)) errors.push(`runtime stage installs ${p}, which ${name} does not link`);
   }
-  report(`dp-ps: runtime packages are exactly those of its libraries ` +
+  report(`${label}: runtime packages are exactly those of its libraries ` +
          `(${[...listed].sort().join(" ")})`, errors);
 
-  // dp-ps runs with the base libraries and those packages' files only.
   const run = [];
-  const root = fs.mkdtempSync(path.join(os.tmpdir(), "dp-ps-root-"));
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), `${name}-root-`));
   try {
     // The base image: the loader and the libraries of its packages.
     for (const f of baseLibraries(binary)) place(root, f);
@@ -362,33 +388,45 @@ function checkDpPs(buildDir, pods) {
       const files = execFileSync("dpkg", ["-L", p], {encoding: "utf8"}).split("\n");
       for (const f of files) {
         // Libraries and their soname links, as files.
-        if (/\.so(\.|$)/.test(f) && fs.existsSync(f)) {
+        if (/\.so(\.|$)/.test(f) && fs.existsSync(f) && fs.statSync(f).isFile()) {
           place(root, f, path.join("/usr/lib/dp", path.basename(f)));
         }
       }
     }
-    place(root, binary, "/usr/local/bin/dp-ps");
-    const r = runChrooted(root, "/usr/lib/dp", ["/usr/local/bin/dp-ps", "--version"]);
-    if (r.code !== 0) run.push(`dp-ps --version in the chroot exited ${r.code}: ${r.output}`);
+    place(root, binary, `/usr/local/bin/${name}`);
+    for (const argv of [["--version"], ["--dry_run", ...(name === "dp-worker" ? ["--rank=0"] : [])]]) {
+      const r = runChrooted(root, "/usr/lib/dp", [`/usr/local/bin/${name}`, ...argv]);
+      if (r.code !== 0) run.push(`${name} ${argv.join(" ")} in the chroot exited ${r.code}: ${r.output}`);
+    }
+  } catch (e) {
+    run.push(String(e.message));
   } finally {
     fs.rmSync(root, {recursive: true, force: true});
   }
-  report("dp-ps: runs with only the base libraries and the runtime packages", run);
+  report(`${label}: runs with only the base libraries and the runtime packages`, run);
+}
+
+function checkDpPs(buildDir, pods) {
+  const {final} = checkCommon("dp-ps", buildDir, pods);
+  checkRuntimePackages("dp-ps", path.join(buildDir, "server/dp-ps"), final, "dp-ps");
 }
 
 function checkDpWorker(buildDir, pods) {
-  const {stages, build, final} = checkCommon("dp-worker", buildDir, pods);
+  const {stages, final: cpu} = checkCommon("dp-worker", buildDir, pods, "cpu");
+  const {final: gpu} = checkCommon("dp-worker", buildDir, pods, "gpu");
   const errors = [];
-  const cuda = /^nvidia\/cuda:(13\.\d+\.\d+)-(devel|runtime)-/;
-  const b = cuda.exec(build?.from || "");
-  const f = cuda.exec(final.from);
-  if (!b || b[2] !== "devel") errors.push(`build stage FROM ${build?.from}: want CUDA 13 devel`);
-  if (!f || f[2] !== "runtime") errors.push(`final stage FROM ${final.from}: want CUDA 13 runtime`);
-  if (b && f && b[1] !== f[1]) errors.push(`CUDA ${b[1]} (build) != ${f[1]} (runtime)`);
+  // The cpu image: plain Debian, nothing of CUDA.
+  if (cpu.from !== "debian:12-slim") errors.push(`cpu stage FROM ${cpu.from}: want debian:12-slim`);
+  for (const s of stages) {
+    if (/nvidia\/cuda/.test(s.from)) errors.push(`stage ${s.name} is FROM ${s.from}: no CUDA images`);
+  }
+  if (aptPackages(cpu).some((p) => /cuda|cublas|nvidia/.test(p))) {
+    errors.push("the cpu stage installs CUDA packages");
+  }
   // The data set lands at the binary's default --data_dir.
   const header = fs.readFileSync(path.join(REPO, "common/dataset.h"), "utf8");
   const dataDir = /kDefaultFashionMnistDir\[\] =\s*"([^"]+)"/.exec(header)?.[1];
-  const dataCopy = final.ops.map((o) => o.op === "COPY" && parseCopy(o.args))
+  const dataCopy = cpu.ops.map((o) => o.op === "COPY" && parseCopy(o.args))
                        .find((c) => c && c.from === "data");
   if (!dataCopy || dataCopy.dest !== dataDir || dataCopy.sources[0] !== dataDir) {
     errors.push(`the data set is not copied to the default --data_dir ${dataDir}`);
@@ -400,39 +438,41 @@ function checkDpWorker(buildDir, pods) {
              "dataset-fashion-mnist") {
     errors.push(`${dataDir} is not where dataset-fashion-mnist puts the files`);
   }
-  report("dp-worker: CUDA 13 devel/runtime bases, data at the default --data_dir",
+  report("dp-worker (cpu): debian:12-slim without CUDA, data at the default --data_dir",
          errors);
+  checkRuntimePackages("dp-worker", path.join(buildDir, "worker/dp-worker"), cpu,
+                       "dp-worker (cpu)");
 
-  // collect-runtime-libs.sh + the C/C++ runtimes are all dp-worker needs.
-  const run = [];
-  const binary = path.join(buildDir, "worker/dp-worker");
-  const root = fs.mkdtempSync(path.join(os.tmpdir(), "dp-worker-root-"));
-  try {
-    execFileSync(path.join(DOCKER, "collect-runtime-libs.sh"),
-                 [binary, path.join(root, "opt/dp-worker/lib")]);
-    const collected = fs.readdirSync(path.join(root, "opt/dp-worker/lib"));
-    for (const lib of lddLibraries(binary)) {
-      if (!BASE_LIBS.test(lib.name) && !collected.includes(lib.name)) {
-        run.push(`collect-runtime-libs.sh missed ${lib.name}`);
-      }
-    }
-    for (const f of baseLibraries(binary)) place(root, f);
-    place(root, binary, "/usr/local/bin/dp-worker");
-    for (const argv of [["--version"], ["--dry_run", "--rank=0"]]) {
-      const r = runChrooted(root, "/opt/dp-worker/lib",
-                            ["/usr/local/bin/dp-worker", ...argv]);
-      if (r.code !== 0) {
-        run.push(`dp-worker ${argv.join(" ")} in the chroot exited ${r.code}: ` +
-                 r.output);
-      }
-    }
-  } catch (e) {
-    run.push(String(e.message));
-  } finally {
-    fs.rmSync(root, {recursive: true, force: true});
+  // The gpu image: the cpu image, the module where dp-worker loads it, and
+  // the CUDA runtime packages of the module's CUDA version, nothing more.
+  const g = [];
+  if (gpu.from !== "cpu") g.push(`gpu stage FROM ${gpu.from}: want the cpu stage`);
+  const cudaBuild = stages.find((s) => s.name === "cuda-build");
+  const nvcc = cudaBuild && aptPackages(cudaBuild).find((p) => p.startsWith("cuda-nvcc-"));
+  const version = nvcc && /^cuda-nvcc-(\d+)-(\d+)$/.exec(nvcc);
+  if (!version || version[1] !== "13") g.push(`cuda-build stage: want cuda-nvcc-13-*, got ${nvcc}`);
+  const runtime = aptPackages(gpu).filter((p) => !["ca-certificates", "curl"].includes(p));
+  const want = version ? [`cuda-cudart-${version[1]}-${version[2]}`,
+                          `libcublas-${version[1]}-${version[2]}`] : [];
+  if (JSON.stringify(runtime.sort()) !== JSON.stringify(want.sort())) {
+    g.push(`gpu stage installs ${runtime.join(" ")}; want exactly ${want.join(" ")} ` +
+           "(cudart, cuBLAS and cuBLASLt of the module's CUDA version)");
   }
-  report("dp-worker: runs with only the C/C++ runtimes and the collected " +
-         "libraries", run);
+  const module = gpu.ops.map((o) => o.op === "COPY" && parseCopy(o.args))
+                     .find((c) => c && c.from === "cuda-build");
+  if (!module || module.dest !== "/usr/local/lib/dp-ps/libdp_cuda.so" ||
+      module.sources[0] !== "/src/build/worker/libdp_cuda.so") {
+    g.push("the gpu stage does not copy build/worker/libdp_cuda.so to " +
+           "/usr/local/lib/dp-ps/libdp_cuda.so");
+  }
+  const env = gpu.ops.filter((o) => o.op === "ENV").map((o) => o.args).join(" ");
+  if (!/NVIDIA_REQUIRE_CUDA="cuda>=13\.0"/.test(env)) {
+    g.push("the gpu stage does not require a CUDA 13 driver (NVIDIA_REQUIRE_CUDA)");
+  }
+  if (!/NVIDIA_DRIVER_CAPABILITIES=compute,utility/.test(env)) {
+    g.push("the gpu stage does not ask for the compute driver capability");
+  }
+  report("dp-worker (gpu): the cpu image + libdp_cuda.so + CUDA 13 cudart/cuBLAS only", g);
 }
 
 function main() {

@@ -1,16 +1,20 @@
 #!/usr/bin/env node
 // Offline checks of deploy/k8s, run by ctest (no cluster needed):
-//  1. `kubectl kustomize` renders the base and every overlay;
-//  2. every rendered object validates against the Kubernetes and
-//     prometheus-operator schemas (kubernetes-models: types, required
-//     fields, enums), and has no field those schemas lack (TypeScript's
-//     excess-property check over the same models' interfaces);
+//  1. `kubectl kustomize` renders the base and every variant (plain and
+//     JobSet; cpu, gpu, TLS);
+//  2. every rendered object validates against the schemas of the oldest
+//     Kubernetes the manifests support (MIN_KUBERNETES: the kubernetes-types
+//     package of that version, through TypeScript: no unknown field, every
+//     required one) and of the operators' CRDs (JobSet from
+//     schemas/, prometheus-operator and cert-manager from kubernetes-models),
+//     and passes kubernetes-models' validation (types, enums, formats);
 //  3. drift between the manifests and the binaries: each container's
-//     arguments and environment are run through `dp-ps`/`dp-worker
-//     --dry_run`, and the ports, probes, Service, worker count, failure
-//     policy, grace periods and volumes are compared with the effective
-//     configuration the binaries print;
-//  4. a self-test: broken copies of the manifests must fail each check.
+//     arguments and environment (ConfigMaps and $(VAR) references resolved
+//     as the kubelet does) are run through `dp-ps`/`dp-worker --dry_run`,
+//     and the ports, probes, Service, NetworkPolicy, worker count, run id,
+//     failure policies, grace periods, volumes, TLS mounts and monitoring
+//     objects are compared with the effective configuration;
+//  4. a self-test: broken copies of the manifests must fail the checks.
 //
 // Usage: node check-manifests.js --dp-ps BIN --dp-worker BIN
 // Exit status 0 when every check passes.
@@ -21,17 +25,34 @@ const os = require("os");
 const path = require("path");
 const { execFileSync, spawnSync } = require("child_process");
 const YAML = require("yaml");
+const { ruleGroups } = require("./render-prometheus-rule.js");
 
 const HERE = __dirname;
 const REPO = path.resolve(HERE, "../..");
 const K8S = path.join(REPO, "deploy/k8s");
-const TARGETS = ["base", "overlays/gpu", "overlays/cpu"];
-// The dashboard of the monitoring branch, when it is there.
+// The oldest Kubernetes the manifests are for (README, "Deploy on
+// Kubernetes"); its API is the kubernetes-types package of that version.
+const MIN_KUBERNETES = "1.29";
+// Rendered variants: a kustomize directory, or a kustomization written for
+// the test (the JobSet variant with TLS, which no overlay ships).
+const TARGETS = {
+  "base": "base",
+  "overlays/cpu": "overlays/cpu",
+  "overlays/gpu": "overlays/gpu",
+  "overlays/tls": "overlays/tls",
+  "jobset": "jobset",
+  "overlays/jobset": "overlays/jobset",
+  "overlays/jobset + tls": {
+    resources: ["overlays/jobset"],
+    components: ["components/tls", "components/cert-manager", "components/workers"],
+  },
+};
 const GRAFANA_DASHBOARD = path.join(REPO, "deploy/grafana/dashboards/dp-ps.json");
-const COMPONENT_DASHBOARD = path.join(
-    K8S, "components/monitoring/dashboards/dp-ps.json");
+const JOBSET_CRD = path.join(HERE, "schemas/jobset.x-k8s.io_jobsets.yaml");
 // Exit code of a configuration error (common/flags.h kExitConfigError).
 const EXIT_CONFIG_ERROR = 2;
+// The label whose value the monitors make the series' job label.
+const JOB_LABEL = "app.kubernetes.io/name";
 
 function parseArgs(argv) {
   const args = {};
@@ -50,24 +71,113 @@ function parseArgs(argv) {
 // ---------------------------------------------------------------- render
 
 function render(target) {
-  const out = execFileSync("kubectl", ["kustomize", path.join(K8S, target)],
-                           {encoding: "utf8", stdio: ["ignore", "pipe", "pipe"]});
-  return YAML.parseAllDocuments(out).map((d) => d.toJS()).filter(Boolean);
+  let dir = typeof target === "string" ? path.join(K8S, target) : undefined;
+  let tmp;
+  if (!dir) {
+    tmp = fs.mkdtempSync(path.join(os.tmpdir(), "dp-kustomize-"));
+    const rel = (p) => path.relative(tmp, path.join(K8S, p));
+    fs.writeFileSync(path.join(tmp, "kustomization.yaml"), YAML.stringify({
+      apiVersion: "kustomize.config.k8s.io/v1beta1",
+      kind: "Kustomization",
+      resources: target.resources.map(rel),
+      components: target.components.map(rel),
+    }));
+    dir = tmp;
+  }
+  try {
+    const out = execFileSync("kubectl", ["kustomize", dir],
+                             {encoding: "utf8", stdio: ["ignore", "pipe", "pipe"]});
+    return YAML.parseAllDocuments(out).map((d) => d.toJS()).filter(Boolean);
+  } finally {
+    if (tmp) fs.rmSync(tmp, {recursive: true, force: true});
+  }
 }
 
 // ---------------------------------------------------------------- schemas
 
-// kubernetes-models module and TypeScript import for an apiVersion.
+// kubernetes-models module for an apiVersion (runtime validation).
 function modelModule(apiVersion) {
   if (apiVersion === "monitoring.coreos.com/v1") {
     return "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1";
   }
+  if (apiVersion === "cert-manager.io/v1") {
+    return "@kubernetes-models/cert-manager/cert-manager.io/v1";
+  }
   return `kubernetes-models/${apiVersion}`;
 }
 
-// Errors of the kubernetes-models validation of `obj` (types, required
-// fields, enums, formats).
+// The TypeScript type an object must satisfy: Kubernetes' own kinds from
+// kubernetes-types (the API of MIN_KUBERNETES), the operators' from
+// kubernetes-models. null for JobSet (checked against its CRD).
+function typeImport(obj) {
+  const k8s = {
+    "v1": "core/v1", "apps/v1": "apps/v1", "batch/v1": "batch/v1",
+    "networking.k8s.io/v1": "networking/v1", "policy/v1": "policy/v1",
+  }[obj.apiVersion];
+  if (k8s) return {module: `kubernetes-types/${k8s}`, type: obj.kind};
+  if (obj.apiVersion.startsWith("jobset.x-k8s.io/")) return null;
+  return {module: `${modelModule(obj.apiVersion)}/${obj.kind}`, type: `I${obj.kind}`};
+}
+
+// The pods of a JobSet as batch/v1 Jobs, so that they are checked as
+// Kubernetes checks the Jobs the JobSet controller creates.
+function jobsOfJobSet(obj) {
+  return (obj.spec?.replicatedJobs || []).map((rj) => ({
+    apiVersion: "batch/v1",
+    kind: "Job",
+    metadata: {...(rj.template?.metadata || {}), name: `${obj.metadata.name}-${rj.name}`},
+    spec: rj.template?.spec,
+  }));
+}
+
+let jobsetValidator;
+// The JobSet CRD's openAPIV3Schema as an ajv validator that, like the API
+// server's pruning, refuses fields the schema does not declare.
+function jobsetValidate() {
+  if (jobsetValidator) return jobsetValidator;
+  const Ajv = require("ajv");
+  const crd = YAML.parse(fs.readFileSync(JOBSET_CRD, "utf8"));
+  const version = crd.spec.versions.find((v) => v.name === "v1alpha2");
+  const closed = (s) => {
+    if (Array.isArray(s)) return s.map(closed);
+    if (!s || typeof s !== "object") return s;
+    const out = {};
+    for (const [k, v] of Object.entries(s)) {
+      if (k.startsWith("x-kubernetes-")) continue;
+      out[k] = k === "properties"
+          ? Object.fromEntries(Object.entries(v).map(([p, q]) => [p, closed(q)]))
+          : closed(v);
+    }
+    if (s.properties && s.additionalProperties === undefined &&
+        !s["x-kubernetes-preserve-unknown-fields"]) {
+      out.additionalProperties = false;
+    }
+    // int-or-string fields: either is fine.
+    if (s["x-kubernetes-int-or-string"]) {
+      delete out.type;
+      out.anyOf = [{type: "integer"}, {type: "string"}];
+    }
+    return out;
+  };
+  const schema = closed(version.schema.openAPIV3Schema);
+  // apiVersion, kind and metadata are the API server's, not the CRD's.
+  schema.properties.metadata = {type: "object"};
+  const ajv = new Ajv({strict: false, allErrors: true, validateFormats: false});
+  jobsetValidator = ajv.compile(schema);
+  return jobsetValidator;
+}
+
+// Errors of the runtime validation of `obj` (types, required fields,
+// enums, formats; for a JobSet, its CRD and its Jobs).
 function schemaErrors(obj) {
+  if (obj.apiVersion === "jobset.x-k8s.io/v1alpha2" && obj.kind === "JobSet") {
+    const validate = jobsetValidate();
+    const errors = validate(obj) ? [] : validate.errors.map(
+        (e) => `JobSet CRD: ${e.instancePath} ${e.message}` +
+               (e.params?.additionalProperty ? ` (${e.params.additionalProperty})` : ""));
+    for (const job of jobsOfJobSet(obj)) errors.push(...schemaErrors(job));
+    return errors;
+  }
   let mod;
   try {
     mod = require(modelModule(obj.apiVersion));
@@ -84,20 +194,44 @@ function schemaErrors(obj) {
   }
 }
 
-// Fields that the schemas do not know, found by TypeScript: each object is
-// a literal assigned to the model's interface, so an unknown field anywhere
-// in it is an excess-property error. `objects` is [{label, obj}].
+// Resource quantities may be numbers in YAML; the API types them as
+// strings.
+function quantitiesAsStrings(obj) {
+  return JSON.parse(JSON.stringify(obj), function(key, value) {
+    if ((key === "requests" || key === "limits") && value && typeof value === "object" &&
+        !Array.isArray(value)) {
+      return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, String(v)]));
+    }
+    if (key === "sizeLimit" || key === "storage") return String(value);
+    return value;
+  });
+}
+
+// Fields that the schemas do not know and required fields that are
+// missing, found by TypeScript: each object is a literal assigned to its
+// type, so an unknown field anywhere in it is an excess-property error.
+// `objects` is [{label, obj}]; a JobSet is checked as its Jobs.
 function unknownFieldErrors(objects) {
   const ts = require("typescript");
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "dp-manifests-"));
   const file = path.join(dir, "objects.ts");
   const lines = [];
-  objects.forEach(({obj}, i) => {
-    const type = `I${obj.kind}`;
-    lines.push(`import type { ${type} as T${i} } from ` +
-               `"${modelModule(obj.apiVersion)}/${obj.kind}";`);
-    lines.push(`export const o${i}: T${i} = ${JSON.stringify(obj)};`);
-  });
+  const labels = [];
+  const add = (label, obj) => {
+    const t = typeImport(obj);
+    if (!t) return;
+    const i = labels.length;
+    labels.push(label);
+    lines.push(`import type { ${t.type} as T${i} } from "${t.module}";`);
+    lines.push(`export const o${i}: T${i} = ${JSON.stringify(quantitiesAsStrings(obj))};`);
+  };
+  for (const {label, obj} of objects) {
+    if (obj.kind === "JobSet") {
+      for (const job of jobsOfJobSet(obj)) add(`${label} (${job.metadata.name})`, job);
+    } else {
+      add(label, obj);
+    }
+  }
   fs.writeFileSync(file, lines.join("\n") + "\n");
   const program = ts.createProgram([file], {
     noEmit: true,
@@ -114,8 +248,7 @@ function unknownFieldErrors(objects) {
     if (!d.file) return text;
     const {line} = d.file.getLineAndCharacterOfPosition(d.start);
     // Line 2i+1 (0-based) holds object i.
-    const label = objects[Math.floor(line / 2)]?.label ?? "?";
-    return `${label}: ${text}`;
+    return `${labels[Math.floor(line / 2)] ?? "?"}: ${text}`;
   });
   fs.rmSync(dir, {recursive: true, force: true});
   return errors;
@@ -124,7 +257,7 @@ function unknownFieldErrors(objects) {
 // ---------------------------------------------------------------- drift
 
 function find(objects, kind, name) {
-  return objects.find((o) => o.kind === kind && o.metadata.name === name);
+  return objects.find((o) => o.kind === kind && (!name || o.metadata.name === name));
 }
 
 function containerPort(container, name) {
@@ -132,10 +265,24 @@ function containerPort(container, name) {
   return p ? p.containerPort : undefined;
 }
 
+function configMap(objects, prefix) {
+  return objects.find((o) => o.kind === "ConfigMap" && o.metadata.name.startsWith(prefix));
+}
+
+// $(VAR) references in an env value, as the kubelet expands them: from the
+// variables defined before, "$$" for a literal "$", unknown ones left as
+// they are.
+function expandEnv(value, env) {
+  return value.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (m, name) => {
+    if (m === "$$") return "$";
+    return env[name] !== undefined ? env[name] : m;
+  });
+}
+
 // Runs `binary --dry_run` with the container's arguments and environment,
 // as the kubelet would start it: ConfigMaps of envFrom resolved from the
-// rendered objects, JOB_COMPLETION_INDEX set for an Indexed Job. Returns
-// {code, config (flag -> value), output}.
+// rendered objects, $(VAR) expanded, JOB_COMPLETION_INDEX set for an
+// Indexed Job. Returns {code, config (flag -> value), env, output}.
 function dryRun(binary, container, objects, extraEnv) {
   const env = {PATH: process.env.PATH, ...extraEnv};
   const problems = [];
@@ -153,7 +300,10 @@ function dryRun(binary, container, objects, extraEnv) {
   }
   for (const e of container.env || []) {
     if (e.value !== undefined) {
-      env[e.name] = e.value;
+      env[e.name] = expandEnv(e.value, env);
+      if (/\$\(/.test(env[e.name])) {
+        problems.push(`env ${e.name}=${e.value} refers to an undefined variable`);
+      }
     } else {
       problems.push(`env ${e.name} has no literal value`);
     }
@@ -166,44 +316,105 @@ function dryRun(binary, container, objects, extraEnv) {
     const m = /^--([a-z_]+)=(.*)$/.exec(line);
     if (m) config[m[1]] = m[2];
   }
-  return {code: r.status, config, output: (r.stdout || "") + (r.stderr || ""),
+  return {code: r.status, config, env, output: (r.stdout || "") + (r.stderr || ""),
           problems};
 }
 
-function labelsMatch(selector, labels) {
-  return Object.entries(selector || {}).every(([k, v]) => labels[k] === v);
+// JSON with sorted keys: kustomize reorders them.
+function canonical(value) {
+  return JSON.stringify(value, (k, v) => (v && typeof v === "object" && !Array.isArray(v))
+      ? Object.fromEntries(Object.keys(v).sort().map((key) => [key, v[key]])) : v);
 }
 
-// The drift checks of one rendered overlay; returns a list of errors.
+function labelsMatch(selector, labels) {
+  return Object.entries(selector || {}).every(([k, v]) => (labels || {})[k] === v);
+}
+
+// The two workloads of a rendered variant, whatever their kind:
+// {kind, ps: {pod (template), job (Job spec or null), sts}, worker: {pod,
+// job}, jobset}. null when neither shape is there.
+function workloads(objects) {
+  const sts = find(objects, "StatefulSet", "dp-ps");
+  const job = find(objects, "Job", "dp-worker");
+  const jobset = find(objects, "JobSet");
+  if (sts && job && !jobset) {
+    return {kind: "plain", ps: {pod: sts.spec.template, job: null, sts},
+            worker: {pod: job.spec.template, job: job.spec}};
+  }
+  if (jobset && !sts && !job) {
+    const rj = (name) => jobset.spec.replicatedJobs.find((r) => r.name === name);
+    const ps = rj("ps");
+    const workers = rj("workers");
+    if (!ps || !workers) return null;
+    return {kind: "jobset", jobset,
+            ps: {pod: ps.template.spec.template, job: ps.template.spec, rj: ps},
+            worker: {pod: workers.template.spec.template, job: workers.template.spec,
+                     rj: workers}};
+  }
+  return null;
+}
+
+// The volume of `pod` mounted in `container` at a path that holds `file`.
+function volumeOf(pod, container, file) {
+  const mount = (container.volumeMounts || [])
+                    .filter((m) => file === m.mountPath || file.startsWith(m.mountPath + "/"))
+                    .sort((a, b) => b.mountPath.length - a.mountPath.length)[0];
+  if (!mount) return undefined;
+  return (pod.spec.volumes || []).find((v) => v.name === mount.name) ||
+         {name: mount.name, claimTemplate: true};
+}
+
+// The checks of the failure policy of a Job spec running `container`.
+function failurePolicyErrors(jobSpec, container, who) {
+  const errors = [];
+  const rules = jobSpec.podFailurePolicy?.rules || [];
+  if (!rules.some((r) => r.action === "FailJob" && r.onExitCodes?.operator === "In" &&
+                         r.onExitCodes.values.includes(EXIT_CONFIG_ERROR) &&
+                         r.onExitCodes.containerName === container.name)) {
+    errors.push(`${who}: no FailJob rule for exit code ${EXIT_CONFIG_ERROR} of ${container.name}`);
+  }
+  if (!rules.some((r) => r.action === "Ignore" &&
+                         (r.onPodConditions || []).some((c) => c.type === "DisruptionTarget"))) {
+    errors.push(`${who}: no Ignore rule for DisruptionTarget`);
+  }
+  if (jobSpec.template.spec.restartPolicy !== "Never") {
+    errors.push(`${who}: podFailurePolicy needs restartPolicy Never`);
+  }
+  return errors;
+}
+
+// Whether a NetworkPolicy ingress rule's port list admits the named port
+// (number `number`) of the pod.
+function rulePortAdmits(rule, name, number) {
+  if (!rule.ports || rule.ports.length === 0) return true;
+  return rule.ports.some((p) => p.port === undefined || p.port === name || p.port === number);
+}
+
+// The drift checks of one rendered variant; returns a list of errors.
 function driftErrors(objects, bins, target) {
   const errors = [];
   const check = (cond, message) => {
     if (!cond) errors.push(message);
   };
 
-  const sts = find(objects, "StatefulSet", "dp-ps");
+  const w = workloads(objects);
   const svc = find(objects, "Service", "dp-ps");
-  const job = find(objects, "Job", "dp-worker");
-  const pdb = objects.find((o) => o.kind === "PodDisruptionBudget");
-  if (!sts || !svc || !job || !pdb) {
-    return ["expected StatefulSet dp-ps, Service dp-ps, Job dp-worker and " +
-            "a PodDisruptionBudget"];
+  if (!w || !svc) {
+    return ["expected Service dp-ps and either StatefulSet dp-ps + Job dp-worker or " +
+            "a JobSet with replicated jobs ps and workers"];
   }
-  const ps = sts.spec.template.spec.containers.find((c) => c.name === "dp-ps");
-  const worker =
-      job.spec.template.spec.containers.find((c) => c.name === "dp-worker");
+  const ps = w.ps.pod.spec.containers.find((c) => c.name === "dp-ps");
+  const worker = w.worker.pod.spec.containers.find((c) => c.name === "dp-worker");
   if (!ps || !worker) return ["expected containers dp-ps and dp-worker"];
-  check(sts.spec.template.spec.containers.length === 1 &&
-            job.spec.template.spec.containers.length === 1,
+  check(w.ps.pod.spec.containers.length === 1 && w.worker.pod.spec.containers.length === 1,
         "one container per pod (the binaries are checked by container name)");
-  check(/(^|\/)dp-ps(:|@|$)/.test(ps.image), `dp-ps image is ${ps.image}`);
-  check(/(^|\/)dp-worker(:|@|$)/.test(worker.image),
-        `dp-worker image is ${worker.image}`);
+  check(/(^|\/)dp-ps(:|@)/.test(ps.image), `dp-ps image ${ps.image} has no tag`);
+  check(/(^|\/)dp-worker(:|@)/.test(worker.image),
+        `dp-worker image ${worker.image} has no tag`);
 
   // Every argument and DP_* variable is accepted by the binary.
   const psRun = dryRun(bins["dp-ps"], ps, objects, {});
-  const wRun = dryRun(bins["dp-worker"], worker, objects,
-                      {JOB_COMPLETION_INDEX: "0"});
+  const wRun = dryRun(bins["dp-worker"], worker, objects, {JOB_COMPLETION_INDEX: "0"});
   for (const [name, run] of [["dp-ps", psRun], ["dp-worker", wRun]]) {
     for (const p of run.problems) errors.push(`${name}: ${p}`);
     check(run.code === 0,
@@ -214,11 +425,15 @@ function driftErrors(objects, bins, target) {
   const pc = psRun.config;
   const wc = wRun.config;
 
-  // dp-ps: ports, Service, probes.
+  // dp-ps: ports, Service, probes on the plaintext health port.
   const grpcPort = Number(pc.port);
+  const healthPort = Number(pc.health_port);
   check(containerPort(ps, "grpc") === grpcPort,
-        `dp-ps containerPort grpc ${containerPort(ps, "grpc")} != --port ` +
-        `${pc.port}`);
+        `dp-ps containerPort grpc ${containerPort(ps, "grpc")} != --port ${pc.port}`);
+  check(healthPort > 0 && healthPort !== grpcPort &&
+            containerPort(ps, "health") === healthPort,
+        `dp-ps containerPort health ${containerPort(ps, "health")} != --health_port ` +
+        `${pc.health_port} (a port of its own, for the probes)`);
   const metricsPort = Number(pc.metrics_port);
   check(metricsPort > 0 && containerPort(ps, "metrics") === metricsPort,
         `dp-ps containerPort metrics ${containerPort(ps, "metrics")} != ` +
@@ -226,77 +441,125 @@ function driftErrors(objects, bins, target) {
   check(pc.host === "0.0.0.0" || pc.host === "::",
         `dp-ps --host=${pc.host} is not reachable from other pods`);
   check(svc.spec.clusterIP === "None", "the dp-ps Service is not headless");
-  check(sts.spec.serviceName === svc.metadata.name,
-        "StatefulSet serviceName is not the Service");
-  check(sts.spec.replicas === 1, "dp-ps must have exactly 1 replica");
-  check(labelsMatch(svc.spec.selector, sts.spec.template.metadata.labels),
+  check(labelsMatch(svc.spec.selector, w.ps.pod.metadata.labels),
         "the Service does not select the dp-ps pod");
+  check(!labelsMatch(svc.spec.selector, w.worker.pod.metadata.labels),
+        "the Service selects the workers too");
   const svcPort = (name) => (svc.spec.ports || []).find((p) => p.name === name);
   for (const name of ["grpc", "metrics"]) {
     const p = svcPort(name);
     check(p, `Service has no port named ${name}`);
     if (!p) continue;
-    const target = typeof p.targetPort === "string"
+    const t = typeof p.targetPort === "string"
         ? containerPort(ps, p.targetPort) : (p.targetPort ?? p.port);
-    check(target === containerPort(ps, name),
-          `Service port ${name} targets ${p.targetPort}, not the ` +
-          `container's ${name} port`);
+    check(t === containerPort(ps, name),
+          `Service port ${name} targets ${p.targetPort}, not the container's ${name} port`);
   }
+  // The kubelet's gRPC probes speak no TLS: they must use the health port,
+  // which serves grpc.health.v1 in plaintext whatever --port uses.
   for (const kind of ["startupProbe", "readinessProbe", "livenessProbe"]) {
     const probe = ps[kind];
     check(probe && probe.grpc, `dp-ps has no grpc ${kind}`);
     if (!probe || !probe.grpc) continue;
-    check(probe.grpc.port === grpcPort,
-          `dp-ps ${kind} port ${probe.grpc.port} != --port ${grpcPort}`);
+    check(probe.grpc.port === healthPort,
+          `dp-ps ${kind} port ${probe.grpc.port} != --health_port ${healthPort}`);
     const service = probe.grpc.service || "";
     // common/grpc_server.h: readiness is "", liveness is "liveness".
     check(service === (kind === "livenessProbe" ? "liveness" : ""),
           `dp-ps ${kind} checks service '${service}'`);
   }
 
-  // dp-ps writes only to mounted volumes (the root filesystem is read-only).
-  const mounts = (ps.volumeMounts || []).map((m) => m.mountPath);
-  const claims = (sts.spec.volumeClaimTemplates || []).map((v) => v.metadata.name);
-  check(claims.length > 0, "dp-ps has no volume claim for its state");
-  check((ps.volumeMounts || []).some((m) => claims.includes(m.name)),
-        "the state volume is not mounted in dp-ps");
+  // The run's identity: checkpoints and model under RUN_ID, on the state
+  // volume, which outlives the workloads.
+  const runId = psRun.env.RUN_ID;
+  check(/^[a-z0-9][a-z0-9.-]{0,62}$/.test(runId || ""),
+        `RUN_ID '${runId}' must be lowercase letters, digits, '-' and '.'`);
+  check(pc.checkpoint_dir && path.posix.basename(pc.checkpoint_dir) === runId,
+        `dp-ps --checkpoint_dir=${pc.checkpoint_dir} is not the run's (RUN_ID ${runId})`);
+  check(pc.save_model && path.posix.basename(pc.save_model).startsWith(`${runId}.`),
+        `dp-ps --save_model=${pc.save_model} is not the run's (RUN_ID ${runId})`);
   for (const flag of ["save_model", "checkpoint_dir"]) {
-    const value = pc[flag];
-    if (!value) continue;
-    check(mounts.some((m) => value === m || value.startsWith(m + "/")),
-          `dp-ps --${flag}=${value} is not on a mounted volume`);
+    const v = volumeOf(w.ps.pod, ps, pc[flag] || "");
+    const persistent = v && (v.claimTemplate || v.persistentVolumeClaim);
+    check(persistent, `dp-ps --${flag}=${pc[flag]} is not on the state volume`);
+    if (v && v.claimTemplate) {
+      check((w.ps.sts.spec.volumeClaimTemplates || []).some((t) => t.metadata.name === v.name),
+            `dp-ps volume ${v.name} has no claim template`);
+    }
+    if (v && v.persistentVolumeClaim) {
+      check(find(objects, "PersistentVolumeClaim", v.persistentVolumeClaim.claimName),
+            `PersistentVolumeClaim ${v.persistentVolumeClaim.claimName} is not rendered`);
+    }
   }
-  check(pc.exit_when_done === "false",
-        "dp-ps must keep running after training (--exit_when_done=false): " +
-        "a StatefulSet restarts a container that exits");
+  // dp-ps writes only to mounted volumes (the root filesystem is read-only).
+  check(ps.securityContext?.readOnlyRootFilesystem === true &&
+            worker.securityContext?.readOnlyRootFilesystem === true,
+        "root filesystems must be read-only");
+
+  // The workload's lifecycle.
+  if (w.kind === "plain") {
+    check(w.ps.sts.spec.serviceName === svc.metadata.name,
+          "StatefulSet serviceName is not the Service");
+    check(w.ps.sts.spec.replicas === 1, "dp-ps must have exactly 1 replica");
+    check(pc.exit_when_done === "false",
+          "dp-ps must keep running after training (--exit_when_done=false): " +
+          "a StatefulSet restarts a container that exits");
+  } else {
+    check(pc.exit_when_done === "true",
+          "in a JobSet dp-ps must exit when training is done (--exit_when_done=true)");
+    const js = w.jobset.spec;
+    check(js.replicatedJobs[0].name === "ps", "the first replicated job must be ps");
+    check((w.ps.rj.replicas ?? 1) === 1 && w.ps.job.completions === 1 &&
+              w.ps.job.parallelism === 1,
+          "replicated job ps must run exactly one pod");
+    check((w.worker.rj.replicas ?? 1) === 1, "replicated job workers must have 1 replica");
+    const startsAfterPs = (w.worker.rj.dependsOn || []).some(
+        (d) => d.name === "ps" && d.status === "Ready") ||
+        js.startupPolicy?.startupPolicyOrder === "InOrder";
+    check(startsAfterPs, "the workers must start once dp-ps is ready (dependsOn ps Ready)");
+    check(js.successPolicy?.operator === "All" &&
+              JSON.stringify(js.successPolicy.targetReplicatedJobs) === '["workers"]',
+          "the JobSet must succeed when the workers succeed (successPolicy All workers)");
+    const failRules = js.failurePolicy?.rules || [];
+    check(failRules.some((r) => r.action === "FailJobSet" &&
+                                (r.targetReplicatedJobs || []).includes("ps")),
+          "the JobSet must fail when dp-ps fails (FailJobSet for ps)");
+    errors.push(...failurePolicyErrors(w.ps.job, ps, "dp-ps Job"));
+  }
+  // No budget may block node drains: dp-ps checkpoints on SIGTERM and the
+  // workers retry, and once the job is done nothing needs protecting.
+  for (const pdb of objects.filter((o) => o.kind === "PodDisruptionBudget")) {
+    const blocks = pdb.spec.maxUnavailable === 0 || pdb.spec.maxUnavailable === "0%" ||
+                   (pdb.spec.minAvailable !== undefined && pdb.spec.minAvailable !== 0);
+    check(!(blocks && labelsMatch(pdb.spec.selector?.matchLabels, w.ps.pod.metadata.labels)),
+          `PodDisruptionBudget ${pdb.metadata.name} blocks the eviction of dp-ps ` +
+          "(node drains would wait for ever)");
+  }
 
   // Workers: the address of dp-ps, the rank, the count.
   const [psHost, psPort] = [wc.ps.slice(0, wc.ps.lastIndexOf(":")),
                             Number(wc.ps.slice(wc.ps.lastIndexOf(":") + 1))];
-  check(psHost === svc.metadata.name ||
-            psHost.startsWith(`${svc.metadata.name}.`) ||
-            psHost === `${sts.metadata.name}-0.${svc.metadata.name}`,
+  check(psHost === svc.metadata.name || psHost.startsWith(`${svc.metadata.name}.`),
         `worker --ps=${wc.ps} does not name the Service ${svc.metadata.name}`);
   check(svcPort("grpc") && psPort === svcPort("grpc").port,
         `worker --ps port ${psPort} is not the Service's grpc port`);
   check(wc.rank === "0", `worker rank from JOB_COMPLETION_INDEX: ${wc.rank}`);
-  check(job.spec.completionMode === "Indexed", "the Job is not Indexed");
-  check(job.spec.completions === Number(pc.workers) &&
-            job.spec.parallelism === Number(pc.workers),
-        `Job completions ${job.spec.completions} / parallelism ` +
-        `${job.spec.parallelism} != dp-ps --workers ${pc.workers}`);
-  check(job.spec.template.spec.restartPolicy === "Never",
-        "podFailurePolicy needs restartPolicy Never");
+  check(w.worker.job.completionMode === "Indexed", "the workers' Job is not Indexed");
+  check(w.worker.job.completions === Number(pc.workers) &&
+            w.worker.job.parallelism === Number(pc.workers),
+        `workers' completions ${w.worker.job.completions} / parallelism ` +
+        `${w.worker.job.parallelism} != dp-ps --workers ${pc.workers}`);
+  errors.push(...failurePolicyErrors(w.worker.job, worker, "workers' Job"));
 
   // Worker probes and ports.
-  const healthPort = Number(wc.health_port);
-  check(healthPort > 0 && containerPort(worker, "health") === healthPort,
+  const wHealth = Number(wc.health_port);
+  check(wHealth > 0 && containerPort(worker, "health") === wHealth,
         `worker containerPort health ${containerPort(worker, "health")} != ` +
         `--health_port ${wc.health_port}`);
   for (const kind of ["startupProbe", "readinessProbe"]) {
     const probe = worker[kind];
-    check(probe && probe.grpc && probe.grpc.port === healthPort,
-          `worker ${kind} is not a grpc probe on --health_port ${healthPort}`);
+    check(probe && probe.grpc && probe.grpc.port === wHealth,
+          `worker ${kind} is not a grpc probe on --health_port ${wHealth}`);
   }
   check(!worker.livenessProbe || worker.livenessProbe.grpc?.service === "liveness",
         "a worker liveness probe must check the 'liveness' service");
@@ -305,24 +568,12 @@ function driftErrors(objects, bins, target) {
           `worker containerPort metrics != --metrics_port ${wc.metrics_port}`);
   }
 
-  // Failure policy: configuration errors fail the Job; disruptions ignored.
-  const rules = job.spec.podFailurePolicy?.rules || [];
-  check(rules.some((r) => r.action === "FailJob" &&
-                          r.onExitCodes?.operator === "In" &&
-                          r.onExitCodes.values.includes(EXIT_CONFIG_ERROR) &&
-                          r.onExitCodes.containerName === worker.name),
-        `no FailJob rule for exit code ${EXIT_CONFIG_ERROR} of ${worker.name}`);
-  check(rules.some((r) => r.action === "Ignore" &&
-                          (r.onPodConditions || []).some(
-                              (c) => c.type === "DisruptionTarget")),
-        "no Ignore rule for DisruptionTarget");
-
   // Grace periods cover the stops.
-  const workerGrace = job.spec.template.spec.terminationGracePeriodSeconds;
+  const workerGrace = w.worker.pod.spec.terminationGracePeriodSeconds;
   check(workerGrace > Number(wc.stop_timeout_s),
         `worker terminationGracePeriodSeconds ${workerGrace} <= ` +
         `--stop_timeout_s ${wc.stop_timeout_s}`);
-  const psGrace = sts.spec.template.spec.terminationGracePeriodSeconds;
+  const psGrace = w.ps.pod.spec.terminationGracePeriodSeconds;
   // dp-ps: the drain hook (a checkpoint) plus 2 s of gRPC shutdown.
   check(psGrace >= 30, `dp-ps terminationGracePeriodSeconds ${psGrace} < 30`);
 
@@ -334,16 +585,91 @@ function driftErrors(objects, bins, target) {
     }
   }
 
-  // The disruption budget protects dp-ps.
-  check(labelsMatch(pdb.spec.selector?.matchLabels,
-                    sts.spec.template.metadata.labels),
-        "the PodDisruptionBudget does not select dp-ps");
+  // NetworkPolicy: dp-ps's gRPC port only from the workers, its metrics
+  // port only from Prometheus.
+  const policies = objects.filter(
+      (o) => o.kind === "NetworkPolicy" &&
+             labelsMatch(o.spec.podSelector?.matchLabels, w.ps.pod.metadata.labels));
+  check(policies.length > 0, "no NetworkPolicy selects dp-ps");
+  for (const np of policies) {
+    check((np.spec.policyTypes || []).includes("Ingress"),
+          `NetworkPolicy ${np.metadata.name} does not restrict ingress`);
+    const rules = np.spec.ingress || [];
+    const grpcRules = rules.filter((r) => rulePortAdmits(r, "grpc", grpcPort));
+    check(grpcRules.length > 0 &&
+              grpcRules.some((r) => (r.from || []).some(
+                  (f) => !f.namespaceSelector &&
+                         labelsMatch(f.podSelector?.matchLabels, w.worker.pod.metadata.labels))),
+          `NetworkPolicy ${np.metadata.name} does not admit the workers to port grpc`);
+    for (const r of grpcRules) {
+      const open = !r.from || r.from.length === 0 || r.from.some(
+          (f) => f.ipBlock || f.namespaceSelector ||
+                 !labelsMatch(f.podSelector?.matchLabels, w.worker.pod.metadata.labels));
+      check(!open, `NetworkPolicy ${np.metadata.name} admits more than the workers ` +
+                   `to port grpc: ${JSON.stringify(r)}`);
+    }
+    check(rules.some((r) => rulePortAdmits(r, "metrics", metricsPort) &&
+                            (r.from || []).some((f) => f.podSelector?.matchLabels?.[
+                                "app.kubernetes.io/name"] === "prometheus")),
+          `NetworkPolicy ${np.metadata.name} does not admit Prometheus to port metrics`);
+  }
 
-  // Overlay specifics.
+  // TLS: when dp-ps has a certificate, the workers verify it, both sides'
+  // files come from mounted Secrets, and dp-ps's names the host workers
+  // dial.
+  if (pc.tls_cert) {
+    check(wc.tls_ca, "dp-ps has TLS but workers do not verify it (--tls_ca)");
+    if (pc.tls_ca) check(wc.tls_cert && wc.tls_key, "dp-ps wants client certificates " +
+                                                    "(--tls_ca) but workers present none");
+    const secretOf = {};
+    for (const [who, pod, c, conf] of [["dp-ps", w.ps.pod, ps, pc],
+                                       ["dp-worker", w.worker.pod, worker, wc]]) {
+      for (const flag of ["tls_cert", "tls_key", "tls_ca"]) {
+        if (!conf[flag]) continue;
+        const v = volumeOf(pod, c, conf[flag]);
+        check(v && v.secret, `${who} --${flag}=${conf[flag]} is not on a Secret volume`);
+        if (v && v.secret) {
+          secretOf[who] = v.secret.secretName;
+          check((v.secret.defaultMode & 0o007) === 0,
+                `${who}: Secret ${v.secret.secretName} is readable by others`);
+          if (!pod.spec.securityContext?.fsGroup) {
+            check((v.secret.defaultMode & 0o400) && !(v.secret.defaultMode & 0o040),
+                  `${who}: Secret ${v.secret.secretName} files are root's; set fsGroup`);
+          }
+        }
+      }
+    }
+    const certs = objects.filter((o) => o.kind === "Certificate");
+    if (certs.length > 0) {
+      for (const who of ["dp-ps", "dp-worker"]) {
+        check(certs.some((c) => c.spec.secretName === secretOf[who]),
+              `no Certificate writes Secret ${secretOf[who]} of ${who}`);
+      }
+      const server = certs.find((c) => c.spec.secretName === secretOf["dp-ps"]);
+      const name = wc.tls_server_name || psHost;
+      check(server && (server.spec.dnsNames || []).includes(name),
+            `dp-ps's Certificate does not name ${name}, the host workers verify`);
+      check(server && (server.spec.usages || []).includes("server auth"),
+            "dp-ps's Certificate lacks the usage server auth");
+      const client = certs.find((c) => c.spec.secretName === secretOf["dp-worker"]);
+      check(client && (client.spec.usages || []).includes("client auth"),
+            "the workers' Certificate lacks the usage client auth");
+      check(server && client && server.spec.issuerRef.name === client.spec.issuerRef.name,
+            "dp-ps's and the workers' certificates come from different issuers");
+    }
+  }
+
+  // GPU variants.
   const gpus = worker.resources?.limits?.["nvidia.com/gpu"];
-  if (target === "overlays/gpu") {
-    check(Number(gpus) === 1, `gpu overlay: nvidia.com/gpu limit ${gpus}`);
-    check(wc.backend === "cuda", `gpu overlay: --backend=${wc.backend}`);
+  if (target.includes("gpu") || target.includes("tls") || target === "overlays/jobset" ||
+      target.startsWith("overlays/jobset")) {
+    check(Number(gpus) === 1, `${target}: nvidia.com/gpu limit ${gpus}`);
+    check(wc.backend === "cuda", `${target}: --backend=${wc.backend}`);
+    check(/-cuda$/.test(worker.image), `${target}: worker image ${worker.image} is not ` +
+                                       "the GPU build (tag -cuda)");
+    const cache = wRun.env.CUDA_CACHE_PATH;
+    const v = cache && volumeOf(w.worker.pod, worker, cache);
+    check(v && v.emptyDir, `${target}: CUDA_CACHE_PATH=${cache} is not on an emptyDir`);
   }
   if (target === "overlays/cpu") {
     check(gpus === undefined, "cpu overlay asks for a GPU");
@@ -354,30 +680,72 @@ function driftErrors(objects, bins, target) {
   for (const sm of objects.filter((o) => o.kind === "ServiceMonitor")) {
     check(labelsMatch(sm.spec.selector?.matchLabels, svc.metadata.labels || {}),
           `ServiceMonitor ${sm.metadata.name} does not select the Service`);
+    check(sm.spec.jobLabel === JOB_LABEL && svc.metadata.labels?.[JOB_LABEL] === "dp-ps",
+          `ServiceMonitor ${sm.metadata.name}: series must get job="dp-ps" ` +
+          `(jobLabel ${JOB_LABEL})`);
     for (const ep of sm.spec.endpoints || []) {
       check(svcPort(ep.port), `ServiceMonitor port ${ep.port} not on the Service`);
     }
   }
   for (const pm of objects.filter((o) => o.kind === "PodMonitor")) {
-    check(labelsMatch(pm.spec.selector?.matchLabels,
-                      job.spec.template.metadata.labels),
+    check(labelsMatch(pm.spec.selector?.matchLabels, w.worker.pod.metadata.labels),
           `PodMonitor ${pm.metadata.name} does not select the workers`);
+    check(pm.spec.jobLabel === JOB_LABEL &&
+              w.worker.pod.metadata.labels?.[JOB_LABEL] === "dp-worker",
+          `PodMonitor ${pm.metadata.name}: series must get job="dp-worker" ` +
+          `(jobLabel ${JOB_LABEL}), not <namespace>/${pm.metadata.name}`);
     for (const ep of pm.spec.podMetricsEndpoints || []) {
-      check(containerPort(worker, ep.port),
-            `PodMonitor port ${ep.port} is not a worker port`);
+      check(containerPort(worker, ep.port), `PodMonitor port ${ep.port} is not a worker port`);
     }
   }
-  for (const cm of objects.filter(
-           (o) => o.kind === "ConfigMap" &&
-                  o.metadata.labels?.grafana_dashboard === "1")) {
-    for (const [key, text] of Object.entries(cm.data || {})) {
-      try {
-        const d = JSON.parse(text);
-        check(d.title && Array.isArray(d.panels),
-              `dashboard ${key} has no title or panels`);
-      } catch (e) {
-        errors.push(`dashboard ${key} is not JSON: ${e.message}`);
-      }
+  const monitored = objects.some((o) => o.kind === "PodMonitor");
+  const rule = find(objects, "PrometheusRule");
+  if (monitored) {
+    check(rule && canonical(rule.spec.groups) === canonical(ruleGroups()),
+          "the PrometheusRule is not deploy/prometheus/rules (run " +
+          "deploy/tests/render-prometheus-rule.js)");
+  }
+  for (const cm of objects.filter((o) => o.kind === "ConfigMap" &&
+                                         o.metadata.labels?.grafana_dashboard === "1")) {
+    check(JSON.stringify(Object.keys(cm.data || {})) === '["dp-ps.json"]' &&
+              cm.data["dp-ps.json"] === fs.readFileSync(GRAFANA_DASHBOARD, "utf8"),
+          `ConfigMap ${cm.metadata.name} is not deploy/grafana/dashboards/dp-ps.json`);
+  }
+  return errors;
+}
+
+// The plain and JobSet variants run the same pods: their containers agree
+// except for dp-ps's DP_EXIT_WHEN_DONE (a Job's pod ends when done).
+function variantsAgree(plain, jobset) {
+  const a = workloads(plain);
+  const b = workloads(jobset);
+  if (!a || !b) return ["a variant has no workloads"];
+  const errors = [];
+  const strip = (pod) => {
+    const spec = JSON.parse(JSON.stringify(pod.spec));
+    for (const c of spec.containers) {
+      c.env = (c.env || []).filter((e) => e.name !== "DP_EXIT_WHEN_DONE");
+    }
+    // The state volume: a claim template or a PersistentVolumeClaim.
+    spec.volumes = (spec.volumes || []).filter((v) => !v.persistentVolumeClaim);
+    delete spec.restartPolicy;
+    // Lists keyed by name: their order does not matter.
+    const byName = (list) => (list || []).slice().sort((x, y) => x.name.localeCompare(y.name));
+    spec.volumes = byName(spec.volumes);
+    for (const c of spec.containers) c.volumeMounts = byName(c.volumeMounts);
+    return {labels: pod.metadata.labels, spec};
+  };
+  for (const who of ["ps", "worker"]) {
+    const x = canonical(strip(a[who].pod));
+    const y = canonical(strip(b[who].pod));
+    if (x !== y) {
+      errors.push(`the ${who} pod of the JobSet differs from the plain variant's:\n` +
+                  `  plain:  ${x}\n  jobset: ${y}`);
+    }
+  }
+  for (const key of ["backoffLimit", "podFailurePolicy", "completionMode"]) {
+    if (canonical(a.worker.job[key]) !== canonical(b.worker.job[key])) {
+      errors.push(`the workers' ${key} differs between the plain and JobSet variants`);
     }
   }
   return errors;
@@ -398,48 +766,100 @@ function report(name, errors) {
   }
 }
 
-// Broken copies of a rendered overlay that the checks must reject.
-const MUTATIONS = {
-  "unknown field in a container": (objs) => {
-    find(objs, "Job", "dp-worker").spec.template.spec.containers[0].imagePullPolicyy = "Always";
-  },
-  "wrong type (completions as a string)": (objs) => {
+const psContainer = (objs) => workloads(objs).ps.pod.spec.containers[0];
+const workerContainer = (objs) => workloads(objs).worker.pod.spec.containers[0];
+const cm = (objs, prefix) => configMap(objs, prefix).data;
+
+// Broken copies of a rendered variant that the checks must reject:
+// [name, variant, mutation, strict (also run the TypeScript check)].
+const MUTATIONS = [
+  ["unknown field in a container", "overlays/gpu", (objs) => {
+    workerContainer(objs).imagePullPolicyy = "Always";
+  }, true],
+  ["a field newer than Kubernetes " + MIN_KUBERNETES + " (Job managedBy)", "overlays/gpu",
+   (objs) => {
+     find(objs, "Job", "dp-worker").spec.managedBy = "kueue.x-k8s.io/multikueue";
+   }, true],
+  ["unknown field in the JobSet", "overlays/jobset", (objs) => {
+    find(objs, "JobSet").spec.successPolicy.targetReplicatedJob = ["workers"];
+  }],
+  ["unknown field in a JobSet's pod", "overlays/jobset", (objs) => {
+    workerContainer(objs).imagePullPolicyy = "Always";
+  }, true],
+  ["wrong type (completions as a string)", "overlays/gpu", (objs) => {
     find(objs, "Job", "dp-worker").spec.completions = "2";
-  },
-  "probe on another port": (objs) => {
-    find(objs, "StatefulSet", "dp-ps").spec.template.spec.containers[0].readinessProbe.grpc.port = 5002;
-  },
-  "DP_* variable no flag reads": (objs) => {
-    objs.find((o) => o.kind === "ConfigMap" && o.metadata.name.startsWith("dp-ps-config")).data.DP_EPOCH = "3";
-  },
-  "worker count differs from completions": (objs) => {
+  }],
+  ["dp-ps probe on the TLS port", "overlays/tls", (objs) => {
+    psContainer(objs).readinessProbe.grpc.port = 5000;
+  }],
+  ["DP_* variable no flag reads", "overlays/gpu", (objs) => {
+    cm(objs, "dp-ps-config").DP_EPOCH = "3";
+  }],
+  ["worker count differs from completions", "overlays/gpu", (objs) => {
     find(objs, "Job", "dp-worker").spec.parallelism = 3;
-  },
-  "invalid flag value": (objs) => {
-    objs.find((o) => o.kind === "ConfigMap" && o.metadata.name.startsWith("dp-worker-config")).data.DP_BACKEND = "tpu";
-  },
-  "worker pointed at another host": (objs) => {
-    objs.find((o) => o.kind === "ConfigMap" && o.metadata.name.startsWith("dp-worker-config")).data.DP_PS = "parameter-server:5000";
-  },
-  "unknown container argument": (objs) => {
-    find(objs, "StatefulSet", "dp-ps").spec.template.spec.containers[0].args = ["--bogus=1"];
-  },
-  "missing FailJob rule": (objs) => {
+  }],
+  ["JobSet worker count differs", "overlays/jobset", (objs) => {
+    workloads(objs).worker.job.completions = 3;
+  }],
+  ["invalid flag value", "overlays/gpu", (objs) => {
+    cm(objs, "dp-worker-config").DP_BACKEND = "tpu";
+  }],
+  ["worker pointed at another host", "overlays/gpu", (objs) => {
+    cm(objs, "dp-worker-config").DP_PS = "parameter-server:5000";
+  }],
+  ["unknown container argument", "overlays/gpu", (objs) => {
+    psContainer(objs).args = ["--bogus=1"];
+  }],
+  ["missing FailJob rule", "overlays/gpu", (objs) => {
     find(objs, "Job", "dp-worker").spec.podFailurePolicy.rules.shift();
-  },
-};
+  }],
+  ["checkpoints outside the run's directory", "overlays/gpu", (objs) => {
+    psContainer(objs).env.find((e) => e.name === "DP_CHECKPOINT_DIR").value =
+        "/var/lib/dp-ps/checkpoints";
+  }],
+  ["a PodDisruptionBudget that blocks drains", "overlays/gpu", (objs) => {
+    objs.push({apiVersion: "policy/v1", kind: "PodDisruptionBudget",
+               metadata: {name: "dp-ps"},
+               spec: {maxUnavailable: 0,
+                      selector: {matchLabels: {"app.kubernetes.io/name": "dp-ps"}}}});
+  }],
+  ["NetworkPolicy open to every pod", "overlays/gpu", (objs) => {
+    find(objs, "NetworkPolicy").spec.ingress[0].from = [];
+  }],
+  ["PodMonitor without jobLabel", "overlays/gpu", (objs) => {
+    delete find(objs, "PodMonitor").spec.jobLabel;
+  }],
+  ["PrometheusRule differs from the promtool-tested rules", "overlays/gpu", (objs) => {
+    find(objs, "PrometheusRule").spec.groups[0].rules.pop();
+  }],
+  ["worker TLS key outside the Secret", "overlays/tls", (objs) => {
+    cm(objs, "dp-worker-config").DP_TLS_KEY = "/tmp/tls.key";
+  }],
+  ["dp-ps certificate for another name", "overlays/tls", (objs) => {
+    find(objs, "Certificate", "dp-ps-tls").spec.dnsNames = ["parameter-server"];
+  }],
+  ["JobSet succeeding with dp-ps", "overlays/jobset", (objs) => {
+    find(objs, "JobSet").spec.successPolicy.targetReplicatedJobs = ["ps"];
+  }],
+  ["JobSet workers not waiting for dp-ps", "overlays/jobset", (objs) => {
+    delete workloads(objs).worker.rj.dependsOn;
+  }],
+  ["GPU worker without a CUDA cache volume", "overlays/gpu", (objs) => {
+    cm(objs, "dp-worker-config").CUDA_CACHE_PATH = "/root/.nv";
+  }],
+];
 
 function main() {
   const bins = parseArgs(process.argv.slice(2));
   const rendered = {};
-  for (const target of TARGETS) {
+  for (const [name, target] of Object.entries(TARGETS)) {
     try {
-      rendered[target] = render(target);
-      report(`kubectl kustomize ${target} (${rendered[target].length} objects)`, []);
+      rendered[name] = render(target);
+      report(`kubectl kustomize ${name} (${rendered[name].length} objects)`, []);
     } catch (e) {
       const hint = e.code === "ENOENT"
           ? " (kubectl >= 1.21 is needed; it is not a Debian 12 package)" : "";
-      report(`kubectl kustomize ${target}`, [String(e.stderr || e.message) + hint]);
+      report(`kubectl kustomize ${name}`, [String(e.stderr || e.message) + hint]);
     }
   }
   const all = [];
@@ -452,39 +872,38 @@ function main() {
     }
     report(`schemas: ${target}`, errors);
   }
-  report("no unknown fields (all targets)", unknownFieldErrors(all));
+  report(`Kubernetes ${MIN_KUBERNETES} API and CRD types: no unknown field, ` +
+         "none missing (all variants)", unknownFieldErrors(all));
   for (const [target, objects] of Object.entries(rendered)) {
     report(`drift: ${target} against dp-ps/dp-worker --dry_run`,
            driftErrors(objects, bins, target));
   }
-
-  // The dashboard shipped by the monitoring component is the project's.
-  const dashErrors = [];
-  if (fs.readFileSync(GRAFANA_DASHBOARD, "utf8") !==
-      fs.readFileSync(COMPONENT_DASHBOARD, "utf8")) {
-    dashErrors.push(`${path.relative(REPO, COMPONENT_DASHBOARD)} differs ` +
-                    `from ${path.relative(REPO, GRAFANA_DASHBOARD)}: copy it`);
+  if (rendered["base"] && rendered["jobset"]) {
+    report("the JobSet runs the same pods as the plain variant",
+           variantsAgree(rendered["base"], rendered["jobset"]));
   }
-  report("dashboard of components/monitoring is deploy/grafana's", dashErrors);
+  if (rendered["overlays/gpu"] && rendered["overlays/jobset"]) {
+    report("the GPU JobSet runs the same pods as overlays/gpu",
+           variantsAgree(rendered["overlays/gpu"], rendered["overlays/jobset"]));
+  }
 
   // Self-test: every check above can fail. A mutation must add an error
-  // that the intact overlay does not have.
-  if (rendered["overlays/gpu"]) {
-    const errorsOf = (objs, strict) => [
+  // that the intact variant does not have.
+  const baselines = {};
+  for (const [name, target, mutate, strict] of MUTATIONS) {
+    if (!rendered[target]) continue;
+    const errorsOf = (objs) => [
       ...objs.flatMap((o) => schemaErrors(o)),
-      ...(strict ? unknownFieldErrors(objs.map((obj) => ({label: "gpu", obj})))
-                 : []),
-      ...driftErrors(objs, bins, "overlays/gpu"),
+      ...(strict ? unknownFieldErrors(objs.map((obj) => ({label: target, obj}))) : []),
+      ...driftErrors(objs, bins, target),
     ];
-    const baseline = new Set(errorsOf(rendered["overlays/gpu"], true));
-    for (const [name, mutate] of Object.entries(MUTATIONS)) {
-      const objs = JSON.parse(JSON.stringify(rendered["overlays/gpu"]));
-      mutate(objs);
-      const strict = name.startsWith("unknown field");
-      const added = errorsOf(objs, strict).filter((e) => !baseline.has(e));
-      report(`self-test: rejects ${name}`,
-             added.length > 0 ? [] : ["the broken manifest passed every check"]);
-    }
+    const key = `${target}/${Boolean(strict)}`;
+    baselines[key] ??= new Set(errorsOf(rendered[target]));
+    const objs = JSON.parse(JSON.stringify(rendered[target]));
+    mutate(objs);
+    const added = errorsOf(objs).filter((e) => !baselines[key].has(e));
+    report(`self-test: rejects ${name} (${target})`,
+           added.length > 0 ? [] : ["the broken manifest passed every check"]);
   }
 
   console.log(`${passed} passed, ${failed} failed`);

@@ -11,11 +11,30 @@ Usage: deploy_files_test.py --source_dir DIR --promtool PATH
 
 import argparse
 import os
+import re
 import sys
 
 import yaml
 
 import monitoring_checks as mc
+
+
+def raw_targets(dashboard):
+    """[(panel title, refId, expression as written)] of every query."""
+    return [(p.get("title", "?"), t.get("refId", "?"), t.get("expr", ""))
+            for p in mc.all_panels(dashboard) for t in p.get("targets", [])]
+
+
+def readme_anchors(source_dir):
+    """GitHub's anchors of the README's headings."""
+    anchors = set()
+    with open(os.path.join(source_dir, "README.md"), encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"#+\s+(.*)", line)
+            if m:
+                slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
+                anchors.add(slug.replace(" ", "-"))
+    return anchors
 
 
 def main():
@@ -43,6 +62,9 @@ def main():
         args.promtool, [(f"{title} {ref}", e) for title, ref, e in exprs])
     if complaint:
         failures.append(f"promtool cannot parse a dashboard expression:\n{complaint}")
+    for title, ref, t in raw_targets(dashboard):
+        for problem in mc.namespace_problems(t):
+            failures.append(f"'{title}' {ref}: {problem}")
     for title, ref, e in exprs:
         if not mc.metric_names(e):
             failures.append(f"'{title}' {ref} selects no metric: {e}")
@@ -81,8 +103,24 @@ def main():
             failures.append(f"alert {r['alert']}: summary and description needed")
         if r.get("labels", {}).get("severity") not in ("critical", "warning"):
             failures.append(f"alert {r['alert']}: severity critical or warning")
+    # Every alert links its README section.
+    anchors = readme_anchors(args.source_dir)
+    for r in alerts:
+        url = r.get("annotations", {}).get("runbook_url", "")
+        m = re.fullmatch(r"README\.md#([\w-]+)", url)
+        if not m or m.group(1) not in anchors:
+            failures.append(f"alert {r['alert']}: runbook_url {url!r} is not "
+                            "README.md#<a section of README.md>")
+    # Aggregations keep namespace, so jobs in different namespaces stay apart.
+    for _, r in rules:
+        for m in re.finditer(r"\b(sum|avg|min|max|count)\s*(by\s*\(([^)]*)\))?\s*\(",
+                             r["expr"]):
+            labels = [x.strip() for x in (m.group(3) or "").split(",")]
+            if "namespace" not in labels:
+                failures.append(f"{r.get('alert') or r.get('record')}: "
+                                f"{m.group(0).strip()} aggregates away namespace")
     names = {r["alert"] for r in alerts}
-    for wanted in ["DpWorkerDown", "DpLossNotFinite", "DpLossRising",
+    for wanted in ["DpWorkerDown", "DpPsAbsent", "DpLossNotFinite", "DpLossRising",
                    "DpTrainingStalled", "DpStraggler"]:
         if wanted not in names:
             failures.append(f"no alert {wanted}")

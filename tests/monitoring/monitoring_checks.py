@@ -21,6 +21,8 @@ GRAFANA_MACROS = {
     "$__rate_interval": "1m",
     "$__interval": "15s",
     "$__range": "1h",
+    # The namespace variable's "All": also matches series without the label.
+    "$namespace": ".*",
 }
 
 # Series Prometheus makes itself; the rest must come from the daemons or
@@ -75,6 +77,11 @@ def static_problems(dashboard):
     if len(ds_vars) != 1 or ds_vars[0].get("query") != "prometheus":
         problems.append("no template variable 'datasource' of type datasource "
                         "with query 'prometheus'")
+    ns_vars = [v for v in variables if v.get("name") == "namespace"]
+    if len(ns_vars) != 1 or ns_vars[0].get("type") != "query" or \
+            ns_vars[0].get("allValue") != ".*" or not ns_vars[0].get("includeAll"):
+        problems.append("no query variable 'namespace' with an All value of .* "
+                        "(which also matches a local run's series)")
     if not dashboard.get("uid") or not dashboard.get("title"):
         problems.append("the dashboard needs a uid and a title")
     panels = all_panels(dashboard)
@@ -203,3 +210,20 @@ def load_rules(paths):
 
 def recorded_names(rules):
     return {r["record"] for _, r in rules if "record" in r}
+
+
+def namespace_problems(expr):
+    """Why `expr` could mix jobs of different namespaces: a dp_ selector
+    without the namespace matcher, or an aggregation that drops the label."""
+    problems = []
+    for m in re.finditer(r"\b(dp_[a-z_]+)(\{[^}]*\})?", expr):
+        if 'namespace=~"$namespace"' not in (m.group(2) or ""):
+            problems.append(f"{m.group(1)} is not filtered by namespace")
+    for m in re.finditer(r"\b(sum|avg|min|max|count|topk|bottomk|quantile)\s*"
+                         r"(by\s*\(([^)]*)\))?\s*\(", expr):
+        labels = [x.strip() for x in (m.group(3) or "").split(",")]
+        if m.group(1) in ("topk", "bottomk", "quantile") and not m.group(2):
+            continue  # keeps the labels of its argument
+        if "namespace" not in labels:
+            problems.append(f"{m.group(0).strip()} aggregates away namespace")
+    return problems
