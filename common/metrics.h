@@ -1,9 +1,11 @@
-// What dp-ps and dp-worker export to Prometheus, in one place (the README's
-// "Monitoring" table lists the same names). Conventions: prefix dp_, base
-// units (seconds, bytes), counters end in _total, and the only labels are
-// role ("ps" | "worker") and rank, plus reason on rejected requests (a status
-// code name) and version on dp_build_info, so the number of series is
-// bounded by the number of workers. Never a step or job id as a label.
+// The metrics registry both roles build on (ServerMetrics in
+// server/server_metrics.h, WorkerMetrics in worker/worker_metrics.h), and its
+// HTTP exposition; the README's "Monitoring" table lists every name.
+// Conventions: prefix dp_, base units (seconds, bytes), counters end in _total,
+// and the only labels are role ("ps" | "worker") and rank, plus reason on
+// rejected requests (a status code name), version on dp_build_info and the
+// backend's on dp_worker_backend_info, so the number of series is bounded by
+// the number of workers. Never a step or job id as a label.
 //
 // No gRPC types and no training math here: callers hand in durations, byte
 // counts and values they already have. Recording is lock-free (atomics in
@@ -93,6 +95,25 @@ class Metrics {
   prometheus::Registry& registry() { return *registry_; }
   // The labels every family carries: role, and rank for workers.
   const std::map<std::string, std::string>& constant_labels() const;
+  // One series with the constant labels, in a family of its own. Seconds
+  // histograms have buckets from 100 us to 60 s.
+  prometheus::Gauge& NewGauge(const std::string& name, const std::string& help);
+  prometheus::Counter& NewCounter(const std::string& name,
+                                  const std::string& help);
+  prometheus::Histogram& NewSeconds(const std::string& name,
+                                    const std::string& help);
+  // Families whose series the caller adds (with more labels, or later).
+  prometheus::Family<prometheus::Gauge>& NewGaugeFamily(
+      const std::string& name, const std::string& help);
+  prometheus::Family<prometheus::Counter>& NewCounterFamily(
+      const std::string& name, const std::string& help);
+  prometheus::Family<prometheus::Histogram>& NewSecondsFamily(
+      const std::string& name, const std::string& help);
+  // The buckets of every seconds histogram.
+  static const std::vector<double>& SecondsBuckets();
+  // dp_training_loss, without a series yet: a 0 before the first value would
+  // read as a loss.
+  prometheus::Family<prometheus::Gauge>& NewLossFamily();
 
  private:
   class ScrapeHook;
@@ -101,103 +122,6 @@ class Metrics {
   std::map<std::string, std::string> labels_;
   prometheus::Counter* sent_bytes_;
   prometheus::Counter* received_bytes_;
-};
-
-// dp-ps: training progress, workers, rejections, update and barrier times.
-class ServerMetrics final : public Metrics {
- public:
-  // world_size fixes the rank labels (0..world_size-1). A rank counts as
-  // active while it made a request within `active_window`: a worker waiting
-  // at the barrier re-asks every --wait_timeout_s (30 s by default), so the
-  // window must be longer than that.
-  explicit ServerMetrics(int world_size,
-                         absl::Duration active_window = absl::Seconds(60),
-                         std::function<absl::Time()> now = absl::Now);
-
-  // A request naming `rank` arrived. Ranks outside 0..world_size-1 are
-  // ignored: a bad request must not create a series.
-  void SawRank(int rank);
-  // A request finished with `code`. OK and CANCELLED (the client gave up,
-  // e.g. its barrier deadline passed) are not rejections.
-  void CountRejected(absl::StatusCode code);
-  // From a rank's arrival at the barrier (its push, for PushPull) to the
-  // update that released it. The slowest rank waits least.
-  void ObserveBarrierWait(int rank, absl::Duration wait);
-  // Averaging the N gradients plus the Adam step.
-  void ObserveUpdate(absl::Duration apply);
-
-  // State kept by the coordinator, mirrored at scrape time.
-  struct Progress {
-    int64_t step = 0;           // updates applied
-    int64_t planned_steps = 0;  // 0 until the data set size is known
-    int epoch = 0;              // 1-based epoch of the next step; 0 unknown
-    bool has_loss = false;
-    double loss = 0.0;  // mean of the ranks' losses of the last step
-    bool has_eval = false;
-    double test_accuracy = 0.0;
-    double test_loss = 0.0;
-    int registered_workers = 0;
-  };
-  void SetProgress(const Progress& p);
-
-  // Ranks seen within the active window, now.
-  int ActiveWorkers() const;
-
- private:
-  void BeforeScrape() override;
-
-  const int world_size_;
-  const absl::Duration active_window_;
-  const std::function<absl::Time()> now_;
-  // Unix nanoseconds of each rank's latest request; INT64_MIN = never.
-  std::unique_ptr<std::atomic<int64_t>[]> last_seen_;
-  prometheus::Family<prometheus::Gauge>* loss_;
-  prometheus::Gauge* step_;
-  prometheus::Gauge* planned_steps_;
-  prometheus::Gauge* epoch_;
-  prometheus::Gauge* expected_workers_;
-  prometheus::Gauge* registered_workers_;
-  prometheus::Gauge* active_workers_;
-  prometheus::Histogram* update_seconds_;
-  std::vector<prometheus::Histogram*> barrier_wait_;  // by rank
-  // By absl::StatusCode value, all created at 0 so that rate() works from
-  // the first scrape; the label set is the fixed list of code names.
-  std::vector<prometheus::Counter*> rejected_;
-  // Their series appear with the first evaluation: a 0 before that would
-  // read as "0% accuracy".
-  prometheus::Family<prometheus::Gauge>* test_accuracy_;
-  prometheus::Family<prometheus::Gauge>* test_loss_;
-};
-
-// dp-worker: its step, compute and call times, samples and local loss.
-class WorkerMetrics final : public Metrics {
- public:
-  explicit WorkerMetrics(int rank);
-
-  enum class Call { kPull, kPush, kBarrier, kPushPull };
-  // One call to dp-ps as the worker saw it, retries and waiting included.
-  void ObserveCall(Call call, absl::Duration d);
-  // Forward + backward of the local batch and its mean loss. Call from one
-  // thread (the trainer's).
-  void ObserveCompute(absl::Duration d, double loss);
-  // A step is complete (new weights in hand): its wall time and samples.
-  void ObserveStep(absl::Duration d, int64_t samples);
-  // dp-ps answered ABORTED (stale or future step) and the worker re-joined.
-  void CountResync();
-  // dp_worker_backend_info{labels...} 1: which backend and device this
-  // worker computes on (backend="cpu", or "cuda" with device, gpu and
-  // compute_capability). Call once.
-  void SetBackend(const std::map<std::string, std::string>& labels);
-
- private:
-  prometheus::Histogram* calls_[4];
-  prometheus::Histogram* compute_seconds_;
-  prometheus::Histogram* step_seconds_;
-  prometheus::Counter* samples_;
-  prometheus::Counter* resyncs_;
-  // Created with the first loss, from the trainer's thread only.
-  prometheus::Family<prometheus::Gauge>* loss_family_;
-  prometheus::Gauge* loss_ = nullptr;
 };
 
 }  // namespace dp

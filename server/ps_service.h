@@ -11,6 +11,7 @@
 #include "common/security.h"
 #include "proto/dp.grpc.pb.h"
 #include "server/request_validator.h"
+#include "server/server_metrics.h"
 #include "server/step_coordinator.h"
 
 namespace dp {
@@ -22,28 +23,33 @@ struct PsServiceOptions {
 // The generated callback service, with the three calls that carry tensors
 // (Pull, Push, PushPull) taking raw bytes so that tensor_message.h moves the
 // tensors without protobuf's copies. The wire format is unchanged.
-using ParameterServerBase = dp::v1::ParameterServer::WithCallbackMethod_Register<
-    dp::v1::ParameterServer::WithRawCallbackMethod_Pull<
-        dp::v1::ParameterServer::WithRawCallbackMethod_Push<
-            dp::v1::ParameterServer::WithCallbackMethod_Barrier<
-                dp::v1::ParameterServer::WithRawCallbackMethod_PushPull<
-                    dp::v1::ParameterServer::WithCallbackMethod_ReportEval<
-                        dp::v1::ParameterServer::WithCallbackMethod_GetStatus<
-                            dp::v1::ParameterServer::Service>>>>>>>;
+using ParameterServerBase =
+    dp::v1::ParameterServer::WithCallbackMethod_Register<
+        dp::v1::ParameterServer::WithRawCallbackMethod_Pull<
+            dp::v1::ParameterServer::WithRawCallbackMethod_Push<
+                dp::v1::ParameterServer::WithCallbackMethod_Barrier<
+                    dp::v1::ParameterServer::WithRawCallbackMethod_PushPull<
+                        dp::v1::ParameterServer::WithCallbackMethod_ReportEval<
+                            dp::v1::ParameterServer::
+                                WithCallbackMethod_GetStatus<
+                                    dp::v1::ParameterServer::Service>>>>>>>;
 
 // Every handler first admits the call - token, then RequestValidator - and
 // only then hands it to the coordinator: a refused call touches no state.
 class PsService final : public ParameterServerBase {
  public:
+  // Its name for health checks.
+  static constexpr char kServiceName[] = "dp.v1.ParameterServer";
+
   // Records requests, rejections, barrier waits and bytes in `metrics`
   // (not owned; null: in a private, unexported registry).
   explicit PsService(StepCoordinator* coordinator,
                      ServerMetrics* metrics = nullptr,
                      const PsServiceOptions& options = {});
 
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
-                                     const dp::v1::RegisterRequest* request,
-                                     dp::v1::RegisterResponse* response) override;
+  grpc::ServerUnaryReactor* Register(
+      grpc::CallbackServerContext* ctx, const dp::v1::RegisterRequest* request,
+      dp::v1::RegisterResponse* response) override;
   // PullRequest -> PullResponse
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
                                  const grpc::ByteBuffer* request,
@@ -64,8 +70,7 @@ class PsService final : public ParameterServerBase {
       const dp::v1::ReportEvalRequest* request,
       dp::v1::ReportEvalResponse* response) override;
   grpc::ServerUnaryReactor* GetStatus(
-      grpc::CallbackServerContext* ctx,
-      const dp::v1::GetStatusRequest* request,
+      grpc::CallbackServerContext* ctx, const dp::v1::GetStatusRequest* request,
       dp::v1::GetStatusResponse* response) override;
 
  private:

@@ -1,33 +1,25 @@
-// dp-ps: parses flags, builds the parameter store and serves it until every
-// step is applied, then saves the model and exits 0.
+// dp-ps: parses and checks flags, runs a PsServer (server/ps_server.h) and
+// turns its outcome into the exit code; signals reach it through a watcher
+// thread.
 #include <signal.h>
 
-#include <algorithm>
-#include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <memory>
-#include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/notification.h"
-#include "absl/time/clock.h"
-#include "common/dataset.h"
 #include "common/flags.h"
-#include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
-#include "common/model_layout.h"
-#include "common/safetensors.h"
-#include "common/tensor_codec.h"
 #include "common/security.h"
-#include "server/checkpoint.h"
-#include "server/health_server.h"
-#include "server/ps_service.h"
-#include "server/step_coordinator.h"
+#include "common/tensor_codec.h"
+#include "server/ps_server.h"
 
 namespace dp {
 namespace {
@@ -126,38 +118,33 @@ absl::Status Validate(const ServerFlags& f) {
   return absl::OkStatus();
 }
 
-// The coordinator's state as the metrics mirror it at scrape time.
-ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
-  ServerMetrics::Progress p;
-  p.step = s.step;
-  p.planned_steps = s.total_steps;
-  if (s.total_steps > 0) {
-    p.epoch =
-        s.config.schedule.epoch_of(std::min(s.step, s.total_steps - 1)) + 1;
-  }
-  p.has_loss = s.step > 0;
-  p.loss = s.last_loss;
-  p.has_eval = s.has_eval;
-  p.test_accuracy = s.last_eval.accuracy;
-  p.test_loss = s.last_eval.loss;
-  p.registered_workers = static_cast<int>(s.registered_ranks.size());
-  return p;
-}
+// SIGUSR1 tells the signal watcher that Run is over: it returns, and the
+// server it forwards signals to is destroyed only after it has.
+constexpr int kWatcherExit = SIGUSR1;
 
-// Blocks SIGINT/SIGTERM in every thread and hands them to one watcher, so
-// that gRPC's threads never run a handler.
+// Blocks SIGINT, SIGTERM and kWatcherExit in every thread and hands them to
+// one watcher, so that gRPC's threads never run a handler.
 void BlockStopSignals(sigset_t* set) {
   sigemptyset(set);
   sigaddset(set, SIGINT);
   sigaddset(set, SIGTERM);
+  sigaddset(set, kWatcherExit);
   pthread_sigmask(SIG_BLOCK, set, nullptr);
+}
+
+// A server that cannot start: exit 1 when it cannot serve (UNAVAILABLE: a
+// port in use), else 2 (the checkpoint, model or flags given).
+int StartExitCode(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ? kExitFailure
+                                                    : kExitConfigError;
 }
 
 int Run(int argc, char** argv) {
   SetLogTag("dp-ps");
   ServerFlags f;
-  Flags flags("dp-ps", "Parameter server for synchronous data-parallel "
-                       "training of SimpleNet (784-256-128-10).");
+  Flags flags("dp-ps",
+              "Parameter server for synchronous data-parallel "
+              "training of SimpleNet (784-256-128-10).");
   flags.AddString("host", &f.host, "address to listen on");
   flags.AddInt("port", &f.port, "gRPC port (0 picks a free one)");
   flags.AddInt("health_port", &f.health_port,
@@ -215,7 +202,8 @@ int Run(int argc, char** argv) {
   AddSecurityFlags(&flags, &security_flags, Side::kServer);
   auto action = flags.Parse(argc, argv);
   if (!action.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(action.status().message()).c_str());
+    std::fprintf(stderr, "%s\n",
+                 std::string(action.status().message()).c_str());
     return kExitConfigError;
   }
   if (*action == Flags::Action::kExit) return kExitOk;
@@ -227,292 +215,79 @@ int Run(int argc, char** argv) {
   WarnUnknownEnvironment(flags);
   Log("dp-ps %s starting: %s", DP_VERSION, flags.Effective());
 
-  const ModelLayout layout = ModelLayout::SimpleNet();
-  JobConfig config;
-  config.schedule.world_size = f.workers;
-  config.schedule.batch_size = f.batch_size;
-  config.schedule.epochs = f.epochs;
-  config.schedule.max_steps = f.max_steps;
-  config.schedule.seed = static_cast<uint64_t>(f.seed);
-  config.schedule.shuffle = f.shuffle;
-  config.dataset = f.dataset;
-  config.adam.lr = f.lr;
-  config.grad_encoding = *ParseEncoding(f.grad_encoding);
-  config.weight_encoding = *ParseEncoding(f.weight_encoding);
+  PsServerOptions o;
+  o.host = f.host;
+  o.port = f.port;
+  o.health_port = f.health_port;
+  o.metrics_port = f.metrics_port;
+  o.metrics_host = f.metrics_host;
+  Schedule& schedule = o.config.schedule;
+  schedule.world_size = f.workers;
+  schedule.batch_size = f.batch_size;
+  schedule.epochs = f.epochs;
+  schedule.max_steps = f.max_steps;
+  schedule.seed = static_cast<uint64_t>(f.seed);
+  schedule.shuffle = f.shuffle;
+  o.config.dataset = f.dataset;
+  o.config.adam.lr = f.lr;
+  o.config.grad_encoding = *ParseEncoding(f.grad_encoding);
+  o.config.weight_encoding = *ParseEncoding(f.weight_encoding);
+  o.init_model = f.init_model;
+  o.save_model = f.save_model;
+  o.final_eval_timeout = absl::Seconds(f.final_eval_timeout_s);
+  o.checkpoint_dir = f.checkpoint_dir;
+  o.checkpoint_every = f.checkpoint_every;
+  o.keep_checkpoints = f.keep_checkpoints;
+  o.worker_timeout = absl::Seconds(f.worker_timeout_s);
+  o.fail_on_worker_loss = f.on_worker_loss == "fail";
+  o.update_threads = f.update_threads;
+  o.exit_when_done = f.exit_when_done;
 
   // A write beyond a file-size limit must be an error, not a crash.
   signal(SIGXFSZ, SIG_IGN);
   // Before any thread starts, so that every thread inherits the mask.
-  sigset_t stop_signals;
-  BlockStopSignals(&stop_signals);
+  sigset_t signals;
+  BlockStopSignals(&signals);
 
   // After the signal mask: building credentials starts gRPC's threads.
-  auto security = LoadServerSecurity(security_flags);
+  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(security_flags);
   if (!security.ok()) {
     Log("configuration error: %s", security.status().message());
     return kExitConfigError;
   }
   Log("security: %s", security->Describe());
   if (auto warning = PlaintextWarning(f.host, *security)) Log("%s", *warning);
+  o.security = *std::move(security);
 
-  std::unique_ptr<CheckpointStore> store;
-  std::optional<Checkpoint> resumed;
-  if (!f.checkpoint_dir.empty()) {
-    store = std::make_unique<CheckpointStore>(f.checkpoint_dir, layout,
-                                              f.keep_checkpoints);
-    if (absl::Status s = store->Open(); !s.ok()) {
-      Log("configuration error: %s", s.message());
-      return kExitConfigError;
-    }
-    resumed = store->LoadNewest();
-    if (resumed.has_value()) {
-      if (absl::Status s = CheckResumable(resumed->config, config); !s.ok()) {
-        Log("configuration error: %s: %s", f.checkpoint_dir, s.message());
-        return kExitConfigError;
-      }
-    }
+  absl::StatusOr<std::unique_ptr<PsServer>> server =
+      PsServer::Start(std::move(o));
+  if (!server.ok()) {
+    const int code = StartExitCode(server.status());
+    Log("%s: %s", code == kExitConfigError ? "configuration error" : "error",
+        server.status().message());
+    return code;
   }
-
-  TrainingState state;
-  if (resumed.has_value()) {
-    state = resumed->state;
-    Log("resuming from the checkpoint of step %d in %s", state.step,
-        f.checkpoint_dir);
-  } else if (!f.init_model.empty()) {
-    auto params = LoadSafetensors(f.init_model, layout);
-    if (!params.ok()) {
-      Log("configuration error: --init_model: %s", params.status().message());
-      return kExitConfigError;
+  // Forwards SIGINT/SIGTERM to the server until told to return; joined
+  // before the server goes, so it never touches a destroyed one.
+  std::thread watcher([&signals, s = server->get()] {
+    for (;;) {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      if (sig == kWatcherExit) return;
+      s->Stop(sig);
     }
-    state.params = std::move(*params);
-    Log("initial weights from %s", f.init_model);
-  } else {
-    state.params = InitParams(layout, static_cast<uint64_t>(f.seed));
-  }
-
-  ServerMetrics metrics(f.workers);
-  // Workers wait while the update runs, so its threads take no CPU from
-  // them; beyond 4 the update is bound by memory, not cores.
-  const int update_threads =
-      f.update_threads > 0
-          ? f.update_threads
-          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()),
-                       1, 4);
-  StepCoordinator coordinator(layout, config, std::move(state),
-                              update_threads);
-  Log("the update runs on %d thread%s", update_threads,
-      update_threads == 1 ? "" : "s");
-  coordinator.SetUpdateObserver(
-      [&metrics](absl::Duration d) { metrics.ObserveUpdate(d); });
-  if (resumed.has_value() && resumed->data.has_value()) {
-    if (absl::Status s = coordinator.RestoreData(*resumed->data); !s.ok()) {
-      Log("configuration error: checkpoint in %s: %s", f.checkpoint_dir,
-          s.message());
-      return kExitConfigError;
-    }
-  }
-  // The state as a checkpoint; the data fingerprint is whatever the
-  // coordinator knows now.
-  auto make_checkpoint = [&](TrainingState s) {
-    return Checkpoint{config, coordinator.data(), std::move(s)};
-  };
-  if (store != nullptr) {
-    coordinator.SetCheckpointHook(f.checkpoint_every, [&](TrainingState s) {
-      store->WriteAsync(make_checkpoint(std::move(s)));
-    });
-  }
-  // Written synchronously when dp-ps stops (signal, failure) and at the end.
-  // After Shutdown() or Fail() nothing changes the state any more, so the
-  // checkpoint is the last applied step (a partially pushed step is dropped).
-  auto final_checkpoint = [&]() -> absl::Status {
-    if (store == nullptr) return absl::OkStatus();
-    store->Flush();
-    TrainingState s = coordinator.Snapshot();
-    const int64_t step = s.step;
-    absl::Status st = store->Write(make_checkpoint(std::move(s)));
-    if (!st.ok()) {
-      Log("error: %s", st.message());
-    } else {
-      Log("checkpoint of step %d written to %s", step, f.checkpoint_dir);
-    }
-    return st;
-  };
-
-  PsService service(&coordinator, &metrics, {security->auth_token});
-  // Declared after what it reads, so it stops serving before they go.
-  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
-  if (f.metrics_port != kMetricsOff) {
-    auto endpoint = metrics.Serve(f.metrics_host, f.metrics_port, [&] {
-      metrics.SetProgress(ProgressOf(coordinator.Status()));
-    });
-    if (!endpoint.ok()) {
-      Log("error: %s", endpoint.status().message());
-      return kExitFailure;
-    }
-    metrics_endpoint = std::move(*endpoint);
-    Log("metrics on %s:%d", f.metrics_host, metrics_endpoint->port());
-  }
-  GrpcServerOptions options;
-  options.credentials = security->credentials;
-  options.address = absl::StrFormat("%s:%d", f.host, f.port);
-  options.max_message_bytes = MessageBytesFor(layout.num_params());
-  auto running = StartGrpcServer(options, {&service});
-  if (!running.ok()) {
-    Log("error: %s", running.status().message());
-    return kExitFailure;
-  }
-  const std::vector<std::string> health_services = {
-      dp::v1::ParameterServer::service_full_name()};
-  // With TLS on --port, the kubelet's probes use this plaintext port.
-  std::unique_ptr<HealthServer> health;
-  if (f.health_port >= 0) {
-    auto started = HealthServer::Start(f.host, f.health_port);
-    if (!started.ok()) {
-      Log("error: health service: %s", started.status().message());
-      return kExitFailure;
-    }
-    health = std::move(*started);
-    Log("health service on port %d", health->port());
-  }
-  SetReady(running->server.get(), true, health_services);
-  if (health != nullptr) {
-    health->SetReady(true, health_services);
-  }
-  Log("listening on %s:%d for %d workers", f.host, running->port, f.workers);
-  auto stop_server = [&]() {
-    coordinator.Shutdown();
-    running->server->Shutdown(
-        absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  };
-
-  // Shared with the watcher, which may outlive Run: static.
-  static std::atomic<int> stop_signal{0};
-  static absl::Notification drained;
-  std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    stop_signal.store(sig);
-    // Readiness first, so that probes see the drain before requests fail.
-    SetReady(running->server.get(), false, health_services);
-    if (health != nullptr) {
-      health->SetReady(false, health_services);
-    }
-    coordinator.Shutdown();  // refuses steps; wakes the progress loop below
-    drained.Notify();
   });
-  watcher.detach();
-
-  // Every 100 ms: worker leases; every second: progress (epoch, step/total,
-  // loss, samples/s, ETA).
-  const absl::Time start = absl::Now();
-  const absl::Duration worker_timeout = absl::Seconds(f.worker_timeout_s);
-  absl::Time last_print = start;
-  int64_t last_step = -1;
-  absl::Status failure;
-  while (!coordinator.AwaitDone(absl::Milliseconds(100))) {
-    if (stop_signal.load() != 0) break;
-    for (const auto& e : coordinator.CheckLeases(worker_timeout)) {
-      const double secs = absl::ToDoubleSeconds(e.silent);
-      if (e.kind == StepCoordinator::LeaseEvent::kNeverRegistered) {
-        Log("rank %d has not registered yet (%.1f s since start)", e.rank, secs);
-      } else if (e.kind == StepCoordinator::LeaseEvent::kBack) {
-        Log("rank %d is back after %.1f s", e.rank, secs);
-      } else if (f.on_worker_loss == "fail") {
-        failure = JobFailedError(absl::StrFormat(
-            "rank %d was lost (no call for %.1f s, --on_worker_loss=fail)",
-            e.rank, secs));
-      } else {
-        Log("rank %d is missing: no call for %.1f s; step %d waits for it "
-            "(--on_worker_loss=wait)",
-            e.rank, secs, coordinator.Status().step);
-      }
+  const absl::StatusOr<PsServer::Outcome> outcome = (*server)->Run();
+  pthread_kill(watcher.native_handle(), kWatcherExit);
+  watcher.join();
+  server->reset();
+  if (!outcome.ok()) {
+    if (!IsJobFailed(outcome.status())) {
+      Log("error: %s", outcome.status().message());
     }
-    if (!failure.ok()) break;
-    const absl::Time now = absl::Now();
-    if (now - last_print < absl::Seconds(1)) continue;
-    CoordinatorStatus s = coordinator.Status();
-    if (s.total_steps == 0 || s.step == last_step) continue;
-    const double rate =
-        last_step < 0 ? 0.0
-                      : (s.step - last_step) /
-                            absl::ToDoubleSeconds(now - last_print);
-    const double samples_per_s = rate * s.config.schedule.global_batch();
-    const double eta = rate > 0 ? (s.total_steps - s.step) / rate : 0.0;
-    Log("epoch %d/%d  step %d/%d  loss %.4f  %.0f samples/s  ETA %.0fs",
-        s.config.schedule.epoch_of(std::min(s.step, s.total_steps - 1)) + 1,
-        s.config.schedule.epochs, s.step, s.total_steps, s.last_loss,
-        samples_per_s, eta);
-    last_step = s.step;
-    last_print = now;
-  }
-  if (!failure.ok()) {
-    Log("error: %s", failure.message());
-    coordinator.Fail(failure);
-    (void)final_checkpoint();  // logged; the exit code already says failure
-    // Serve the failure to workers already in a call before going away.
-    running->server->Shutdown(
-        absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
     return kExitFailure;
   }
-  if (int sig = stop_signal.load(); sig != 0 && !coordinator.done()) {
-    drained.WaitForNotification();
-    Log("stopped by signal %d at step %d; draining", sig,
-        coordinator.Status().step);
-    const absl::Status s = final_checkpoint();
-    running->server->Shutdown(
-        absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-    return s.ok() ? kExitInterrupted : kExitFailure;
-  }
-
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  (void)final_checkpoint();  // logged; the model file below is the result
-  if (!f.save_model.empty()) {
-    const TrainingState final_state = coordinator.Snapshot();
-    if (absl::Status s =
-            SaveSafetensors(f.save_model, layout, final_state.params);
-        !s.ok()) {
-      Log("error: cannot save the model: %s", s.message());
-      stop_server();
-      return kExitFailure;
-    }
-    Log("saved the model to %s", f.save_model);
-  }
-  const bool have_eval =
-      coordinator.AwaitFinalEval(absl::Seconds(f.final_eval_timeout_s));
-  CoordinatorStatus s = coordinator.Status();
-  // The training rate, from the first update to the last.
-  const double train_seconds =
-      absl::ToDoubleSeconds(s.last_apply - s.first_apply);
-  const double rate = train_seconds > 0
-                          ? (s.step - s.first_applied_step) *
-                                double(s.config.schedule.global_batch()) /
-                                train_seconds
-                          : 0.0;
-  Log("done: %d steps in %.1f s, %.0f samples/s while training, final loss "
-      "%.4f",
-      s.step, seconds, rate, s.last_loss);
-  if (s.applies > 0) {
-    std::string waits;
-    for (size_t r = 0; r < s.wait_time.size(); ++r) {
-      absl::StrAppendFormat(&waits, " rank %d %.3f ms", r,
-                            absl::ToDoubleMilliseconds(s.wait_time[r]) /
-                                s.applies);
-    }
-    Log("per step: update %.3f ms; from push to published update:%s",
-        absl::ToDoubleMilliseconds(s.apply_time) / s.applies, waits);
-  }
-  if (have_eval) {
-    Log("final test accuracy: %.4f", s.last_eval.accuracy);
-  } else {
-    Log("no final test accuracy from rank 0 within %d s",
-        f.final_eval_timeout_s);
-  }
-  if (!f.exit_when_done) {
-    Log("serving the final weights and status until SIGTERM");
-    drained.WaitForNotification();
-  }
-  stop_server();
-  return kExitOk;
+  return *outcome == PsServer::Outcome::kFinished ? kExitOk : kExitInterrupted;
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "absl/types/span.h"
 #include "common/data_order.h"
 #include "common/dataset.h"
+#include "common/job_plan.h"
 #include "common/model_layout.h"
 #include "common/parallel_for.h"
 #include "server/adam.h"
@@ -37,28 +38,19 @@ namespace dp {
 
 // The optimiser state: what a checkpoint holds.
 struct TrainingState {
-  int64_t step = 0;            // number of updates applied = weights version
+  int64_t step = 0;  // number of updates applied = weights version
   std::vector<float> params;
-  std::vector<float> m, v;     // Adam moments
-};
-
-struct EvalReport {
-  int64_t step = 0;
-  int epoch = 0;
-  double accuracy = 0.0;
-  double loss = 0.0;
-  int64_t num_samples = 0;
-  bool final = false;
+  std::vector<float> m, v;  // Adam moments
 };
 
 struct CoordinatorStatus {
   JobConfig config;
   int64_t step = 0;
-  int64_t total_steps = 0;     // 0 until the data set size is known
+  int64_t total_steps = 0;  // 0 until the data set size is known
   std::vector<int> registered_ranks;
   std::vector<int> pushed_ranks;
   bool done = false;
-  float last_loss = 0.0f;      // mean of the ranks' losses of the last step
+  float last_loss = 0.0f;  // mean of the ranks' losses of the last step
   bool has_eval = false;
   EvalReport last_eval;
   // When the first and the latest update of this process were applied:
@@ -103,8 +95,7 @@ class StepCoordinator {
   };
   // params[offset, offset+length) of the current version; length 0 means
   // "to the end".
-  absl::StatusOr<PulledWeights> Pull(int rank, int64_t offset,
-                                     int64_t length);
+  absl::StatusOr<PulledWeights> Pull(int rank, int64_t offset, int64_t length);
 
   struct PushResult {
     int64_t step = 0;        // the job's step after this push
@@ -120,9 +111,9 @@ class StepCoordinator {
 
   using WaitCallback = std::function<void(const absl::Status&, int64_t step)>;
   struct WaitTicket {
-    bool ready = false;   // `step` is already applied; `done` is dropped
-    int64_t step = 0;     // the job's step when ready
-    int64_t id = 0;       // for CancelWait when !ready
+    bool ready = false;  // `step` is already applied; `done` is dropped
+    int64_t step = 0;    // the job's step when ready
+    int64_t id = 0;      // for CancelWait when !ready
   };
   // How many waits one rank may have pending. A worker has one (two for a
   // moment when it retries after a deadline, before the cancellation of the
@@ -179,7 +170,7 @@ class StepCoordinator {
   struct LeaseEvent {
     int rank;
     enum Kind { kMissing, kBack, kNeverRegistered } kind;
-    absl::Duration silent;   // how long it has been (kBack: was) silent
+    absl::Duration silent;  // how long it has been (kBack: was) silent
   };
   std::vector<LeaseEvent> CheckLeases(absl::Duration timeout);
 
@@ -199,9 +190,9 @@ class StepCoordinator {
     std::optional<DataFingerprint> data;
     std::vector<bool> registered;
     std::vector<bool> received;
-    std::vector<float> losses;                 // of received ranks, else 0
-    std::vector<std::vector<float>> gradients;  // of received ranks
-    std::vector<absl::Time> last_seen;          // the leases
+    std::vector<float> losses;                     // of received ranks, else 0
+    std::vector<std::vector<float>> gradients;     // of received ranks
+    std::vector<absl::Time> last_seen;             // the leases
     std::vector<std::pair<int, int64_t>> waiters;  // (rank, step), oldest first
     bool has_eval = false;
     bool final_eval = false;

@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
   JobConfig config;
   config.schedule.world_size = options.world_size;
   config.schedule.batch_size = 8;
+  config.schedule.max_steps = options.max_steps;
   config.dataset = "synthetic";
   TrainingState state;
   state.params = InitParams(ps->layout_, 3);

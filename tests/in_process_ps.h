@@ -15,12 +15,14 @@
 #include "proto/dp.grpc.pb.h"
 #include "server/job_config.h"
 #include "server/ps_service.h"
+#include "server/server_metrics.h"
 #include "server/step_coordinator.h"
 
 namespace dp {
 
 struct InProcessPsOptions {
-  int world_size = 2;  // a synthetic job with batch 8; SimpleNet at seed 3
+  int world_size = 2;     // a synthetic job with batch 8; SimpleNet at seed 3
+  int64_t max_steps = 0;  // 0: three epochs
   // Records requests and update times here when not null.
   ServerMetrics* metrics = nullptr;
   bool ready = true;  // the readiness the health service starts with

@@ -13,7 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "server/server_metrics.h"
 #include "tests/exposition.h"
+#include "worker/worker_metrics.h"
 
 namespace dp {
 namespace {

@@ -13,12 +13,12 @@
 #include "absl/time/clock.h"
 #include "common/flags.h"
 #include "common/grpc_server.h"
+#include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
 #include "tests/health_client.h"
 #include "tests/job_runner.h"
 #include "tests/subprocess.h"
 #include "tests/test_certs.h"
-#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
@@ -28,11 +28,10 @@ const absl::Duration kTimeout = absl::Seconds(30);
 std::string Address(int port) { return absl::StrCat("127.0.0.1:", port); }
 
 // The port dp-ps logs for its health service, or -1.
-int HealthPortOf(const Subprocess &ps) {
+int HealthPortOf(const Subprocess& ps) {
   auto field = ps.Field("health service on port ");
   int port = -1;
-  if (field.has_value() && !absl::SimpleAtoi(*field, &port))
-    port = -1;
+  if (field.has_value() && !absl::SimpleAtoi(*field, &port)) port = -1;
   return port;
 }
 
@@ -51,7 +50,7 @@ TEST(PsHealthPortTest,
   ASSERT_NE(certs, nullptr);
   std::vector<std::string> args = {"--workers=2", "--dataset=synthetic",
                                    "--health_port=0"};
-  for (const std::string &a : TestCerts::Args(certs->Server(/*mutual=*/true))) {
+  for (const std::string& a : TestCerts::Args(certs->Server(/*mutual=*/true))) {
     args.push_back(a);
   }
   int port = 0;
@@ -101,5 +100,5 @@ TEST(PsHealthPortTest, HealthPortIsOffByDefaultAndRangeChecked) {
   EXPECT_EQ(bad.Wait(kTimeout), kExitConfigError) << bad.output();
 }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp

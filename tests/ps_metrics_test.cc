@@ -9,6 +9,7 @@
 #include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "server/ps_service.h"
+#include "server/server_metrics.h"
 #include "tests/exposition.h"
 #include "tests/in_process_ps.h"
 
@@ -129,8 +130,8 @@ TEST_F(PsMetricsTest, JobFailureIsFailedPreconditionAndCountedAsRejection) {
     EXPECT_TRUE(IsJobFailed(FromGrpcStatus(s)));
   }
   EXPECT_EQ(Rejected(Scrape(), "failed_precondition"), 2);
-  EXPECT_FALSE(IsJobFailed(absl::FailedPreconditionError(
-      "rank 1 has not registered")));
+  EXPECT_FALSE(
+      IsJobFailed(absl::FailedPreconditionError("rank 1 has not registered")));
 }
 
 TEST_F(PsMetricsTest, AStepRecordsUpdateTimeBarrierWaitPerRankAndBytes) {

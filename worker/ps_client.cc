@@ -1,10 +1,10 @@
 // gRPC client of dp-ps with deadlines and backoff.
 #include "worker/ps_client.h"
 
+#include <grpcpp/impl/client_unary_call.h>
+
 #include <algorithm>
 #include <random>
-
-#include <grpcpp/impl/client_unary_call.h>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "common/tensor_message.h"
+#include "proto/dp.grpc.pb.h"
 
 namespace dp {
 
@@ -26,11 +27,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options) {
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }
-  return grpc::CreateCustomChannel(
-      options.address,
-      options.credentials ? options.credentials
-                          : grpc::InsecureChannelCredentials(),
-      args);
+  return grpc::CreateCustomChannel(options.address,
+                                   options.credentials
+                                       ? options.credentials
+                                       : grpc::InsecureChannelCredentials(),
+                                   args);
 }
 
 // The full names of the raw calls, as the generated stub spells them (a
@@ -39,34 +40,70 @@ constexpr char kPullMethod[] = "/dp.v1.ParameterServer/Pull";
 constexpr char kPushMethod[] = "/dp.v1.ParameterServer/Push";
 constexpr char kPushPullMethod[] = "/dp.v1.ParameterServer/PushPull";
 
+JobStatus StatusOf(const dp::v1::JobConfig& config, int64_t step) {
+  JobStatus status;
+  status.plan = PlanFromProto(config);
+  status.step = step;
+  return status;
+}
+
 }  // namespace
 
-PsClient::PsClient(const PsClientOptions& options)
-    : options_(options),
-      channel_(MakeChannel(options_)),
-      stub_(dp::v1::ParameterServer::NewStub(channel_)),
-      pull_method_(kPullMethod, grpc::internal::RpcMethod::NORMAL_RPC,
-                   channel_),
-      push_method_(kPushMethod, grpc::internal::RpcMethod::NORMAL_RPC,
-                   channel_),
-      push_pull_method_(kPushPullMethod,
-                        grpc::internal::RpcMethod::NORMAL_RPC, channel_) {}
+struct PsClient::Rpc {
+  explicit Rpc(std::shared_ptr<grpc::Channel> c)
+      : channel(std::move(c)),
+        stub(dp::v1::ParameterServer::NewStub(channel)),
+        pull(kPullMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel),
+        push(kPushMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel),
+        push_pull(kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC,
+                  channel) {}
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<dp::v1::ParameterServer::Stub> stub;
+  const grpc::internal::RpcMethod pull;
+  const grpc::internal::RpcMethod push;
+  const grpc::internal::RpcMethod push_pull;
+};
 
-grpc::Status PsClient::RawCall(const grpc::internal::RpcMethod& method,
-                               grpc::ClientContext* context,
+PsClient::PsClient(const PsClientOptions& options)
+    : options_(options), rpc_(std::make_unique<Rpc>(MakeChannel(options_))) {}
+
+PsClient::~PsClient() = default;
+
+absl::Status PsClient::RawCall(Raw method, absl::Duration timeout,
                                const grpc::ByteBuffer& request,
                                grpc::ByteBuffer* response) {
-  return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel_.get(), method, context, request, response);
+  const grpc::internal::RpcMethod& m = method == Raw::kPull   ? rpc_->pull
+                                       : method == Raw::kPush ? rpc_->push
+                                                              : rpc_->push_pull;
+  const char* what = method == Raw::kPull   ? "Pull"
+                     : method == Raw::kPush ? "Push"
+                                            : "PushPull";
+  return WithRetry(what, timeout, [&](grpc::ClientContext* c) {
+    return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer,
+                                             grpc::ByteBuffer>(
+        rpc_->channel.get(), m, c, request, response);
+  });
+}
+
+grpc::ByteBuffer PsClient::PushRequest(const Gradient& gradient) {
+  dp::v1::PushRequest header;
+  header.set_rank(gradient.rank);
+  header.set_step(gradient.step);
+  header.set_loss(gradient.loss);
+  header.set_num_samples(gradient.num_samples);
+  header.set_encoding(static_cast<dp::v1::Encoding>(gradient.encoding));
+  return SerializeWithTensor(header, dp::v1::PushRequest::kGradientFieldNumber,
+                             gradient.wire->view(), gradient.wire->Lend());
 }
 
 absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
                                    Weights* weights) {
   ReceivedTensor params;
-  RETURN_IF_ERROR(ParseWithTensor(response,
-                                  dp::v1::PullResponse::kParamsFieldNumber,
-                                  &weights->header, &params));
-  const dp::v1::Encoding e = weights->header.encoding();
+  dp::v1::PullResponse header;
+  RETURN_IF_ERROR(ParseWithTensor(
+      response, dp::v1::PullResponse::kParamsFieldNumber, &header, &params));
+  weights->step = header.step();
+  const dp::v1::Encoding e = header.encoding();
   if (e != dp::v1::ENCODING_F32 && e != dp::v1::ENCODING_BF16) {
     return absl::DataLossError(
         absl::StrFormat("dp-ps at %s sent weights in an unknown encoding %d",
@@ -118,88 +155,93 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
           s.message(), what);
     }
     // Full jitter keeps restarted workers from reconnecting in lockstep.
-    const double factor = std::uniform_real_distribution<double>(0.5, 1.0)(jitter);
+    const double factor =
+        std::uniform_real_distribution<double>(0.5, 1.0)(jitter);
     absl::SleepFor(backoff * factor);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
 }
 
-absl::StatusOr<dp::v1::GetStatusResponse> PsClient::GetStatus() {
+absl::StatusOr<JobStatus> PsClient::GetStatus() {
   dp::v1::GetStatusResponse response;
   dp::v1::GetStatusRequest request;
-  absl::Status s = WithRetry("GetStatus", options_.call_timeout,
-                             [&](grpc::ClientContext* c) {
-                               return stub_->GetStatus(c, request, &response);
-                             });
-  if (!s.ok()) return s;
-  return response;
+  RETURN_IF_ERROR(WithRetry(
+      "GetStatus", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return rpc_->stub->GetStatus(c, request, &response);
+      }));
+  JobStatus status = StatusOf(response.config(), response.step());
+  status.pushed_ranks.assign(response.pushed_ranks().begin(),
+                             response.pushed_ranks().end());
+  return status;
 }
 
-absl::StatusOr<dp::v1::RegisterResponse> PsClient::Register(
-    const dp::v1::RegisterRequest& request) {
+absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
+  dp::v1::RegisterRequest request;
+  request.set_rank(registration.rank);
+  request.set_model_fingerprint(registration.model_fingerprint);
+  request.mutable_data()->set_num_samples(registration.data.num_samples);
+  request.mutable_data()->set_hash(registration.data.hash);
+  request.set_worker_id(registration.worker_id);
   dp::v1::RegisterResponse response;
-  absl::Status s = WithRetry("Register", options_.call_timeout,
-                             [&](grpc::ClientContext* c) {
-                               return stub_->Register(c, request, &response);
-                             });
-  if (!s.ok()) return s;
-  return response;
+  RETURN_IF_ERROR(
+      WithRetry("Register", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return rpc_->stub->Register(c, request, &response);
+      }));
+  return StatusOf(response.config(), response.step());
 }
 
 absl::Status PsClient::Pull(int rank, Weights* weights) {
   dp::v1::PullRequest request;
   request.set_rank(rank);
-  const grpc::ByteBuffer bytes = SerializeMessage(request);
   grpc::ByteBuffer response;
-  RETURN_IF_ERROR(
-      WithRetry("Pull", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return RawCall(pull_method_, c, bytes, &response);
-      }));
+  RETURN_IF_ERROR(RawCall(Raw::kPull, options_.call_timeout,
+                          SerializeMessage(request), &response));
   return ReadWeights(response, weights);
 }
 
-absl::StatusOr<dp::v1::PushResponse> PsClient::Push(
-    const grpc::ByteBuffer& request) {
+absl::Status PsClient::Push(const Gradient& gradient, int64_t* sent_bytes) {
+  const grpc::ByteBuffer request = PushRequest(gradient);
+  *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer bytes;
-  RETURN_IF_ERROR(
-      WithRetry("Push", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return RawCall(push_method_, c, request, &bytes);
-      }));
+  RETURN_IF_ERROR(RawCall(Raw::kPush, options_.call_timeout, request, &bytes));
   dp::v1::PushResponse response;
-  RETURN_IF_ERROR(ParseMessage(bytes, &response));
-  return response;
+  return ParseMessage(bytes, &response);
 }
 
-absl::StatusOr<dp::v1::BarrierResponse> PsClient::Barrier(int rank,
-                                                          int64_t step) {
+absl::Status PsClient::Barrier(int rank, int64_t step) {
   dp::v1::BarrierRequest request;
   request.set_rank(rank);
   request.set_step(step);
   dp::v1::BarrierResponse response;
-  absl::Status s = WithRetry("Barrier", options_.wait_timeout,
-                             [&](grpc::ClientContext* c) {
-                               return stub_->Barrier(c, request, &response);
-                             });
-  if (!s.ok()) return s;
-  return response;
+  return WithRetry("Barrier", options_.wait_timeout,
+                   [&](grpc::ClientContext* c) {
+                     return rpc_->stub->Barrier(c, request, &response);
+                   });
 }
 
-absl::Status PsClient::PushPull(const grpc::ByteBuffer& request,
-                                Weights* weights) {
+absl::Status PsClient::PushPull(const Gradient& gradient, Weights* weights,
+                                int64_t* sent_bytes) {
+  const grpc::ByteBuffer request = PushRequest(gradient);
+  *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer response;
-  RETURN_IF_ERROR(WithRetry("PushPull", options_.wait_timeout,
-                            [&](grpc::ClientContext* c) {
-                              return RawCall(push_pull_method_, c, request,
-                                             &response);
-                            }));
+  RETURN_IF_ERROR(
+      RawCall(Raw::kPushPull, options_.wait_timeout, request, &response));
   return ReadWeights(response, weights);
 }
 
-absl::Status PsClient::ReportEval(const dp::v1::ReportEvalRequest& request) {
+absl::Status PsClient::ReportEval(int rank, const EvalReport& report) {
+  dp::v1::ReportEvalRequest request;
+  request.set_rank(rank);
+  request.set_step(report.step);
+  request.set_epoch(report.epoch);
+  request.set_accuracy(report.accuracy);
+  request.set_loss(report.loss);
+  request.set_num_samples(report.num_samples);
+  request.set_final(report.final);
   dp::v1::ReportEvalResponse response;
   return WithRetry("ReportEval", options_.call_timeout,
                    [&](grpc::ClientContext* c) {
-                     return stub_->ReportEval(c, request, &response);
+                     return rpc_->stub->ReportEval(c, request, &response);
                    });
 }
 

@@ -1,18 +1,23 @@
-// The worker's view of dp-ps: one method per RPC, every call with a deadline,
+// The worker's view of dp-ps: one method per RPC in plain C++ types (the
+// dp.v1 messages stay inside ps_client.cc), every call with a deadline,
 // UNAVAILABLE retried with exponential backoff and jitter (dp-ps starting or
 // restarting), errors as absl::Status with the server's message.
 #ifndef DP_WORKER_PS_CLIENT_H_
 #define DP_WORKER_PS_CLIENT_H_
 
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "proto/dp.grpc.pb.h"
+#include "common/dataset.h"
+#include "common/job_plan.h"
+#include "common/lent_buffer.h"
+#include "common/tensor_codec.h"
 
 namespace dp {
 
@@ -31,27 +36,54 @@ struct PsClientOptions {
   std::string auth_token;       // sent with every call when not empty
 };
 
+struct JobStatus {
+  JobPlan plan;
+  int64_t step = 0;
+  std::vector<int> pushed_ranks;  // ranks whose push for `step` arrived
+};
+
+// Who registers: dp-ps refuses a worker whose model or data differ.
+struct Registration {
+  int rank = 0;
+  uint64_t model_fingerprint = 0;
+  DataFingerprint data;
+  std::string worker_id;  // host/pid, for dp-ps's logs
+};
+
+// What Pull and PushPull receive.
+struct Weights {
+  int64_t step = 0;           // the version
+  std::vector<float> params;  // keeps its capacity from call to call
+  int64_t wire_bytes = 0;     // size of the message
+};
+
+// One step's gradient as it goes on the wire: `wire` holds it in `encoding`
+// and is sent without a copy (it is InUse() until gRPC lets go of it).
+struct Gradient {
+  int rank = 0;
+  int64_t step = 0;
+  float loss = 0.0f;
+  int num_samples = 0;
+  Encoding encoding = Encoding::kF32;
+  const LentBuffer* wire = nullptr;
+};
+
 class PsClient {
  public:
   explicit PsClient(const PsClientOptions& options);
+  ~PsClient();
 
-  absl::StatusOr<dp::v1::GetStatusResponse> GetStatus();
-  absl::StatusOr<dp::v1::RegisterResponse> Register(
-      const dp::v1::RegisterRequest& request);
-  // What Pull and PushPull receive.
-  struct Weights {
-    dp::v1::PullResponse header;  // step, offset, done; params left empty
-    std::vector<float> params;    // keeps its capacity from call to call
-    int64_t wire_bytes = 0;       // size of the message
-  };
+  absl::StatusOr<JobStatus> GetStatus();
+  // The plan of the job as it is now, and the step it is at.
+  absl::StatusOr<JobStatus> Register(const Registration& registration);
   absl::Status Pull(int rank, Weights* weights);
-  // `request` is a PushRequest built with SerializeWithTensor
-  // so that the gradient is sent from the caller's buffer.
-  absl::StatusOr<dp::v1::PushResponse> Push(const grpc::ByteBuffer& request);
-  absl::StatusOr<dp::v1::BarrierResponse> Barrier(int rank, int64_t step);
-  // The fused call: push, wait at the barrier, receive the new weights.
-  absl::Status PushPull(const grpc::ByteBuffer& request, Weights* weights);
-  absl::Status ReportEval(const dp::v1::ReportEvalRequest& request);
+  // Push, Barrier and Pull; or PushPull: push, wait at the barrier, receive
+  // the new weights. Each returns the bytes it sent in *sent_bytes.
+  absl::Status Push(const Gradient& gradient, int64_t* sent_bytes);
+  absl::Status Barrier(int rank, int64_t step);
+  absl::Status PushPull(const Gradient& gradient, Weights* weights,
+                        int64_t* sent_bytes);
+  absl::Status ReportEval(int rank, const EvalReport& report);
 
   const std::string& address() const { return options_.address; }
 
@@ -61,22 +93,23 @@ class PsClient {
   template <typename Call>
   absl::Status WithRetry(const char* what, absl::Duration timeout, Call call);
 
-  // A call whose messages are raw bytes, so that tensors skip protobuf's
-  // copies. It is the blocking call generated stubs make, with the
-  // ByteBuffer codec instead of the protobuf one.
-  grpc::Status RawCall(const grpc::internal::RpcMethod& method,
-                       grpc::ClientContext* context,
+  // A call whose messages are raw bytes (Pull, Push, PushPull), so that
+  // tensors skip protobuf's copies: the blocking call generated stubs make,
+  // with the ByteBuffer codec instead of the protobuf one.
+  enum class Raw { kPull, kPush, kPushPull };
+  absl::Status RawCall(Raw method, absl::Duration timeout,
                        const grpc::ByteBuffer& request,
                        grpc::ByteBuffer* response);
+  // A Push or PushPull request sending gradient.wire without a copy.
+  static grpc::ByteBuffer PushRequest(const Gradient& gradient);
   // Parses a PullResponse into *weights.
   absl::Status ReadWeights(const grpc::ByteBuffer& response, Weights* weights);
 
+  // The generated stub and the raw methods (ps_client.cc).
+  struct Rpc;
+
   PsClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
-  const grpc::internal::RpcMethod pull_method_;
-  const grpc::internal::RpcMethod push_method_;
-  const grpc::internal::RpcMethod push_pull_method_;
+  std::unique_ptr<Rpc> rpc_;
   std::string scratch_;  // received weights that need decoding
 };
 

@@ -1,28 +1,28 @@
-// Worker loop: pull -> compute -> push -> barrier, with re-sync on ABORTED.
+// Worker loop: load, join, then compute -> exchange per step, re-joining on
+// ABORTED or a dp-ps that no longer knows this rank.
 #include "worker/trainer.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/data_order.h"
 #include "common/grpc_status.h"
-#include "common/dataset.h"
 #include "common/log.h"
 #include "common/model_layout.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
-#include "common/tensor_message.h"
 
 namespace dp {
 namespace {
 
-// A re-sync that does not lead to a completed step, repeated this often,
+// A re-join that does not lead to a completed step, repeated this often,
 // means something other than a restart is wrong.
 constexpr int kMaxResyncsInARow = 20;
 
@@ -47,216 +47,270 @@ absl::Status Timed(WorkerMetrics& metrics, WorkerMetrics::Call what,
   return s;
 }
 
+// What must be the same in every plan dp-ps hands this process: the data
+// and the buffers were made for it. (epochs and max_steps may change.)
+absl::Status CheckSameJob(const JobPlan& loaded, const JobPlan& now) {
+  if (now.dataset == loaded.dataset &&
+      now.schedule.batch_size == loaded.schedule.batch_size &&
+      now.schedule.world_size == loaded.schedule.world_size &&
+      now.schedule.seed == loaded.schedule.seed &&
+      now.grad_encoding == loaded.grad_encoding) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "dp-ps now runs another job (%s, %d workers x %d, seed %d, %s "
+      "gradients) than the one this worker joined (%s, %d x %d, seed %d, "
+      "%s): restart the worker",
+      now.dataset, now.schedule.world_size, now.schedule.batch_size,
+      now.schedule.seed, EncodingName(now.grad_encoding), loaded.dataset,
+      loaded.schedule.world_size, loaded.schedule.batch_size,
+      loaded.schedule.seed, EncodingName(loaded.grad_encoding)));
+}
+
 }  // namespace
 
 Trainer::Trainer(PsClient* client, TrainerOptions options)
-    : client_(client), options_(std::move(options)) {}
+    : client_(client),
+      options_(std::move(options)),
+      unexported_(options_.metrics == nullptr
+                      ? std::make_unique<WorkerMetrics>(options_.rank)
+                      : nullptr),
+      metrics_(options_.metrics != nullptr ? *options_.metrics : *unexported_) {
+}
 
-absl::Status Trainer::Run() {
+Trainer::~Trainer() = default;
+
+absl::Status Trainer::Load() {
   const int rank = options_.rank;
-  WorkerMetrics unexported(rank);
-  WorkerMetrics& metrics = options_.metrics ? *options_.metrics : unexported;
   // The job's configuration lives in dp-ps: ask before loading any data.
-  ASSIGN_OR_RETURN(dp::v1::GetStatusResponse job, client_->GetStatus());
-  const dp::v1::JobConfig& cfg = job.config();
-  if (rank < 0 || rank >= cfg.world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("rank %d is out of range: the job has %d workers", rank,
-                        cfg.world_size()));
+  ASSIGN_OR_RETURN(const JobStatus job, client_->GetStatus());
+  loaded_ = job.plan;
+  const Schedule& s = loaded_.schedule;
+  if (rank < 0 || rank >= s.world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d is out of range: the job has %d workers", rank, s.world_size));
   }
-  ASSIGN_OR_RETURN(Dataset train, LoadDataset(cfg.dataset(), options_.data_dir,
-                                              cfg.seed(), Split::kTrain));
-  std::optional<Dataset> test;
+  ASSIGN_OR_RETURN(train_, LoadDataset(loaded_.dataset, options_.data_dir,
+                                       s.seed, Split::kTrain));
   if (rank == 0) {
-    ASSIGN_OR_RETURN(test, LoadDataset(cfg.dataset(), options_.data_dir,
-                                       cfg.seed(), Split::kTest));
+    ASSIGN_OR_RETURN(test_, LoadDataset(loaded_.dataset, options_.data_dir,
+                                        s.seed, Split::kTest));
   }
   const ModelLayout layout = ModelLayout::SimpleNet();
   BackendOptions backend_options;
-  backend_options.max_batch = std::max(cfg.batch_size(), 1000);
+  backend_options.max_batch = std::max(s.batch_size, 1000);
   backend_options.cpu_threads = options_.cpu_threads;
   backend_options.tf32 = options_.tf32;
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
-                   options_.backend.Create(layout, backend_options));
-  Log("rank %d: %d training samples of %s, backend %s", rank, train.num_samples,
-      cfg.dataset(), backend->Name());
+  ASSIGN_OR_RETURN(backend_, options_.backend.Create(layout, backend_options));
+  Log("rank %d: %d training samples of %s, backend %s", rank,
+      train_.num_samples, loaded_.dataset, backend_->Name());
 
-  dp::v1::RegisterRequest reg_request;
-  reg_request.set_rank(rank);
-  reg_request.set_model_fingerprint(layout.Fingerprint());
-  reg_request.mutable_data()->set_num_samples(train.fingerprint.num_samples);
-  reg_request.mutable_data()->set_hash(train.fingerprint.hash);
+  registration_.rank = rank;
+  registration_.model_fingerprint = layout.Fingerprint();
+  registration_.data = train_.fingerprint;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  reg_request.set_worker_id(absl::StrFormat("%s/%d", host, getpid()));
+  registration_.worker_id = absl::StrFormat("%s/%d", host, getpid());
 
-  Schedule schedule;
-  int64_t step = 0;
-  PsClient::Weights weights;
-  // (Re-)joins the job: registers, learns its step, pulls the weights of
-  // that version. The data position follows from the step alone.
-  auto sync = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(dp::v1::RegisterResponse reg,
-                     client_->Register(reg_request));
-    const dp::v1::JobConfig& c = reg.config();
-    schedule.num_samples = train.num_samples;
-    schedule.world_size = c.world_size();
-    schedule.batch_size = c.batch_size();
-    schedule.epochs = c.epochs();
-    schedule.max_steps = c.max_steps();
-    schedule.seed = c.seed();
-    schedule.shuffle = c.shuffle();
-    RETURN_IF_ERROR(Timed(metrics, WorkerMetrics::Call::kPull,
-                          [&] { return client_->Pull(rank, &weights); }));
-    metrics.AddReceivedBytes(weights.wire_bytes);
-    step = weights.header.step();
-    return backend->TakeWeights(&weights.params);
-  };
-  RETURN_IF_ERROR(sync());
-  BatchSampler sampler(schedule);
+  x_.resize(int64_t{s.batch_size} * layout.input_dim());
+  y_.resize(s.batch_size);
+  const size_t values = layout.num_params();
+  wire_ = std::make_unique<LentBufferPool>(
+      values * BytesPerValue(loaded_.grad_encoding));
+  if (loaded_.grad_encoding != Encoding::kF32) grad_.resize(values);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Join() {
+  ASSIGN_OR_RETURN(const JobStatus joined, client_->Register(registration_));
+  RETURN_IF_ERROR(CheckSameJob(loaded_, joined.plan));
+  Schedule schedule = joined.plan.schedule;
+  schedule.num_samples = train_.num_samples;
   const int64_t total = schedule.total_steps();
-  if (options_.on_joined) options_.on_joined();
-  Log("rank %d: joined at step %d of %d (%d per epoch)", rank, step, total,
-      schedule.steps_per_epoch());
+  if (sampler_ != nullptr && total != total_) {
+    Log("rank %d: the job now has %d steps (was %d)", options_.rank, total,
+        total_);
+  }
+  if (sampler_ == nullptr || schedule.epochs != schedule_.epochs ||
+      schedule.max_steps != schedule_.max_steps) {
+    sampler_ = std::make_unique<BatchSampler>(schedule);
+  }
+  schedule_ = schedule;
+  total_ = total;
+  RETURN_IF_ERROR(Timed(metrics_, WorkerMetrics::Call::kPull, [&] {
+    return client_->Pull(options_.rank, &weights_);
+  }));
+  metrics_.AddReceivedBytes(weights_.wire_bytes);
+  step_ = weights_.step;
+  return backend_->TakeWeights(&weights_.params);
+}
 
-  std::vector<float> x(int64_t{schedule.batch_size} * layout.input_dim());
-  std::vector<int32_t> y(schedule.batch_size);
-  dp::v1::PushRequest push;
-  push.set_rank(rank);
-  push.set_num_samples(schedule.batch_size);
-  const Encoding encoding = static_cast<Encoding>(cfg.grad_encoding());
-  push.set_encoding(cfg.grad_encoding());
-  // The gradient as it goes on the wire; gRPC sends it from this buffer.
-  // For float32 the backend writes straight into it.
-  const size_t wire_size = layout.num_params() * BytesPerValue(encoding);
-  std::shared_ptr<std::vector<char>> wire;
-  std::vector<float> grad_f32(encoding == Encoding::kF32 ? 0
-                                                         : layout.num_params());
-  absl::Span<float> grad = absl::MakeSpan(grad_f32);
+absl::StatusOr<Gradient> Trainer::Compute() {
+  const absl::Time start = absl::Now();
+  LentBuffer& wire = wire_->Free();
+  const Encoding encoding = loaded_.grad_encoding;
+  const absl::Span<float> grad =
+      encoding == Encoding::kF32
+          ? absl::Span<float>(reinterpret_cast<float*>(wire.data()),
+                              wire.size() / sizeof(float))
+          : absl::MakeSpan(grad_);
+  Gather(train_, sampler_->Indices(step_, options_.rank), &x_, &y_);
+  ASSIGN_OR_RETURN(const float loss, backend_->ForwardBackward(x_, y_, grad));
+  if (encoding != Encoding::kF32) {
+    Encode(encoding, grad.data(), grad.size(), wire.data());
+  }
+  const absl::Duration took = absl::Now() - start;
+  metrics_.ObserveCompute(took, loss);
+  stats_.compute_seconds += absl::ToDoubleSeconds(took);
+  ++stats_.gradients;
+  Gradient g;
+  g.rank = options_.rank;
+  g.step = step_;
+  g.loss = loss;
+  g.num_samples = schedule_.batch_size;
+  g.encoding = encoding;
+  g.wire = &wire;
+  return g;
+}
 
-  int resyncs_in_a_row = 0;
-  while (step < total) {
-    if (options_.stop != nullptr && options_.stop->load()) {
-      Log("rank %d: stopped at step %d on request", rank, step);
-      return absl::CancelledError(
-          absl::StrFormat("stopped at step %d on request", step));
-    }
-    const absl::Time t0 = absl::Now();
-    // A buffer gRPC still references (a message not yet released) is never
-    // written: the step gets a fresh one, and the old one lives on until
-    // gRPC lets go of it.
-    if (wire == nullptr || wire.use_count() > 1) {
-      wire = std::make_shared<std::vector<char>>(wire_size);
-      if (encoding == Encoding::kF32) {
-        grad = absl::Span<float>(reinterpret_cast<float*>(wire->data()),
-                                 layout.num_params());
-      }
-    }
-    Gather(train, sampler.Indices(step, rank), &x, &y);
-    ASSIGN_OR_RETURN(float loss, backend->ForwardBackward(x, y, grad));
-    if (encoding != Encoding::kF32) {
-      Encode(encoding, grad.data(), grad.size(), wire->data());
-    }
-    const absl::Time t1 = absl::Now();
-    metrics.ObserveCompute(t1 - t0, loss);
-    push.set_step(step);
-    push.set_loss(loss);
-    const grpc::ByteBuffer request = SerializeWithTensor(
-        push, dp::v1::PushRequest::kGradientFieldNumber,
-        absl::string_view(wire->data(), wire->size()), wire);
-    absl::Status exchanged;
-    using C = WorkerMetrics::Call;
+absl::Status Trainer::Exchange(const Gradient& gradient) {
+  using C = WorkerMetrics::Call;
+  bool pushed = false;  // plain protocol: the push was acknowledged
+  for (;;) {
+    int64_t sent = 0;
+    absl::Status s;
     if (options_.fused) {
-      exchanged = Timed(metrics, C::kPushPull,
-                        [&] { return client_->PushPull(request, &weights); });
+      s = Timed(metrics_, C::kPushPull,
+                [&] { return client_->PushPull(gradient, &weights_, &sent); });
     } else {
-      exchanged = Timed(metrics, C::kPush,
-                        [&] { return client_->Push(request).status(); });
-      if (exchanged.ok()) {
-        exchanged = Timed(metrics, C::kBarrier, [&] {
-          return client_->Barrier(rank, step).status();
+      if (!pushed) {
+        s = Timed(metrics_, C::kPush,
+                  [&] { return client_->Push(gradient, &sent); });
+        pushed = s.ok();
+      }
+      if (s.ok()) {
+        s = Timed(metrics_, C::kBarrier, [&] {
+          return client_->Barrier(options_.rank, gradient.step);
         });
       }
-      if (exchanged.ok()) {
-        exchanged = Timed(metrics, C::kPull,
-                          [&] { return client_->Pull(rank, &weights); });
+      if (s.ok()) {
+        s = Timed(metrics_, C::kPull,
+                  [&] { return client_->Pull(options_.rank, &weights_); });
       }
     }
-    metrics.AddSentBytes(request.Length());
-    if (exchanged.ok()) metrics.AddReceivedBytes(weights.wire_bytes);
-    if (exchanged.code() == absl::StatusCode::kDeadlineExceeded) {
-      auto st = client_->GetStatus();
-      std::vector<int> missing;
-      if (st.ok()) {
-        std::vector<bool> pushed(cfg.world_size(), false);
-        for (int r : st->pushed_ranks()) pushed[r] = true;
-        for (int r = 0; r < cfg.world_size(); ++r) {
-          if (!pushed[r]) missing.push_back(r);
-        }
+    metrics_.AddSentBytes(sent);
+    stats_.bytes_sent += sent;
+    if (s.code() != absl::StatusCode::kDeadlineExceeded) {
+      if (s.ok()) {
+        metrics_.AddReceivedBytes(weights_.wire_bytes);
+        stats_.bytes_received += weights_.wire_bytes;
       }
-      Log("rank %d: still waiting at step %d for rank(s) %s", rank, step,
-          absl::StrJoin(missing, ","));
-      continue;  // the push is recorded; a retry is acknowledged, not counted
+      return s;
     }
-    // dp-ps ended the job: nothing to re-sync with or retry.
+    // The push is recorded (or, if it was lost, sent again with the same
+    // bytes: dp-ps acknowledges a repeated push without counting it).
+    ++stats_.wait_timeouts;
+    metrics_.CountWaitTimeout();
+    Log("rank %d: still waiting at step %d for rank(s) %s", options_.rank,
+        gradient.step, MissingRanks());
+  }
+}
+
+std::string Trainer::MissingRanks() {
+  absl::StatusOr<JobStatus> status = client_->GetStatus();
+  if (!status.ok() || status->step != step_) return "?";
+  std::vector<bool> pushed(schedule_.world_size, false);
+  for (int r : status->pushed_ranks) {
+    if (r >= 0 && r < schedule_.world_size) pushed[r] = true;
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < schedule_.world_size; ++r) {
+    if (!pushed[r]) missing.push_back(r);
+  }
+  return absl::StrJoin(missing, ",");
+}
+
+absl::Status Trainer::Evaluate(int64_t finished) {
+  ASSIGN_OR_RETURN(const EvalResult eval,
+                   backend_->Evaluate(test_->x, test_->labels));
+  EvalReport report;
+  report.step = step_;
+  report.epoch = schedule_.epoch_of(finished) + 1;
+  report.accuracy = static_cast<double>(eval.correct) / eval.count;
+  report.loss = eval.loss_sum / eval.count;
+  report.num_samples = eval.count;
+  report.final = step_ == total_;
+  Log("rank 0: test accuracy %.4f after epoch %d", report.accuracy,
+      report.epoch);
+  // The number is informative: a refused report must not stop training.
+  if (absl::Status s = client_->ReportEval(options_.rank, report); !s.ok()) {
+    Log("rank 0: evaluation report not accepted: %s", s.message());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Run() {
+  const int rank = options_.rank;
+  RETURN_IF_ERROR(Load());
+  RETURN_IF_ERROR(Join());
+  if (options_.on_joined) options_.on_joined();
+  Log("rank %d: joined at step %d of %d (%d per epoch)", rank, step_, total_,
+      schedule_.steps_per_epoch());
+
+  int resyncs_in_a_row = 0;
+  while (step_ < total_) {
+    if (options_.stop != nullptr && options_.stop->load()) {
+      Log("rank %d: stopped at step %d on request", rank, step_);
+      return absl::CancelledError(
+          absl::StrFormat("stopped at step %d on request", step_));
+    }
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(const Gradient gradient, Compute());
+    const absl::Time computed = absl::Now();
+    const absl::Status exchanged = Exchange(gradient);
+    // dp-ps ended the job: nothing to re-join or retry.
     if (IsJobFailed(exchanged)) return exchanged;
     // ABORTED: stale or future step; FAILED_PRECONDITION: dp-ps restarted
-    // and no longer knows this rank. Both: register again and continue from
-    // the step dp-ps is at. A registration refused for good ends the loop.
+    // and no longer knows this rank. Both: join again, adopting the job's
+    // plan and step as they are now. A registration refused for good ends
+    // the loop.
     if (exchanged.code() == absl::StatusCode::kAborted ||
         exchanged.code() == absl::StatusCode::kFailedPrecondition ||
-        (exchanged.ok() && weights.header.step() != step + 1)) {
-      Log("rank %d: re-syncing at step %d: %s", rank, step,
+        (exchanged.ok() && weights_.step != step_ + 1)) {
+      Log("rank %d: re-joining at step %d: %s", rank, step_,
           exchanged.ok() ? "unexpected version" : exchanged.message());
       if (++resyncs_in_a_row > kMaxResyncsInARow) {
         return absl::AbortedError(absl::StrFormat(
-            "rank %d: %d re-syncs in a row without progress; last error: %s",
+            "rank %d: %d re-joins in a row without progress; last error: %s",
             rank, resyncs_in_a_row - 1, exchanged.message()));
       }
       ++stats_.resyncs;
-      metrics.CountResync();
-      RETURN_IF_ERROR(sync());
+      metrics_.CountResync();
+      RETURN_IF_ERROR(Join());
       continue;
     }
-    resyncs_in_a_row = 0;
     RETURN_IF_ERROR(exchanged);
-    RETURN_IF_ERROR(backend->TakeWeights(&weights.params));
-    stats_.compute_seconds += absl::ToDoubleSeconds(t1 - t0);
-    stats_.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - t1);
-    stats_.bytes_sent += request.Length();
-    stats_.bytes_received += weights.wire_bytes;
-    metrics.ObserveStep(absl::Now() - t0, schedule.batch_size);
+    resyncs_in_a_row = 0;
+    RETURN_IF_ERROR(backend_->TakeWeights(&weights_.params));
+    stats_.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - computed);
+    metrics_.ObserveStep(absl::Now() - start, schedule_.batch_size);
     ++stats_.steps;
-    const int64_t finished = step;
-    step = weights.header.step();
-    if (rank == 0 && schedule.ends_epoch(finished)) {
-      ASSIGN_OR_RETURN(EvalResult eval,
-                       backend->Evaluate(test->x, test->labels));
-      dp::v1::ReportEvalRequest report;
-      report.set_rank(rank);
-      report.set_step(step);
-      report.set_epoch(
-          static_cast<int>((step - 1) / schedule.steps_per_epoch()) + 1);
-      report.set_accuracy(static_cast<double>(eval.correct) / eval.count);
-      report.set_loss(eval.loss_sum / eval.count);
-      report.set_num_samples(eval.count);
-      report.set_final(step == total);
-      Log("rank 0: test accuracy %.4f after epoch %d", report.accuracy(),
-          report.epoch());
-      // The number is informative: a refused report must not stop training.
-      if (absl::Status s = client_->ReportEval(report); !s.ok()) {
-        Log("rank 0: evaluation report not accepted: %s", s.message());
-      }
+    const int64_t finished = step_;
+    step_ = weights_.step;
+    if (rank == 0 && schedule_.ends_epoch(finished)) {
+      RETURN_IF_ERROR(Evaluate(finished));
     }
   }
   const double per_step = stats_.steps ? 1.0 / stats_.steps : 0.0;
-  Log("rank %d: finished at step %d: %d steps here, %.3f ms compute + %.3f "
-      "ms exchange per step, %.3f MB sent + %.3f MB received per step, %d "
-      "re-syncs",
-      rank, step, stats_.steps, 1e3 * stats_.compute_seconds * per_step,
+  Log("rank %d: finished at step %d: %d steps here (%d gradients), %.3f ms "
+      "compute + %.3f ms exchange per step, %.3f MB sent + %.3f MB received "
+      "per step, %d re-joins, %d barrier timeouts",
+      rank, step_, stats_.steps, stats_.gradients,
+      1e3 * stats_.compute_seconds * per_step,
       1e3 * stats_.exchange_seconds * per_step,
       1e-6 * stats_.bytes_sent * per_step,
-      1e-6 * stats_.bytes_received * per_step, stats_.resyncs);
+      1e-6 * stats_.bytes_received * per_step, stats_.resyncs,
+      stats_.wait_timeouts);
   return absl::OkStatus();
 }
 

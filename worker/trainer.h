@@ -1,18 +1,28 @@
-// The worker loop: learn the job from dp-ps, load the data it names, register,
-// then per step: gradient of the local batch -> push -> barrier -> new weights.
-// Rank 0 also evaluates the test set at the end of every epoch.
+// The worker loop: learn the job from dp-ps, load the data it names, join,
+// then per step: gradient of the local batch -> exchange (push, barrier, new
+// weights). Rank 0 also evaluates the test set at the end of every epoch.
+// Every (re-)join adopts the job's plan as dp-ps has it then, so a dp-ps
+// restarted with more or fewer steps is followed.
 #ifndef DP_WORKER_TRAINER_H_
 #define DP_WORKER_TRAINER_H_
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
-#include "common/metrics.h"
+#include "absl/status/statusor.h"
+#include "common/data_order.h"
+#include "common/dataset.h"
+#include "common/lent_buffer.h"
 #include "worker/backend.h"
 #include "worker/backend_choice.h"
 #include "worker/ps_client.h"
+#include "worker/worker_metrics.h"
 
 namespace dp {
 
@@ -33,8 +43,10 @@ struct TrainerOptions {
 };
 
 struct TrainerStats {
-  int64_t steps = 0;            // steps computed by this process
-  int64_t resyncs = 0;          // ABORTED answers that made it re-register
+  int64_t steps = 0;            // steps completed by this process
+  int64_t gradients = 0;        // forward+backward passes
+  int64_t resyncs = 0;          // re-joins after ABORTED or a lost dp-ps
+  int64_t wait_timeouts = 0;    // barrier waits past --wait_timeout_s
   double compute_seconds = 0;   // forward + backward
   double exchange_seconds = 0;  // push, barrier wait, pull
   int64_t bytes_sent = 0;       // message payloads of the exchange
@@ -44,6 +56,7 @@ struct TrainerStats {
 class Trainer {
  public:
   Trainer(PsClient* client, TrainerOptions options);
+  ~Trainer();
 
   // OK when every step of the job is applied. FAILED_PRECONDITION and
   // INVALID_ARGUMENT mean a configuration problem (data, rank, fingerprint);
@@ -52,9 +65,48 @@ class Trainer {
   const TrainerStats& stats() const { return stats_; }
 
  private:
+  // The job's data set (and rank 0's test set) and the backend: once.
+  absl::Status Load();
+  // (Re-)joins: registers, adopts the job's plan and step as dp-ps has them
+  // now, and pulls the weights of that step.
+  absl::Status Join();
+  // Forward+backward of this rank's batch at step_, encoded for the wire.
+  absl::StatusOr<Gradient> Compute();
+  // Sends the gradient and returns with the next weights in weights_. A
+  // barrier wait that outlasts its deadline is reported and waited again
+  // with the same bytes: the step is never computed twice.
+  absl::Status Exchange(const Gradient& gradient);
+  // Rank 0: the test set on the weights after `finished`, reported to dp-ps.
+  absl::Status Evaluate(int64_t finished);
+  // Whom step_ waits for, from dp-ps's status ("?" when it cannot say).
+  std::string MissingRanks();
+
   PsClient* const client_;
   const TrainerOptions options_;
+  std::unique_ptr<WorkerMetrics> unexported_;
+  WorkerMetrics& metrics_;
   TrainerStats stats_;
+
+  // Loaded once.
+  JobPlan loaded_;  // the plan the data and buffers were made for
+  Dataset train_;
+  std::optional<Dataset> test_;
+  std::unique_ptr<Backend> backend_;
+  Registration registration_;
+
+  // As of the last join.
+  Schedule schedule_;
+  std::unique_ptr<BatchSampler> sampler_;
+  int64_t total_ = 0;  // steps of the job
+
+  int64_t step_ = 0;  // the version of weights_, the step computed next
+  Weights weights_;
+  std::vector<float> x_;    // (batch, input_dim)
+  std::vector<int32_t> y_;  // (batch)
+  // The gradient on the wire: a buffer gRPC still sends from is never
+  // written; the backend writes float32 straight into it.
+  std::unique_ptr<LentBufferPool> wire_;
+  std::vector<float> grad_;  // float32 gradient for the other encodings
 };
 
 }  // namespace dp

@@ -1,36 +1,36 @@
-// dp-worker: parses flags, connects to dp-ps and trains until the job ends.
+// dp-worker: parses and checks flags, runs a Worker (worker/worker.h) until
+// the job ends, forwards SIGTERM/SIGINT to it, and turns the result into the
+// exit code.
 #include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
+#include <memory>
 #include <string>
 #include <thread>
-#include <utility>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/flags.h"
 #include "common/grpc_server.h"
+#include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/model_layout.h"
 #include "common/security.h"
 #include "worker/backend_choice.h"
-#include "worker/ps_client.h"
-#include "worker/trainer.h"
+#include "worker/worker.h"
 
 namespace dp {
 namespace {
 
 bool IsConfigurationError(const absl::Status& s) {
+  if (IsJobFailed(s)) return false;  // dp-ps gave up on the job: exit 1
   return s.code() == absl::StatusCode::kInvalidArgument ||
          s.code() == absl::StatusCode::kFailedPrecondition ||
          s.code() == absl::StatusCode::kUnauthenticated ||
@@ -45,17 +45,6 @@ int stop_pipe[2] = {-1, -1};
 void OnStopSignal(int sig) {
   const char byte = static_cast<char>(sig);
   [[maybe_unused]] ssize_t n = write(stop_pipe[1], &byte, 1);
-}
-
-// The labels of dp_worker_backend_info.
-std::map<std::string, std::string> BackendLabels(const BackendChoice& choice) {
-  if (!choice.cuda()) return {{"backend", "cpu"}};
-  const GpuInfo& gpu = choice.gpu();
-  return {
-      {"backend", "cuda"},
-      {"device", absl::StrCat(gpu.device)},
-      {"gpu", gpu.name},
-      {"compute_capability", absl::StrCat(gpu.cc_major, ".", gpu.cc_minor)}};
 }
 
 // "host:port" with a port in 1..65535 ("[v6]:port" too).
@@ -179,18 +168,27 @@ int Run(int argc, char** argv) {
   }
   Log("dp-worker %s starting: %s", DP_VERSION, flags.Effective());
   Log("security: %s", security->Describe());
-  BackendRequest backend_request;
-  backend_request.name = backend;
-  backend_request.device = device;
-  backend_request.rank = rank;
-  backend_request.cuda_module = cuda_module;
-  absl::StatusOr<BackendChoice> backend_choice =
-      BackendChoice::Resolve(backend_request);
-  if (!backend_choice.ok()) {
-    Log("configuration error: %s", backend_choice.status().message());
-    return kExitConfigError;
-  }
-  Log("backend: %s", backend_choice->Describe());
+
+  WorkerOptions o;
+  o.rank = rank;
+  o.data_dir = data_dir;
+  o.backend.name = backend;
+  o.backend.device = device;
+  o.backend.cuda_module = cuda_module;
+  o.cpu_threads = threads;
+  o.tf32 = tf32;
+  o.fused = protocol == "fused";
+  o.health_port = health_port;
+  o.metrics_port = metrics_port;
+  o.metrics_host = metrics_host;
+  o.client.address = ps;
+  o.client.wait_timeout = absl::Seconds(wait_timeout_s);
+  o.client.retry_for = absl::Seconds(retry_for_s);
+  o.client.max_message_bytes =
+      MessageBytesFor(ModelLayout::SimpleNet().num_params());
+  o.client.credentials = security->credentials;
+  o.client.tls_server_name = security->server_name;
+  o.client.auth_token = security->auth_token;
 
   if (pipe(stop_pipe) != 0) {
     Log("error: pipe: %s", std::strerror(errno));
@@ -203,81 +201,46 @@ int Run(int argc, char** argv) {
   sigaction(SIGTERM, &on_stop, nullptr);
   sigaction(SIGINT, &on_stop, nullptr);
 
-  std::unique_ptr<grpc::Server> health;
-  if (health_port >= 0) {
-    GrpcServerOptions health_options;
-    health_options.address = absl::StrFormat("0.0.0.0:%d", health_port);
-    health_options.ready = false;  // until the worker has joined the job
-    auto running = StartGrpcServer(health_options, {});
-    if (!running.ok()) {
-      Log("error: health service: %s", running.status().message());
-      return kExitFailure;
-    }
-    health = std::move(running->server);
-    Log("health service on port %d", running->port);
+  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(o);
+  if (!worker.ok()) {
+    const bool config =
+        worker.status().code() != absl::StatusCode::kUnavailable;
+    Log("%s: %s", config ? "configuration error" : "error",
+        worker.status().message());
+    return config ? kExitConfigError : kExitFailure;
   }
-
-  // Shared with the watcher, which may outlive Run: static.
-  static std::atomic<bool> stop{false};
-  static absl::Notification finished;
-  // The trainer stops after its current step.
-  std::thread watcher([stop_timeout_s] {
+  // Joined before the worker goes, so it never outlives what it uses; a
+  // byte 0 on the pipe tells it to return. (A signal that came earlier
+  // waits in the pipe.)
+  absl::Notification finished;
+  std::thread watcher([w = worker->get(), &finished, stop_timeout_s] {
     char sig = 0;
     while (read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
     }
+    if (sig == 0) return;
     Log("signal %d: stopping after the current step", sig);
-    stop.store(true);
+    w->Stop();
     if (!finished.WaitForNotificationWithTimeout(
             absl::Seconds(stop_timeout_s))) {
       Log("the current step did not end within %d s; exiting", stop_timeout_s);
       std::_Exit(kExitInterrupted);
     }
   });
-  watcher.detach();
-
-  WorkerMetrics metrics(rank);
-  metrics.SetBackend(BackendLabels(*backend_choice));
-  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
-  if (metrics_port != kMetricsOff) {
-    auto endpoint = metrics.Serve(metrics_host, metrics_port);
-    if (!endpoint.ok()) {
-      Log("error: %s", endpoint.status().message());
-      return kExitFailure;
-    }
-    metrics_endpoint = std::move(*endpoint);
-    Log("metrics on %s:%d", metrics_host, metrics_endpoint->port());
-  }
-
-  PsClientOptions client_options;
-  client_options.address = ps;
-  client_options.wait_timeout = absl::Seconds(wait_timeout_s);
-  client_options.retry_for = absl::Seconds(retry_for_s);
-  client_options.max_message_bytes =
-      MessageBytesFor(ModelLayout::SimpleNet().num_params());
-  client_options.credentials = security->credentials;
-  client_options.tls_server_name = security->server_name;
-  client_options.auth_token = security->auth_token;
-  PsClient client(client_options);
-  TrainerOptions options;
-  options.rank = rank;
-  options.data_dir = data_dir;
-  options.backend = *std::move(backend_choice);
-  options.cpu_threads = threads;
-  options.tf32 = tf32;
-  options.fused = protocol == "fused";
-  options.stop = &stop;
-  options.on_joined = [&health] {
-    if (health) SetReady(health.get(), true);
-  };
-  options.metrics = &metrics;
-  Trainer trainer(&client, options);
-  absl::Status s = trainer.Run();
-  if (health) SetReady(health.get(), false);
+  const absl::Status s = (*worker)->Run();
   finished.Notify();
-  if (!s.ok() && stop.load()) {
+  const char exit_watcher = 0;
+  [[maybe_unused]] ssize_t n = write(stop_pipe[1], &exit_watcher, 1);
+  watcher.join();
+  const bool stopped = (*worker)->stopped();
+  worker->reset();
+  if (!s.ok() && stopped) {
     if (s.code() != absl::StatusCode::kCancelled)
       Log("stopped: %s", s.ToString());
     return kExitInterrupted;
+  }
+  if (IsJobFailed(s)) {
+    Log("%s", s.message());  // "the job failed: <dp-ps's reason>"
+    return kExitFailure;
   }
   if (!s.ok()) {
     Log("error: %s", s.ToString());

@@ -1,0 +1,315 @@
+// dp-ps's lifecycle (see ps_server.h); the logic server_main.cc once held.
+#include "server/ps_server.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "server/ps_service.h"
+
+namespace dp {
+namespace {
+
+// The coordinator's state as the metrics mirror it at scrape time.
+ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
+  ServerMetrics::Progress p;
+  p.step = s.step;
+  p.planned_steps = s.total_steps;
+  if (s.total_steps > 0) {
+    p.epoch =
+        s.config.schedule.epoch_of(std::min(s.step, s.total_steps - 1)) + 1;
+  }
+  p.has_loss = s.step > 0;
+  p.loss = s.last_loss;
+  p.has_eval = s.has_eval;
+  p.test_accuracy = s.last_eval.accuracy;
+  p.test_loss = s.last_eval.loss;
+  p.registered_workers = static_cast<int>(s.registered_ranks.size());
+  return p;
+}
+
+// Workers wait while the update runs, so its threads take no CPU from them;
+// beyond 4 the update is bound by memory, not cores.
+int UpdateThreads(int asked) {
+  if (asked > 0) return asked;
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1,
+                    4);
+}
+
+}  // namespace
+
+PsServer::PsServer(PsServerOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
+    PsServerOptions options) {
+  std::unique_ptr<PsServer> server(new PsServer(std::move(options)));
+  RETURN_IF_ERROR(server->Build());
+  RETURN_IF_ERROR(server->Serve());
+  return server;
+}
+
+absl::Status PsServer::Build() {
+  const PsServerOptions& o = options_;
+  std::optional<Checkpoint> resumed;
+  if (!o.checkpoint_dir.empty()) {
+    store_ = std::make_unique<CheckpointStore>(o.checkpoint_dir, layout_,
+                                               o.keep_checkpoints);
+    RETURN_IF_ERROR(store_->Open());
+    resumed = store_->LoadNewest();
+    if (resumed.has_value()) {
+      if (absl::Status s = CheckResumable(resumed->config, o.config); !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat(o.checkpoint_dir, ": ", s.message()));
+      }
+    }
+  }
+  TrainingState state;
+  if (resumed.has_value()) {
+    state = resumed->state;
+    resumed_step_ = static_cast<int>(state.step);
+    Log("resuming from the checkpoint of step %d in %s", state.step,
+        o.checkpoint_dir);
+  } else if (!o.init_model.empty()) {
+    absl::StatusOr<std::vector<float>> params =
+        LoadSafetensors(o.init_model, layout_);
+    if (!params.ok()) {
+      return absl::Status(
+          params.status().code(),
+          absl::StrCat("--init_model: ", params.status().message()));
+    }
+    state.params = std::move(*params);
+    Log("initial weights from %s", o.init_model);
+  } else {
+    state.params = InitParams(layout_, o.config.schedule.seed);
+  }
+
+  metrics_ = std::make_unique<ServerMetrics>(o.config.schedule.world_size);
+  const int threads = UpdateThreads(o.update_threads);
+  coordinator_ = std::make_unique<StepCoordinator>(layout_, o.config,
+                                                   std::move(state), threads);
+  Log("the update runs on %d thread%s", threads, threads == 1 ? "" : "s");
+  coordinator_->SetUpdateObserver(
+      [m = metrics_.get()](absl::Duration d) { m->ObserveUpdate(d); });
+  if (resumed.has_value() && resumed->data.has_value()) {
+    if (absl::Status s = coordinator_->RestoreData(*resumed->data); !s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrCat("checkpoint in ", o.checkpoint_dir, ": ", s.message()));
+    }
+  }
+  if (store_ != nullptr) {
+    coordinator_->SetCheckpointHook(
+        o.checkpoint_every, [this](TrainingState s) {
+          store_->WriteAsync(
+              Checkpoint{options_.config, coordinator_->data(), std::move(s)});
+        });
+  }
+  service_ =
+      std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
+                                  PsServiceOptions{o.security.auth_token});
+  return absl::OkStatus();
+}
+
+absl::Status PsServer::Serve() {
+  const PsServerOptions& o = options_;
+  if (o.metrics_port != kMetricsOff) {
+    ASSIGN_OR_RETURN(
+        metrics_endpoint_,
+        metrics_->Serve(o.metrics_host, o.metrics_port, [this] {
+          metrics_->SetProgress(ProgressOf(coordinator_->Status()));
+        }));
+    Log("metrics on %s:%d", o.metrics_host, metrics_endpoint_->port());
+  }
+  GrpcServerOptions grpc_options;
+  grpc_options.credentials = o.security.credentials;
+  grpc_options.address = absl::StrFormat("%s:%d", o.host, o.port);
+  grpc_options.max_message_bytes = MessageBytesFor(layout_.num_params());
+  ASSIGN_OR_RETURN(RunningServer running,
+                   StartGrpcServer(grpc_options, {service_.get()}));
+  server_ = std::move(running.server);
+  port_ = running.port;
+  // With TLS on --port, the kubelet's probes use this plaintext port.
+  if (o.health_port >= 0) {
+    ASSIGN_OR_RETURN(health_, HealthServer::Start(o.host, o.health_port));
+    Log("health service on port %d", health_->port());
+  }
+  SetReady(true);
+  Log("listening on %s:%d for %d workers", o.host, port_,
+      o.config.schedule.world_size);
+  return absl::OkStatus();
+}
+
+void PsServer::SetReady(bool ready) {
+  const std::vector<std::string> services = {PsService::kServiceName};
+  dp::SetReady(server_.get(), ready, services);
+  if (health_ != nullptr) health_->SetReady(ready, services);
+}
+
+void PsServer::Stop(int signal) {
+  int expected = 0;
+  if (!stop_signal_.compare_exchange_strong(expected, signal)) return;
+  // Readiness first, so that probes see the drain before requests fail.
+  SetReady(false);
+  coordinator_->Shutdown();  // refuses steps; wakes Watch
+  stopped_.Notify();
+}
+
+absl::Status PsServer::FinalCheckpoint() {
+  if (store_ == nullptr) return absl::OkStatus();
+  store_->Flush();
+  TrainingState s = coordinator_->Snapshot();
+  const int64_t step = s.step;
+  absl::Status written = store_->Write(
+      Checkpoint{options_.config, coordinator_->data(), std::move(s)});
+  if (written.ok()) {
+    Log("checkpoint of step %d written to %s", step, options_.checkpoint_dir);
+  } else {
+    Log("error: %s", written.message());
+  }
+  return written;
+}
+
+absl::Status PsServer::Watch() {
+  const absl::Time start = absl::Now();
+  absl::Time last_print = start;
+  int64_t last_step = -1;
+  while (!coordinator_->AwaitDone(absl::Milliseconds(100))) {
+    if (stop_signal_.load() != 0) return absl::OkStatus();
+    for (const auto& e : coordinator_->CheckLeases(options_.worker_timeout)) {
+      const double secs = absl::ToDoubleSeconds(e.silent);
+      if (e.kind == StepCoordinator::LeaseEvent::kNeverRegistered) {
+        Log("rank %d has not registered yet (%.1f s since start)", e.rank,
+            secs);
+      } else if (e.kind == StepCoordinator::LeaseEvent::kBack) {
+        Log("rank %d is back after %.1f s", e.rank, secs);
+      } else if (options_.fail_on_worker_loss) {
+        return JobFailedError(absl::StrFormat(
+            "rank %d was lost (no call for %.1f s, --on_worker_loss=fail)",
+            e.rank, secs));
+      } else {
+        Log("rank %d is missing: no call for %.1f s; step %d waits for it "
+            "(--on_worker_loss=wait)",
+            e.rank, secs, coordinator_->Status().step);
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (now - last_print < absl::Seconds(1)) continue;
+    const CoordinatorStatus s = coordinator_->Status();
+    if (s.total_steps == 0 || s.step == last_step) continue;
+    const double rate =
+        last_step < 0
+            ? 0.0
+            : (s.step - last_step) / absl::ToDoubleSeconds(now - last_print);
+    const double samples_per_s = rate * s.config.schedule.global_batch();
+    const double eta = rate > 0 ? (s.total_steps - s.step) / rate : 0.0;
+    Log("epoch %d/%d  step %d/%d  loss %.4f  %.0f samples/s  ETA %.0fs",
+        s.config.schedule.epoch_of(std::min(s.step, s.total_steps - 1)) + 1,
+        s.config.schedule.epochs, s.step, s.total_steps, s.last_loss,
+        samples_per_s, eta);
+    last_step = s.step;
+    last_print = now;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsServer::Finish(absl::Time start) {
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  (void)FinalCheckpoint();  // logged; the model file below is the result
+  if (!options_.save_model.empty()) {
+    const TrainingState final_state = coordinator_->Snapshot();
+    if (absl::Status s =
+            SaveSafetensors(options_.save_model, layout_, final_state.params);
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("cannot save the model: ", s.message()));
+    }
+    Log("saved the model to %s", options_.save_model);
+  }
+  const bool have_eval =
+      coordinator_->AwaitFinalEval(options_.final_eval_timeout);
+  const CoordinatorStatus s = coordinator_->Status();
+  // The training rate, from the first update to the last.
+  const double train_seconds =
+      absl::ToDoubleSeconds(s.last_apply - s.first_apply);
+  const double rate = train_seconds > 0
+                          ? (s.step - s.first_applied_step) *
+                                double(s.config.schedule.global_batch()) /
+                                train_seconds
+                          : 0.0;
+  Log("done: %d steps in %.1f s, %.0f samples/s while training, final loss "
+      "%.4f",
+      s.step, seconds, rate, s.last_loss);
+  if (s.applies > 0) {
+    std::string waits;
+    for (size_t r = 0; r < s.wait_time.size(); ++r) {
+      absl::StrAppendFormat(
+          &waits, " rank %d %.3f ms", r,
+          absl::ToDoubleMilliseconds(s.wait_time[r]) / s.applies);
+    }
+    Log("per step: update %.3f ms; from push to published update:%s",
+        absl::ToDoubleMilliseconds(s.apply_time) / s.applies, waits);
+  }
+  if (have_eval) {
+    Log("final test accuracy: %.4f", s.last_eval.accuracy);
+  } else {
+    Log("no final test accuracy from rank 0 within %.0f s",
+        absl::ToDoubleSeconds(options_.final_eval_timeout));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PsServer::Outcome> PsServer::Run() {
+  const absl::Time start = absl::Now();
+  if (absl::Status failure = Watch(); !failure.ok()) {
+    Log("error: %s", failure.message());
+    coordinator_->Fail(failure);
+    (void)FinalCheckpoint();  // logged; the failure is the result
+    // Serve the failure to workers already in a call before going away.
+    ShutdownServers(absl::Seconds(3));
+    return failure;
+  }
+  if (const int sig = stop_signal_.load(); sig != 0 && !coordinator_->done()) {
+    Log("stopped by signal %d at step %d; draining", sig,
+        coordinator_->Status().step);
+    const absl::Status written = FinalCheckpoint();
+    ShutdownServers(absl::Seconds(2));
+    if (!written.ok()) return written;
+    return Outcome::kStopped;
+  }
+  const absl::Status finished = Finish(start);
+  if (finished.ok() && !options_.exit_when_done) {
+    Log("serving the final weights and status until SIGTERM");
+    stopped_.WaitForNotification();
+  }
+  coordinator_->Shutdown();
+  ShutdownServers(absl::Seconds(2));
+  if (!finished.ok()) return finished;
+  return Outcome::kFinished;
+}
+
+void PsServer::ShutdownServers(absl::Duration grace) {
+  if (server_ != nullptr) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  }
+  health_.reset();
+}
+
+PsServer::~PsServer() {
+  if (coordinator_ != nullptr) coordinator_->Shutdown();
+  ShutdownServers(absl::Seconds(2));
+  // Servers first: nothing reads the parts below once they are gone.
+  server_.reset();
+  metrics_endpoint_.reset();
+}
+
+}  // namespace dp

@@ -1,0 +1,127 @@
+// dp-ps as an object: Start builds the job (a checkpoint to resume, or
+// initial weights) and serves it (gRPC, the health port, metrics); Run
+// drives it to its end (worker leases, progress, the loss policy, the final
+// checkpoint, the saved model, the final evaluation); Stop drains it from
+// any thread. Every part is a member, so nothing outlives what it uses, and
+// tests drive a whole dp-ps in-process. main() only parses flags, maps
+// results to exit codes and forwards signals to Stop.
+#ifndef DP_SERVER_PS_SERVER_H_
+#define DP_SERVER_PS_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/health_server.h"
+#include "common/metrics.h"
+#include "common/model_layout.h"
+#include "common/security.h"
+#include "server/checkpoint.h"
+#include "server/job_config.h"
+#include "server/server_metrics.h"
+#include "server/step_coordinator.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace dp {
+
+class PsService;
+
+struct PsServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 5000;       // 0 picks a free one
+  int health_port = -1;  // plaintext grpc.health.v1 only; -1 off, 0 any
+  int metrics_port = 0;  // kMetricsOff, kMetricsAnyPort or a port
+  std::string metrics_host = "0.0.0.0";
+  JobConfig config;
+  std::string init_model;  // safetensors to start from instead of the seed
+  std::string save_model;  // where the final weights go; empty: nowhere
+  absl::Duration final_eval_timeout = absl::Seconds(120);
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int64_t checkpoint_every = 100;
+  int keep_checkpoints = 3;
+  absl::Duration worker_timeout = absl::Seconds(10);
+  bool fail_on_worker_loss = false;  // else wait for the rank to come back
+  int update_threads = 0;            // 0: one per core, at most 4
+  bool exit_when_done = true;        // false: serve until Stop()
+  ServerSecurity security;           // credentials default to plaintext
+};
+
+class PsServer {
+ public:
+  // A configuration error (a checkpoint of another job or that cannot be
+  // used, an --init_model that does not load) keeps its code
+  // (FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS...); a port
+  // that cannot be served on is UNAVAILABLE.
+  static absl::StatusOr<std::unique_ptr<PsServer>> Start(
+      PsServerOptions options);
+  // Stops serving, then lets its parts go, in that order.
+  ~PsServer();
+
+  PsServer(const PsServer&) = delete;
+  PsServer& operator=(const PsServer&) = delete;
+
+  enum class Outcome {
+    kFinished,  // every step applied (and, if asked, the model saved)
+    kStopped,   // Stop() before the end; the state is checkpointed
+  };
+  // Runs the job until it finishes, fails (the JobFailedError), or Stop()
+  // is called; call once. Errors: the job failed, the final checkpoint of a
+  // stop could not be written, or the model could not be saved.
+  absl::StatusOr<Outcome> Run();
+  // Drains from any thread, at any time before destruction (a signal
+  // watcher): readiness off, steps refused with UNAVAILABLE, Run returns.
+  void Stop(int signal);
+
+  int port() const { return port_; }
+  int health_port() const { return health_ ? health_->port() : 0; }
+  int metrics_port() const {
+    return metrics_endpoint_ ? metrics_endpoint_->port() : 0;
+  }
+  StepCoordinator& coordinator() { return *coordinator_; }
+
+ private:
+  explicit PsServer(PsServerOptions options);
+  absl::Status Build();  // Start's work
+  absl::Status Serve();  // gRPC, health, metrics
+  void SetReady(bool ready);
+  // The final checkpoint: the last applied step (after Shutdown or Fail
+  // nothing changes the state any more). OK without --checkpoint_dir.
+  absl::Status FinalCheckpoint();
+  // Worker leases (every 100 ms) and progress (every second) until the job
+  // is done, fails or is stopped; the JobFailedError of a lost rank.
+  absl::Status Watch();
+  // The summary of a finished job: save the model, wait for the final
+  // evaluation, log the rates.
+  absl::Status Finish(absl::Time start);
+  void ShutdownServers(absl::Duration grace);
+
+  const PsServerOptions options_;
+  const ModelLayout layout_ = ModelLayout::SimpleNet();
+  std::unique_ptr<CheckpointStore> store_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<StepCoordinator> coordinator_;
+  std::unique_ptr<PsService> service_;
+  // The servers read the parts above, so they are declared (and destroyed)
+  // after them: ~PsServer stops them first.
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthServer> health_;
+  int port_ = 0;
+  int resumed_step_ = -1;  // -1: not resumed
+
+  std::atomic<int> stop_signal_{0};
+  absl::Notification stopped_;
+};
+
+}  // namespace dp
+
+#endif  // DP_SERVER_PS_SERVER_H_

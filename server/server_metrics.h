@@ -1,0 +1,86 @@
+// What dp-ps exports to Prometheus: training progress, workers, rejections,
+// update and barrier times (README, "Monitoring").
+#ifndef DP_SERVER_SERVER_METRICS_H_
+#define DP_SERVER_SERVER_METRICS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+
+namespace dp {
+
+class ServerMetrics final : public Metrics {
+ public:
+  // world_size fixes the rank labels (0..world_size-1). A rank counts as
+  // active while it made a request within `active_window`: a worker waiting
+  // at the barrier re-asks every --wait_timeout_s (30 s by default), so the
+  // window must be longer than that.
+  explicit ServerMetrics(int world_size,
+                         absl::Duration active_window = absl::Seconds(60),
+                         std::function<absl::Time()> now = absl::Now);
+
+  // A request naming `rank` arrived. Ranks outside 0..world_size-1 are
+  // ignored: a bad request must not create a series.
+  void SawRank(int rank);
+  // A request finished with `code`. OK and CANCELLED (the client gave up,
+  // e.g. its barrier deadline passed) are not rejections.
+  void CountRejected(absl::StatusCode code);
+  // From a rank's arrival at the barrier (its push, for PushPull) to the
+  // update that released it. The slowest rank waits least.
+  void ObserveBarrierWait(int rank, absl::Duration wait);
+  // Averaging the N gradients plus the Adam step.
+  void ObserveUpdate(absl::Duration apply);
+
+  // State kept by the coordinator, mirrored at scrape time.
+  struct Progress {
+    int64_t step = 0;           // updates applied
+    int64_t planned_steps = 0;  // 0 until the data set size is known
+    int epoch = 0;              // 1-based epoch of the next step; 0 unknown
+    bool has_loss = false;
+    double loss = 0.0;  // mean of the ranks' losses of the last step
+    bool has_eval = false;
+    double test_accuracy = 0.0;
+    double test_loss = 0.0;
+    int registered_workers = 0;
+  };
+  void SetProgress(const Progress& p);
+
+  // Ranks seen within the active window, now.
+  int ActiveWorkers() const;
+
+ private:
+  void BeforeScrape() override;
+
+  const int world_size_;
+  const absl::Duration active_window_;
+  const std::function<absl::Time()> now_;
+  // Unix nanoseconds of each rank's latest request; INT64_MIN = never.
+  std::unique_ptr<std::atomic<int64_t>[]> last_seen_;
+  prometheus::Family<prometheus::Gauge>* loss_;
+  prometheus::Gauge* step_;
+  prometheus::Gauge* planned_steps_;
+  prometheus::Gauge* epoch_;
+  prometheus::Gauge* expected_workers_;
+  prometheus::Gauge* registered_workers_;
+  prometheus::Gauge* active_workers_;
+  prometheus::Histogram* update_seconds_;
+  std::vector<prometheus::Histogram*> barrier_wait_;  // by rank
+  // By absl::StatusCode value, all created at 0 so that rate() works from
+  // the first scrape; the label set is the fixed list of code names.
+  std::vector<prometheus::Counter*> rejected_;
+  // Their series appear with the first evaluation: a 0 before that would
+  // read as "0% accuracy".
+  prometheus::Family<prometheus::Gauge>* test_accuracy_;
+  prometheus::Family<prometheus::Gauge>* test_loss_;
+};
+
+}  // namespace dp
+
+#endif  // DP_SERVER_SERVER_METRICS_H_

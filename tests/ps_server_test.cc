@@ -1,0 +1,162 @@
+// A whole dp-ps in-process (PsServer) with in-process trainers: a job runs
+// to its end, Stop drains it from another thread at any moment, and the
+// server outlives nothing it started.
+#include "server/ps_server.h"
+
+#include <signal.h>
+
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+#include "gtest/gtest.h"
+#include "tests/subprocess.h"
+#include "worker/ps_client.h"
+#include "worker/trainer.h"
+
+namespace dp {
+namespace {
+
+PsServerOptions SyntheticJob(int workers, int64_t max_steps) {
+  PsServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.config.schedule.world_size = workers;
+  o.config.schedule.batch_size = 8;
+  o.config.schedule.max_steps = max_steps;
+  o.config.schedule.seed = 5;
+  o.config.dataset = "synthetic";
+  o.final_eval_timeout = absl::Seconds(30);
+  o.update_threads = 1;
+  return o;
+}
+
+// Runs rank `rank` of the job served by `server` to its end.
+absl::Status Train(const PsServer& server, int rank) {
+  PsClientOptions client_options;
+  client_options.address = absl::StrCat("127.0.0.1:", server.port());
+  client_options.max_message_bytes =
+      MessageBytesFor(ModelLayout::SimpleNet().num_params());
+  client_options.retry_for = absl::Seconds(1);
+  PsClient client(client_options);
+  TrainerOptions options;
+  options.rank = rank;
+  Trainer trainer(&client, options);
+  return trainer.Run();
+}
+
+TEST(PsServerTest, AJobRunsToItsEndAndSavesTheModel) {
+  TempDir dir;
+  PsServerOptions o = SyntheticJob(2, 6);
+  o.save_model = dir.File("model.safetensors");
+  o.checkpoint_dir = dir.File("ckpt");
+  o.checkpoint_every = 2;
+  auto server = PsServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::Status w0, w1;
+  std::thread t0([&] { w0 = Train(**server, 0); });
+  std::thread t1([&] { w1 = Train(**server, 1); });
+  const absl::StatusOr<PsServer::Outcome> outcome = (*server)->Run();
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(*outcome, PsServer::Outcome::kFinished);
+  EXPECT_TRUE(w0.ok()) << w0;
+  EXPECT_TRUE(w1.ok()) << w1;
+  EXPECT_EQ((*server)->coordinator().Status().step, 6);
+  EXPECT_TRUE(std::filesystem::exists(o.save_model));
+  EXPECT_TRUE(std::filesystem::exists(o.checkpoint_dir));
+}
+
+TEST(PsServerTest, StopBeforeTheEndCheckpointsAndReturnsStopped) {
+  TempDir dir;
+  PsServerOptions o = SyntheticJob(1, 1000000);
+  o.checkpoint_dir = dir.File("ckpt");
+  o.checkpoint_every = 0;  // only the final one
+  auto server = PsServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  PsServer* s = server->get();
+  absl::StatusOr<PsServer::Outcome> outcome;
+  std::thread run([&] { outcome = s->Run(); });
+  // The worker trains until the stop refuses its steps.
+  std::thread stopper([s] {
+    while (s->coordinator().Status().step < 5)
+      absl::SleepFor(absl::Milliseconds(5));
+    s->Stop(SIGTERM);
+  });
+  const absl::Status trained = Train(*s, 0);
+  stopper.join();
+  run.join();
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(*outcome, PsServer::Outcome::kStopped);
+  EXPECT_FALSE(trained.ok());  // refused (UNAVAILABLE), not finished
+  CheckpointStore store(o.checkpoint_dir, ModelLayout::SimpleNet(), 3);
+  ASSERT_TRUE(store.Open().ok());
+  auto newest = store.LoadNewest();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->state.step, s->coordinator().Status().step);
+  EXPECT_GE(newest->state.step, 5);
+}
+
+// What a signal watcher does when a signal arrives while dp-ps finishes:
+// Stop from another thread while Run returns, repeatedly, then destroy.
+// (Under AddressSanitizer a touch of anything already gone fails it.)
+TEST(PsServerTest, StopRacingTheEndOfRunIsSafe) {
+  for (int round = 0; round < 5; ++round) {
+    auto server = PsServer::Start(SyntheticJob(1, 3));
+    ASSERT_TRUE(server.ok()) << server.status();
+    PsServer* s = server->get();
+    absl::StatusOr<PsServer::Outcome> outcome;
+    std::thread run([&] { outcome = s->Run(); });
+    std::thread stopper([s] {
+      while (s->coordinator().Status().step < 3)
+        absl::SleepFor(absl::Milliseconds(1));
+      for (int i = 0; i < 100; ++i) s->Stop(SIGTERM);
+    });
+    (void)Train(*s, 0);
+    stopper.join();
+    run.join();
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    // Every step was applied before the stop: the job counts as finished.
+    EXPECT_EQ(*outcome, PsServer::Outcome::kFinished);
+    s->Stop(SIGTERM);  // after Run, before destruction: allowed
+    server->reset();
+  }
+}
+
+TEST(PsServerTest, ABusyPortIsUnavailableAndACheckpointOfAnotherJobIsRefused) {
+  auto first = PsServer::Start(SyntheticJob(1, 3));
+  ASSERT_TRUE(first.ok()) << first.status();
+  PsServerOptions o = SyntheticJob(1, 3);
+  o.port = (*first)->port();
+  auto second = PsServer::Start(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+
+  TempDir dir;
+  PsServerOptions saved = SyntheticJob(1, 3);
+  saved.checkpoint_dir = dir.File("ckpt");
+  {
+    auto server = PsServer::Start(saved);
+    ASSERT_TRUE(server.ok()) << server.status();
+    absl::Status w;
+    std::thread t([&] { w = Train(**server, 0); });
+    ASSERT_TRUE((*server)->Run().ok());
+    t.join();
+  }
+  saved.config.schedule.batch_size = 16;
+  auto other = PsServer::Start(saved);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find("--batch_size=16 (saved: 8)"),
+            std::string::npos)
+      << other.status();
+}
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,96 @@
+// The trainer against a real dp-ps service on loopback gRPC, in-process:
+// what it computes and sends per step when it has to wait.
+#include "worker/trainer.h"
+
+#include <string>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "common/grpc_server.h"
+#include "gtest/gtest.h"
+#include "tests/exposition.h"
+#include "tests/in_process_ps.h"
+#include "worker/ps_client.h"
+#include "worker/worker_metrics.h"
+
+namespace dp {
+namespace {
+
+double Count(WorkerMetrics& m, const std::string& name, int rank) {
+  return Sample(ParseExposition(m.Text()), name,
+                {{"role", "worker"}, {"rank", std::to_string(rank)}})
+      .value_or(-1);
+}
+
+class TrainerWaitTest : public testing::TestWithParam<bool> {};
+
+// Rank 0 starts alone, so its first exchange can only outlast its 200 ms
+// deadline, again and again, until rank 1 starts. It must report and wait
+// again with the gradient it has, not compute the step again.
+TEST_P(TrainerWaitTest, ABarrierDeadlineWaitsAgainWithoutComputingAgain) {
+  const bool fused = GetParam();
+  InProcessPsOptions ps_options;
+  ps_options.max_steps = 5;
+  auto ps = InProcessPs::Start(ps_options);
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  PsClientOptions client_options;
+  client_options.address = (*ps)->address();
+  client_options.wait_timeout = absl::Milliseconds(200);
+  client_options.max_message_bytes =
+      MessageBytesFor((*ps)->layout().num_params());
+  PsClient client0(client_options), client1(client_options);
+  WorkerMetrics metrics0(0), metrics1(1);
+  TrainerOptions options;
+  options.fused = fused;
+  options.rank = 0;
+  options.metrics = &metrics0;
+  Trainer rank0(&client0, options);
+  absl::Status status0;
+  std::thread thread0([&] { status0 = rank0.Run(); });
+
+  // The waiting call ends once per deadline: wait for two of them.
+  const std::string waits = fused ? "dp_worker_push_pull_duration_seconds_count"
+                                  : "dp_worker_barrier_duration_seconds_count";
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (Count(metrics0, waits, 0) < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(Count(metrics0, waits, 0), 2) << "rank 0 never timed out";
+
+  options.rank = 1;
+  options.metrics = &metrics1;
+  Trainer rank1(&client1, options);
+  const absl::Status status1 = rank1.Run();
+  thread0.join();
+  ASSERT_TRUE(status0.ok()) << status0;
+  ASSERT_TRUE(status1.ok()) << status1;
+
+  EXPECT_EQ(rank0.stats().steps, 5);
+  EXPECT_EQ(rank0.stats().gradients, 5) << "a step was computed twice";
+  EXPECT_GE(rank0.stats().wait_timeouts, 2);
+  EXPECT_EQ(Count(metrics0, "dp_worker_compute_duration_seconds_count", 0), 5);
+  EXPECT_EQ(Count(metrics0, "dp_worker_step_duration_seconds_count", 0), 5);
+  EXPECT_EQ(Count(metrics0, "dp_worker_wait_timeouts_total", 0),
+            rank0.stats().wait_timeouts);
+  // The plain protocol pushes once per step and waits again at the
+  // barrier; the fused call sends the same bytes again with every wait.
+  const double timeouts = rank0.stats().wait_timeouts;
+  if (fused) {
+    EXPECT_EQ(Count(metrics0, "dp_worker_push_pull_duration_seconds_count", 0),
+              5 + timeouts);
+  } else {
+    EXPECT_EQ(Count(metrics0, "dp_worker_push_duration_seconds_count", 0), 5);
+    EXPECT_EQ(Count(metrics0, "dp_worker_barrier_duration_seconds_count", 0),
+              5 + timeouts);
+  }
+  EXPECT_EQ(Count(metrics0, "dp_sent_bytes_total", 0),
+            rank0.stats().bytes_sent);
+}
+
+INSTANTIATE_TEST_SUITE_P(Protocols, TrainerWaitTest, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Fused" : "Plain";
+                         });
+
+}  // namespace
+}  // namespace dp
