@@ -17,9 +17,9 @@ namespace dp {
 struct Schedule {
   int64_t num_samples = 0;
   int world_size = 1;
-  int batch_size = 1;      // per worker
+  int batch_size = 1;  // per worker
   int epochs = 1;
-  int64_t max_steps = 0;   // 0 = all epochs
+  int64_t max_steps = 0;  // 0 = all epochs
   uint64_t seed = 0;
   bool shuffle = true;
 
@@ -32,6 +32,11 @@ struct Schedule {
   }
   // True when `step` is the last step of an epoch (or of the job).
   bool ends_epoch(int64_t step) const;
+  bool operator==(const Schedule& o) const {
+    return num_samples == o.num_samples && world_size == o.world_size &&
+           batch_size == o.batch_size && epochs == o.epochs &&
+           max_steps == o.max_steps && seed == o.seed && shuffle == o.shuffle;
+  }
 };
 
 // INVALID_ARGUMENT naming the field when the schedule cannot run (no full

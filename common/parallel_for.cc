@@ -65,7 +65,7 @@ void WorkerPool::ParallelFor(
     DP_CHECK(!busy_);  // callers must serialise
     busy_ = true;
     job_ = job;
-    pending_.store(shares - 1, std::memory_order_relaxed);
+    unfinished_.store(shares - 1, std::memory_order_relaxed);
     ++generation_;
   }
   // The caller takes the last share: the pool's threads, which still have
@@ -73,7 +73,7 @@ void WorkerPool::ParallelFor(
   RunShare(job, shares - 1);
 
   const auto spin_until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
-  while (pending_.load(std::memory_order_acquire) != 0 &&
+  while (unfinished_.load(std::memory_order_acquire) != 0 &&
          std::chrono::steady_clock::now() < spin_until) {
     CpuRelax();
   }
@@ -83,7 +83,7 @@ void WorkerPool::ParallelFor(
       +[](std::atomic<int>* pending) {
         return pending->load(std::memory_order_acquire) == 0;
       },
-      &pending_));
+      &unfinished_));
   busy_ = false;
 }
 
@@ -106,7 +106,7 @@ void WorkerPool::Work(int index) {
     RunShare(job, index);
     // Under mu_ so that a caller already asleep in Await is woken.
     absl::MutexLock lock(&mu_);
-    pending_.fetch_sub(1, std::memory_order_release);
+    unfinished_.fetch_sub(1, std::memory_order_release);
   }
 }
 

@@ -66,7 +66,7 @@ class WorkerPool {
   // Shares still running on the pool's threads. Changed under mu_, but
   // atomic so that the caller can poll it briefly without the lock before it
   // sleeps (see ParallelFor).
-  std::atomic<int> pending_{0};
+  std::atomic<int> unfinished_{0};
   std::vector<std::thread> workers_;
 };
 

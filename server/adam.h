@@ -5,17 +5,10 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
+#include "common/job_config.h"
 #include "common/parallel_for.h"
 
 namespace dp {
-
-struct AdamOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-};
 
 // Averages `grads` (each n floats) in the order given - rank order, so the
 // result never depends on arrival order - and applies Adam step `t` (1-based)

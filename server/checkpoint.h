@@ -1,8 +1,7 @@
-// Checkpoints of dp-ps: weights, Adam m and v, step, job configuration and
-// data fingerprint, with a checksum. File: 8-byte magic, 8-byte little-endian
-// payload length, 4-byte little-endian CRC-32 of the payload, then the
-// payload (a serialised dp.v1.Checkpoint). Written atomically (temporary
-// file, fsync, rename, fsync of the directory); the newest `keep` are kept.
+// dp-ps's checkpoint directory: files in common/checkpoint_format.h's format,
+// written atomically (temporary file, fsync, rename, fsync of the
+// directory), the newest `keep` kept, the newest valid one loaded at start;
+// and whether a saved job may resume under the flags given now.
 #ifndef DP_SERVER_CHECKPOINT_H_
 #define DP_SERVER_CHECKPOINT_H_
 
@@ -16,24 +15,18 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/checkpoint_format.h"
 #include "common/dataset.h"
+#include "common/job_config.h"
 #include "common/model_layout.h"
-#include "server/job_config.h"
-#include "server/step_coordinator.h"
 
 namespace dp {
 
-struct Checkpoint {
-  JobConfig config;
-  std::optional<DataFingerprint> data;
-  TrainingState state;
-};
-
-std::string EncodeCheckpoint(const ModelLayout& layout, const Checkpoint& c);
-// DATA_LOSS for a truncated or corrupt image (bad magic, length, checksum,
-// payload); FAILED_PRECONDITION when it holds another model.
-absl::StatusOr<Checkpoint> DecodeCheckpoint(const ModelLayout& layout,
-                                            absl::string_view bytes);
+// OK when a job saved with `saved` can resume under `wanted`: everything that
+// shapes the computation must match; epochs and max_steps may change, since
+// the data order of an epoch does not depend on them. FAILED_PRECONDITION
+// naming every differing setting otherwise.
+absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted);
 
 // "ckpt-000000000123.dpckpt" for step 123: names sort by step.
 std::string CheckpointFileName(int64_t step);
@@ -76,7 +69,7 @@ class CheckpointStore {
   // Held for a whole Write: serialises the file and the retention pass.
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
-  std::optional<Checkpoint> pending_ ABSL_GUARDED_BY(mu_);
+  std::optional<Checkpoint> queued_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;

@@ -19,11 +19,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/health_server.h"
+#include "common/job_config.h"
 #include "common/metrics.h"
 #include "common/model_layout.h"
 #include "common/security.h"
 #include "server/checkpoint.h"
-#include "server/job_config.h"
 #include "server/server_metrics.h"
 #include "server/step_coordinator.h"
 

@@ -36,7 +36,11 @@ class StepWaitReactor final : public ServerUnaryReactor {
         });
     if (!ticket.ok()) {
       FinishOnce(ticket.status());
-    } else if (ticket->ready) {
+      Unref();
+      return;
+    }
+    metrics_->SawRank(rank);  // a waiting rank is active
+    if (ticket->ready) {
       FinishOnce(on_applied_(ticket->step));
     } else {
       wait_id_.store(ticket->id);
@@ -79,6 +83,46 @@ class StepWaitReactor final : public ServerUnaryReactor {
 
 }  // namespace
 
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::RegisterRequest& r) {
+  const DataFingerprint data{r.data().num_samples(), r.data().hash()};
+  return v.CheckRegister(r.rank(), r.model_fingerprint(),
+                         r.has_data() ? &data : nullptr, r.worker_id());
+}
+
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::PullRequest& r) {
+  return v.CheckPull(r.rank(), r.offset(), r.length());
+}
+
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::PushRequest& r,
+                          absl::string_view gradient) {
+  return v.CheckPush(r.rank(), r.step(), r.offset(),
+                     static_cast<int>(r.encoding()), gradient.size(), r.loss(),
+                     r.num_samples());
+}
+
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::BarrierRequest& r) {
+  return v.CheckBarrier(r.rank(), r.step());
+}
+
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::ReportEvalRequest& r) {
+  return v.CheckEval(r.rank(), EvalReportOf(r));
+}
+
+absl::Status CheckRequest(const RequestValidator&,
+                          const dp::v1::GetStatusRequest&) {
+  return absl::OkStatus();
+}
+
+EvalReport EvalReportOf(const dp::v1::ReportEvalRequest& r) {
+  return EvalReport{r.step(), r.epoch(),       r.accuracy(),
+                    r.loss(), r.num_samples(), r.final()};
+}
+
 PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
                      const PsServiceOptions& options)
     : coordinator_(coordinator),
@@ -91,9 +135,10 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       validator_(coordinator->Status().config.schedule.world_size,
                  coordinator->layout()) {}
 
-ServerUnaryReactor* PsService::Done(CallbackServerContext* ctx,
-                                    const absl::Status& s) {
+ServerUnaryReactor* PsService::Answer(CallbackServerContext* ctx,
+                                      const absl::Status& s, int rank) {
   metrics_->CountRejected(s.code());
+  if (s.ok() && rank >= 0) metrics_->SawRank(rank);
   ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
@@ -102,18 +147,17 @@ ServerUnaryReactor* PsService::Done(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
                                         const dp::v1::RegisterRequest* request,
                                         dp::v1::RegisterResponse* response) {
-  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
-  metrics_->SawRank(request->rank());
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
   DataFingerprint data{request->data().num_samples(), request->data().hash()};
   auto reg = coordinator_->Register(request->rank(),
                                     request->model_fingerprint(), data);
-  if (!reg.ok()) return Done(ctx, reg.status());
+  if (!reg.ok()) return Answer(ctx, reg.status());
   ToProto(reg->config, response->mutable_config());
   response->set_step(reg->step);
   response->set_total_steps(reg->config.schedule.total_steps());
   response->set_steps_per_epoch(reg->config.schedule.steps_per_epoch());
   response->set_num_params(coordinator_->layout().num_params());
-  return Done(ctx, absl::OkStatus());
+  return Answer(ctx, absl::OkStatus(), request->rank());
 }
 
 grpc::ByteBuffer PsService::WeightsResponse(
@@ -125,7 +169,7 @@ grpc::ByteBuffer PsService::WeightsResponse(
   header.set_encoding(static_cast<dp::v1::Encoding>(weights.encoding));
   grpc::ByteBuffer bytes =
       SerializeWithTensor(header, dp::v1::PullResponse::kParamsFieldNumber,
-                          weights.bytes, weights.owner);
+                          weights.bytes, weights.lease);
   metrics_->AddSentBytes(bytes.Length());
   return bytes;
 }
@@ -135,18 +179,17 @@ ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
                                     grpc::ByteBuffer* response) {
   dp::v1::PullRequest request;
   if (absl::Status s = ParseMessage(*bytes, &request); !s.ok()) {
-    return Done(ctx, s);
+    return Answer(ctx, s);
   }
-  if (absl::Status s = Admit(ctx, request); !s.ok()) return Done(ctx, s);
-  metrics_->SawRank(request.rank());
-  auto weights = coordinator_->Pull(request.rank(), request.offset(),
-                                    request.length());
-  if (!weights.ok()) return Done(ctx, weights.status());
+  if (absl::Status s = CheckCall(ctx, request); !s.ok()) return Answer(ctx, s);
+  auto weights =
+      coordinator_->Pull(request.rank(), request.offset(), request.length());
+  if (!weights.ok()) return Answer(ctx, weights.status());
   *response = WeightsResponse(*weights, request.offset());
-  return Done(ctx, absl::OkStatus());
+  return Answer(ctx, absl::OkStatus(), request.rank());
 }
 
-absl::StatusOr<StepCoordinator::PushResult> PsService::Deliver(
+absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
     const CallbackServerContext* ctx, const grpc::ByteBuffer& bytes,
     dp::v1::PushRequest* request) {
   ReceivedTensor tensor;
@@ -156,32 +199,32 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::Deliver(
   // gradient is copied out of it before the handler returns.
   thread_local std::string scratch;
   const absl::string_view gradient = tensor.Contiguous(&scratch);
-  RETURN_IF_ERROR(Admit(ctx, *request, gradient));
-  metrics_->SawRank(request->rank());
+  RETURN_IF_ERROR(CheckCall(ctx, *request, gradient));
   metrics_->AddReceivedBytes(bytes.Length());
-  return coordinator_->Push(request->rank(), request->step(),
-                            request->offset(), gradient, request->loss(),
-                            static_cast<Encoding>(request->encoding()));
+  absl::StatusOr<StepCoordinator::PushResult> pushed = coordinator_->Push(
+      request->rank(), request->step(), request->offset(), gradient,
+      request->loss(), static_cast<Encoding>(request->encoding()));
+  if (pushed.ok()) metrics_->SawRank(request->rank());
+  return pushed;
 }
 
 ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
                                     const grpc::ByteBuffer* bytes,
                                     grpc::ByteBuffer* response) {
   dp::v1::PushRequest request;
-  auto result = Deliver(ctx, *bytes, &request);
-  if (!result.ok()) return Done(ctx, result.status());
+  auto result = ReceivePush(ctx, *bytes, &request);
+  if (!result.ok()) return Answer(ctx, result.status());
   dp::v1::PushResponse header;
   header.set_step(result->step);
   header.set_duplicate(result->duplicate);
   *response = SerializeMessage(header);
-  return Done(ctx, absl::OkStatus());
+  return Answer(ctx, absl::OkStatus());  // ReceivePush marked the rank
 }
 
 ServerUnaryReactor* PsService::Barrier(CallbackServerContext* ctx,
                                        const dp::v1::BarrierRequest* request,
                                        dp::v1::BarrierResponse* response) {
-  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
-  metrics_->SawRank(request->rank());
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
   StepCoordinator* coordinator = coordinator_;
   ServerMetrics* metrics = metrics_;
   const int rank = request->rank();
@@ -202,8 +245,8 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* bytes,
                                         grpc::ByteBuffer* response) {
   dp::v1::PushRequest request;
-  auto pushed = Deliver(ctx, *bytes, &request);
-  if (!pushed.ok()) return Done(ctx, pushed.status());
+  auto pushed = ReceivePush(ctx, *bytes, &request);
+  if (!pushed.ok()) return Answer(ctx, pushed.status());
   const int rank = request.rank();
   const absl::Time arrived = absl::Now();
   auto* reactor = new StepWaitReactor(
@@ -222,17 +265,16 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::ReportEval(
     CallbackServerContext* ctx, const dp::v1::ReportEvalRequest* request,
     dp::v1::ReportEvalResponse* /*response*/) {
-  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
-  EvalReport r{request->step(),     request->epoch(),
-               request->accuracy(), request->loss(),
-               request->num_samples(), request->final()};
-  return Done(ctx, coordinator_->RecordEval(request->rank(), r));
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
+  return Answer(
+      ctx, coordinator_->RecordEval(request->rank(), EvalReportOf(*request)),
+      request->rank());
 }
 
 ServerUnaryReactor* PsService::GetStatus(
     CallbackServerContext* ctx, const dp::v1::GetStatusRequest* request,
     dp::v1::GetStatusResponse* response) {
-  if (absl::Status s = Admit(ctx, *request); !s.ok()) return Done(ctx, s);
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
   CoordinatorStatus s = coordinator_->Status();
   ToProto(s.config, response->mutable_config());
   response->set_step(s.step);
@@ -245,7 +287,7 @@ ServerUnaryReactor* PsService::GetStatus(
   response->set_done(s.done);
   response->set_last_test_accuracy(s.last_eval.accuracy);
   response->set_last_loss(s.last_loss);
-  return Done(ctx, absl::OkStatus());
+  return Answer(ctx, absl::OkStatus());
 }
 
 }  // namespace dp

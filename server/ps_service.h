@@ -34,8 +34,32 @@ using ParameterServerBase =
                                 WithCallbackMethod_GetStatus<
                                     dp::v1::ParameterServer::Service>>>>>>>;
 
-// Every handler first admits the call - token, then RequestValidator - and
-// only then hands it to the coordinator: a refused call touches no state.
+// RequestValidator over dp.v1 messages (the service's, the fuzzer's and the
+// tests' one way to validate a request). A push's gradient may travel
+// outside the message (tensor_message.h): then it is `gradient`.
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::RegisterRequest& r);
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::PullRequest& r);
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::PushRequest& r,
+                          absl::string_view gradient);
+inline absl::Status CheckRequest(const RequestValidator& v,
+                                 const dp::v1::PushRequest& r) {
+  return CheckRequest(v, r, r.gradient());
+}
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::BarrierRequest& r);
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::ReportEvalRequest& r);
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::GetStatusRequest& r);
+EvalReport EvalReportOf(const dp::v1::ReportEvalRequest& r);
+
+// Every handler first checks the call - token, then RequestValidator - and
+// only then hands it to the coordinator: a refused call touches no state,
+// and a rank counts as active (dp_ps_active_workers) only for calls the
+// coordinator accepted.
 class PsService final : public ParameterServerBase {
  public:
   // Its name for health checks.
@@ -74,27 +98,30 @@ class PsService final : public ParameterServerBase {
       dp::v1::GetStatusResponse* response) override;
 
  private:
-  // The push half of Push and PushPull: parses and admits the request,
-  // records it, hands the gradient to the coordinator. *request gets the
-  // fields of the request but its gradient.
-  absl::StatusOr<StepCoordinator::PushResult> Deliver(
+  // The push half of Push and PushPull: parses and checks the request, and
+  // hands the gradient to the coordinator. *request gets the fields of the
+  // request but its gradient.
+  absl::StatusOr<StepCoordinator::PushResult> ReceivePush(
       const grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& bytes,
       dp::v1::PushRequest* request);
   // The response to a pull of `weights`, sharing their memory.
   grpc::ByteBuffer WeightsResponse(
       const StepCoordinator::PulledWeights& weights, int64_t offset) const;
-  // Finishes a unary call with the status of a synchronous operation.
-  grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
-                                 const absl::Status& s);
+  // Finishes a unary call with `s`; a refusal is counted in
+  // dp_ps_rejected_requests_total, an accepted call of `rank` (>= 0) marks
+  // the rank active.
+  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx,
+                                   const absl::Status& s, int rank = -1);
   // UNAUTHENTICATED without the right token; the validator's verdict
   // otherwise.
   template <typename Request, typename... Tensor>
-  absl::Status Admit(const grpc::CallbackServerContext* ctx,
-                     const Request& request, const Tensor&... tensor) const {
+  absl::Status CheckCall(const grpc::CallbackServerContext* ctx,
+                         const Request& request,
+                         const Tensor&... tensor) const {
     if (absl::Status s = token_.Check(ctx->client_metadata()); !s.ok()) {
       return s;
     }
-    return validator_.Check(request, tensor...);
+    return CheckRequest(validator_, request, tensor...);
   }
 
   StepCoordinator* const coordinator_;

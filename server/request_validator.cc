@@ -1,13 +1,11 @@
 // Stateless checks of every dp.v1 request before it reaches the coordinator.
 #include "server/request_validator.h"
 
-#include "common/tensor_codec.h"
-
 #include <cmath>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "server/adam.h"
+#include "common/tensor_codec.h"
 
 namespace dp {
 namespace {
@@ -24,7 +22,7 @@ absl::Status Invalid(const absl::FormatSpec<Args...>& format,
 
 // Printable ASCII only: a worker id ends up in logs, where control
 // characters could forge lines.
-bool IsPrintableAscii(const std::string& s) {
+bool IsPrintableAscii(absl::string_view s) {
   for (char c : s) {
     if (c < 0x20 || c > 0x7e) return false;
   }
@@ -56,110 +54,101 @@ absl::Status RequestValidator::CheckStep(const char* rpc, int rank,
   return absl::OkStatus();
 }
 
-absl::Status RequestValidator::Check(const dp::v1::RegisterRequest& r) const {
-  RETURN_IF_ERROR(CheckRank("Register", r.rank()));
-  if (r.model_fingerprint() != model_fingerprint_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "rank %d runs a different model (fingerprint %016x, dp-ps has %016x)",
-        r.rank(), r.model_fingerprint(), model_fingerprint_));
-  }
-  if (!r.has_data()) {
-    return Invalid("Register from rank %d carries no data fingerprint",
-                   r.rank());
-  }
-  if (r.data().num_samples() < 1 || r.data().num_samples() > kMaxSamples) {
-    return Invalid(
-        "Register from rank %d: data set size %d is out of range [1, %d]",
-        r.rank(), r.data().num_samples(), kMaxSamples);
-  }
-  if (r.worker_id().size() > kMaxWorkerIdBytes ||
-      !IsPrintableAscii(r.worker_id())) {
-    return Invalid(
-        "Register from rank %d: worker_id must be at most %d printable ASCII "
-        "characters (got %d bytes)",
-        r.rank(), kMaxWorkerIdBytes, r.worker_id().size());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RequestValidator::Check(const dp::v1::PullRequest& r) const {
-  RETURN_IF_ERROR(CheckRank("Pull", r.rank()));
-  // Written so that nothing can overflow: offset in [0, n] first.
-  if (r.offset() < 0 || r.offset() > num_params_ || r.length() < 0 ||
-      r.length() > num_params_ - r.offset()) {
-    return Invalid(
-        "Pull from rank %d: range (offset %d, length %d) is outside the "
-        "parameter vector [0, %d)",
-        r.rank(), r.offset(), r.length(), num_params_);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RequestValidator::Check(const dp::v1::PushRequest& r,
-                                     absl::string_view gradient) const {
-  RETURN_IF_ERROR(CheckRank("Push", r.rank()));
-  RETURN_IF_ERROR(CheckStep("Push", r.rank(), r.step()));
-  if (r.encoding() != dp::v1::ENCODING_F32 &&
-      r.encoding() != dp::v1::ENCODING_BF16) {
-    return Invalid("gradient from rank %d has an unknown encoding %d",
-                   r.rank(), static_cast<int>(r.encoding()));
-  }
-  const Encoding encoding = static_cast<Encoding>(r.encoding());
-  const int64_t bytes =
-      num_params_ * static_cast<int64_t>(BytesPerValue(encoding));
-  if (r.offset() != 0 || static_cast<int64_t>(gradient.size()) != bytes) {
+absl::Status CheckGradientShape(int rank, Encoding encoding, int64_t offset,
+                                size_t bytes, int64_t num_params) {
+  const int64_t expected =
+      num_params * static_cast<int64_t>(BytesPerValue(encoding));
+  if (offset != 0 || static_cast<int64_t>(bytes) != expected) {
     return Invalid(
         "gradient from rank %d covers %d bytes at offset %d; this dp-ps owns "
         "[0, %d) and expects %d bytes (%d %s values)",
-        r.rank(), gradient.size(), r.offset(), num_params_, bytes,
-        num_params_, EncodingName(encoding));
-  }
-  if (int64_t bad = FirstOutOfRange(encoding, gradient.data(),
-                                    num_params_, kMaxAbsGradient);
-      bad >= 0) {
-    float value;
-    Decode(encoding, gradient.data() + bad * BytesPerValue(encoding), 1,
-           &value);
-    return Invalid(
-        "gradient from rank %d for step %d has a non-finite or out-of-range "
-        "value (%g, limit %g) at index %d",
-        r.rank(), r.step(), value, kMaxAbsGradient, bad);
-  }
-  if (!std::isfinite(r.loss()) || std::fabs(r.loss()) > kMaxAbsLoss) {
-    return Invalid(
-        "loss from rank %d for step %d is not finite or out of "
-        "range (%g)",
-        r.rank(), r.step(), r.loss());
-  }
-  if (r.num_samples() < 0 || r.num_samples() > kMaxSamples) {
-    return Invalid("Push from rank %d: num_samples %d is out of range",
-                   r.rank(), r.num_samples());
+        rank, bytes, offset, num_params, expected, num_params,
+        EncodingName(encoding));
   }
   return absl::OkStatus();
 }
 
-absl::Status RequestValidator::Check(const dp::v1::BarrierRequest& r) const {
-  RETURN_IF_ERROR(CheckRank("Barrier", r.rank()));
-  return CheckStep("Barrier", r.rank(), r.step());
+absl::Status RequestValidator::CheckRegister(
+    int rank, uint64_t model_fingerprint, const DataFingerprint* data,
+    absl::string_view worker_id) const {
+  RETURN_IF_ERROR(CheckRank("Register", rank));
+  if (model_fingerprint != model_fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d runs a different model (fingerprint %016x, dp-ps has %016x)",
+        rank, model_fingerprint, model_fingerprint_));
+  }
+  if (data == nullptr) {
+    return Invalid("Register from rank %d carries no data fingerprint", rank);
+  }
+  if (data->num_samples < 1 || data->num_samples > kMaxSamples) {
+    return Invalid(
+        "Register from rank %d: data set size %d is out of range [1, %d]", rank,
+        data->num_samples, kMaxSamples);
+  }
+  if (worker_id.size() > kMaxWorkerIdBytes || !IsPrintableAscii(worker_id)) {
+    return Invalid(
+        "Register from rank %d: worker_id must be at most %d printable ASCII "
+        "characters (got %d bytes)",
+        rank, kMaxWorkerIdBytes, worker_id.size());
+  }
+  return absl::OkStatus();
 }
 
-absl::Status RequestValidator::Check(const dp::v1::ReportEvalRequest& r) const {
-  RETURN_IF_ERROR(CheckRank("ReportEval", r.rank()));
-  RETURN_IF_ERROR(CheckStep("ReportEval", r.rank(), r.step()));
-  if (!(r.accuracy() >= 0.0 && r.accuracy() <= 1.0) ||
-      !std::isfinite(r.loss()) || std::fabs(r.loss()) > kMaxAbsLoss ||
-      r.num_samples() < 0 || r.num_samples() > kMaxSamples || r.epoch() < 0 ||
-      r.epoch() > kMaxEpoch) {
+absl::Status RequestValidator::CheckPull(int rank, int64_t offset,
+                                         int64_t length) const {
+  RETURN_IF_ERROR(CheckRank("Pull", rank));
+  // Written so that nothing can overflow: offset in [0, n] first.
+  if (offset < 0 || offset > num_params_ || length < 0 ||
+      length > num_params_ - offset) {
+    return Invalid(
+        "Pull from rank %d: range (offset %d, length %d) is outside the "
+        "parameter vector [0, %d)",
+        rank, offset, length, num_params_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequestValidator::CheckPush(int rank, int64_t step, int64_t offset,
+                                         int encoding, size_t gradient_bytes,
+                                         float loss,
+                                         int64_t num_samples) const {
+  RETURN_IF_ERROR(CheckRank("Push", rank));
+  RETURN_IF_ERROR(CheckStep("Push", rank, step));
+  if (encoding != static_cast<int>(Encoding::kF32) &&
+      encoding != static_cast<int>(Encoding::kBf16)) {
+    return Invalid("gradient from rank %d has an unknown encoding %d", rank,
+                   encoding);
+  }
+  RETURN_IF_ERROR(CheckGradientShape(rank, static_cast<Encoding>(encoding),
+                                     offset, gradient_bytes, num_params_));
+  if (!std::isfinite(loss) || std::fabs(loss) > kMaxAbsLoss) {
+    return Invalid(
+        "loss from rank %d for step %d is not finite or out of range (%g)",
+        rank, step, loss);
+  }
+  if (num_samples < 0 || num_samples > kMaxSamples) {
+    return Invalid("Push from rank %d: num_samples %d is out of range", rank,
+                   num_samples);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequestValidator::CheckBarrier(int rank, int64_t step) const {
+  RETURN_IF_ERROR(CheckRank("Barrier", rank));
+  return CheckStep("Barrier", rank, step);
+}
+
+absl::Status RequestValidator::CheckEval(int rank, const EvalReport& r) const {
+  RETURN_IF_ERROR(CheckRank("ReportEval", rank));
+  RETURN_IF_ERROR(CheckStep("ReportEval", rank, r.step));
+  if (!(r.accuracy >= 0.0 && r.accuracy <= 1.0) || !std::isfinite(r.loss) ||
+      std::fabs(r.loss) > kMaxAbsLoss || r.num_samples < 0 ||
+      r.num_samples > kMaxSamples || r.epoch < 0 || r.epoch > kMaxEpoch) {
     return Invalid(
         "evaluation report from rank %d is invalid (accuracy %g, loss %g, %d "
         "samples, epoch %d)",
-        r.rank(), r.accuracy(), r.loss(), r.num_samples(), r.epoch());
+        rank, r.accuracy, r.loss, r.num_samples, r.epoch);
   }
-  return absl::OkStatus();
-}
-
-absl::Status RequestValidator::Check(
-    const dp::v1::GetStatusRequest& /*r*/) const {
   return absl::OkStatus();
 }
 

@@ -2,9 +2,12 @@
 // touch state. It checks everything that needs no state - ranks, steps,
 // ranges, sizes, finite and bounded values, fingerprints, the length and
 // characters of every string - so that the StepCoordinator is left with the
-// decisions that depend on the step (and keeps its own checks of the
-// invariants it relies on). Requests of dp.v1 have no repeated fields; the
-// size of a whole message is bounded by gRPC (RESOURCE_EXHAUSTED).
+// decisions that depend on the step. The values of a gradient are the one
+// exception: the coordinator checks them as it decodes them, so that each
+// gradient is read once. It takes the requests' fields (PsService and the
+// tests unpack dp.v1 messages; see ps_service.h's CheckRequest). Requests of
+// dp.v1 have no repeated fields; the size of a whole message is bounded by
+// gRPC (RESOURCE_EXHAUSTED).
 //
 // Codes follow README.md: INVALID_ARGUMENT for malformed values,
 // FAILED_PRECONDITION for a different model.
@@ -15,8 +18,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/dataset.h"
+#include "common/job_config.h"
 #include "common/model_layout.h"
-#include "proto/dp.pb.h"
 
 namespace dp {
 
@@ -28,23 +32,31 @@ inline constexpr int kMaxEpoch = 1 << 24;
 inline constexpr double kMaxAbsLoss = 1e15;
 inline constexpr size_t kMaxWorkerIdBytes = 256;
 
+// INVALID_ARGUMENT unless a gradient of `bytes` bytes at `offset` in
+// `encoding` covers the whole vector of `num_params` values. The validator
+// and the coordinator (which must never read past a buffer) share it.
+absl::Status CheckGradientShape(int rank, Encoding encoding, int64_t offset,
+                                size_t bytes, int64_t num_params);
+
 class RequestValidator {
  public:
   RequestValidator(int world_size, const ModelLayout& layout);
 
-  // OK when the request may be handed to the StepCoordinator.
-  [[nodiscard]] absl::Status Check(const dp::v1::RegisterRequest& r) const;
-  [[nodiscard]] absl::Status Check(const dp::v1::PullRequest& r) const;
-  [[nodiscard]] absl::Status Check(const dp::v1::PushRequest& r) const {
-    return Check(r, r.gradient());
-  }
-  // A push whose gradient travels outside the message (tensor_message.h);
-  // r.gradient() is ignored.
-  [[nodiscard]] absl::Status Check(const dp::v1::PushRequest& r,
-                                   absl::string_view gradient) const;
-  [[nodiscard]] absl::Status Check(const dp::v1::BarrierRequest& r) const;
-  [[nodiscard]] absl::Status Check(const dp::v1::ReportEvalRequest& r) const;
-  [[nodiscard]] absl::Status Check(const dp::v1::GetStatusRequest& r) const;
+  // Each: OK when a request with these fields may be handed to the
+  // StepCoordinator. `data` is null when the request carries none.
+  [[nodiscard]] absl::Status CheckRegister(int rank, uint64_t model_fingerprint,
+                                           const DataFingerprint* data,
+                                           absl::string_view worker_id) const;
+  [[nodiscard]] absl::Status CheckPull(int rank, int64_t offset,
+                                       int64_t length) const;
+  // `encoding` as it came on the wire; the gradient's values are the
+  // coordinator's to check.
+  [[nodiscard]] absl::Status CheckPush(int rank, int64_t step, int64_t offset,
+                                       int encoding, size_t gradient_bytes,
+                                       float loss, int64_t num_samples) const;
+  [[nodiscard]] absl::Status CheckBarrier(int rank, int64_t step) const;
+  [[nodiscard]] absl::Status CheckEval(int rank,
+                                       const EvalReport& report) const;
 
  private:
   absl::Status CheckRank(const char* rpc, int rank) const;

@@ -10,6 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "server/request_validator.h"
 
 namespace dp {
 namespace {
@@ -26,6 +27,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
       pool_(update_threads),
       config_(std::move(config)),
       state_(std::move(state)),
+      snapshots_(layout_.num_params() * BytesPerValue(config_.weight_encoding)),
       started_(absl::Now()) {
   const int64_t n = layout_.num_params();
   DP_CHECK(static_cast<int64_t>(state_.params.size()) == n);
@@ -36,7 +38,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   const int world = config_.schedule.world_size;
   DP_CHECK(world >= 1);
   registered_.assign(world, false);
-  pending_.assign(world, std::vector<float>(n));
+  gradients_.assign(world, std::vector<float>(n));
   received_.assign(world, false);
   losses_.assign(world, 0.0f);
   arrival_.assign(world, started_);
@@ -58,11 +60,10 @@ void StepCoordinator::Touch(int rank) { last_seen_[rank] = absl::Now(); }
 
 absl::Status StepCoordinator::CheckRank(int rank) const {
   if (rank < 0 || rank >= config_.schedule.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("rank %d is out of range: this job has %d workers "
-                        "(ranks 0..%d)",
-                        rank, config_.schedule.world_size,
-                        config_.schedule.world_size - 1));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d is out of range: this job has %d workers "
+        "(ranks 0..%d)",
+        rank, config_.schedule.world_size, config_.schedule.world_size - 1));
   }
   return absl::OkStatus();
 }
@@ -92,9 +93,8 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
     Schedule schedule = config_.schedule;
     schedule.num_samples = data.num_samples;
     if (absl::Status s = ValidateSchedule(schedule); !s.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("rank %d's data cannot run this job: %s", rank,
-                          s.message()));
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "rank %d's data cannot run this job: %s", rank, s.message()));
     }
     config_.schedule = schedule;
     data_ = data;
@@ -128,23 +128,13 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
   const Encoding encoding = config_.weight_encoding;
   const size_t width = BytesPerValue(encoding);
   if (published_ == nullptr) {
-    std::shared_ptr<std::vector<char>> free;
-    for (auto& s : snapshots_) {
-      // Only this lock hands out references, so a count of one stays one.
-      if (s.use_count() == 1) {
-        free = s;
-        break;
-      }
-    }
-    if (free == nullptr) {
-      free = std::make_shared<std::vector<char>>(n * width);
-      snapshots_.push_back(free);
-    }
-    Encode(encoding, state_.params.data(), n, free->data());
-    published_ = std::move(free);
+    // A buffer that a response in flight still sends from is never
+    // overwritten: Free() skips it (its lease is held).
+    published_ = &snapshots_.Free();
+    Encode(encoding, state_.params.data(), n, published_->data());
   }
   return PulledWeights{
-      state_.step, encoding, published_,
+      state_.step, encoding, published_->Lend(), published_->view(),
       absl::string_view(published_->data() + offset * width, length * width)};
 }
 
@@ -159,23 +149,38 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(RefusalLocked());
     RETURN_IF_ERROR(CheckRank(rank));
-    if (!registered_[rank]) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("rank %d has not registered", rank));
-    }
     const int64_t n = layout_.num_params();
     if (encoding != config_.grad_encoding) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "gradient from rank %d is encoded as %s; this job uses %s", rank,
           EncodingName(encoding), EncodingName(config_.grad_encoding)));
     }
-    const size_t expected = n * BytesPerValue(encoding);
-    if (offset != 0 || gradient.size() != expected) {
+    // Never read past the buffer, whoever calls.
+    RETURN_IF_ERROR(
+        CheckGradientShape(rank, encoding, offset, gradient.size(), n));
+    // The values are read once, before anything that depends on the step,
+    // so that a bad gradient is INVALID_ARGUMENT whatever the state. While
+    // the rank's buffer holds nothing of this step (received_[rank] false),
+    // they are decoded into it in the same pass; a refused push then still
+    // leaves no trace. Otherwise (a retry) they are only checked.
+    float* const gradient_of_rank = gradients_[rank].data();
+    const int64_t bad =
+        received_[rank]
+            ? FirstOutOfRange(encoding, gradient.data(), n, kMaxAbsGradient)
+            : DecodeChecked(encoding, gradient.data(), n, kMaxAbsGradient,
+                            gradient_of_rank);
+    if (bad >= 0) {
+      float value;
+      Decode(encoding, gradient.data() + bad * BytesPerValue(encoding), 1,
+             &value);
       return absl::InvalidArgumentError(absl::StrFormat(
-          "gradient from rank %d covers %d bytes at offset %d; this dp-ps "
-          "owns [0, %d) and expects %d bytes (%d %s values)",
-          rank, gradient.size(), offset, n, expected, n,
-          EncodingName(encoding)));
+          "gradient from rank %d for step %d has a non-finite or out-of-range "
+          "value (%g, limit %g) at index %d",
+          rank, step, value, kMaxAbsGradient, bad));
+    }
+    if (!registered_[rank]) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("rank %d has not registered", rank));
     }
     const int64_t current = state_.step;
     // The step just applied: a retry whose answer was lost. Acknowledge it.
@@ -191,25 +196,13 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     }
     if (step >= TotalStepsLocked()) {
       return absl::AbortedError(absl::StrFormat(
-          "rank %d pushed step %d but the job finished at step %d", rank,
-          step, current));
-    }
-    // Decoded and checked in one pass, into the rank's buffer: it holds
-    // nothing of this step yet (received_[rank] is false), so a refused push
-    // still leaves no trace.
-    float* const pending = pending_[rank].data();
-    if (int64_t bad = DecodeChecked(encoding, gradient.data(), n,
-                                    kMaxAbsGradient, pending);
-        bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "gradient from rank %d for step %d has a non-finite or out-of-range "
-          "value (%g, limit %g) at index %d",
-          rank, step, pending[bad], kMaxAbsGradient, bad));
+          "rank %d pushed step %d but the job finished at step %d", rank, step,
+          current));
     }
     if (!std::isfinite(loss)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "loss from rank %d for step %d is not finite (%f)", rank, step,
-          loss));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("loss from rank %d for step %d is not finite (%f)",
+                          rank, step, loss));
     }
     Touch(rank);
     received_[rank] = true;
@@ -234,20 +227,20 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
 std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   const absl::Time begin = absl::Now();
   std::vector<const float*> grads;
-  grads.reserve(pending_.size());
+  grads.reserve(gradients_.size());
   float loss_sum = 0.0f;
-  for (size_t r = 0; r < pending_.size(); ++r) {  // rank order
-    grads.push_back(pending_[r].data());
+  for (size_t r = 0; r < gradients_.size(); ++r) {  // rank order
+    grads.push_back(gradients_[r].data());
     loss_sum += losses_[r];
   }
   const absl::Time apply_start = absl::Now();
-  AverageAndAdamStep(config_.adam, state_.step + 1, grads,
-                     layout_.num_params(), state_.params.data(),
-                     state_.m.data(), state_.v.data(), &pool_);
+  AverageAndAdamStep(config_.adam, state_.step + 1, grads, layout_.num_params(),
+                     state_.params.data(), state_.m.data(), state_.v.data(),
+                     &pool_);
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = loss_sum / static_cast<float>(losses_.size());
   ++state_.step;
-  published_.reset();
+  published_ = nullptr;
   last_apply_ = absl::Now();
   apply_time_ += last_apply_ - begin;
   ++applies_;
@@ -390,8 +383,8 @@ bool StepCoordinator::AwaitDone(absl::Duration timeout) const {
     return shutdown_ || !failed_.ok() ||
            (have_data_ && state_.step >= TotalStepsLocked());
   };
-  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout) &&
-         !shutdown_ && failed_.ok();
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout) && !shutdown_ &&
+         failed_.ok();
 }
 
 bool StepCoordinator::AwaitFinalEval(absl::Duration timeout) const {
@@ -399,8 +392,7 @@ bool StepCoordinator::AwaitFinalEval(absl::Duration timeout) const {
   auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return shutdown_ || final_eval_;
   };
-  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) &&
-         final_eval_;
+  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) && final_eval_;
 }
 
 void StepCoordinator::Shutdown() {
@@ -531,7 +523,7 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   absl::ReaderMutexLock lock(&mu_);
   ObservableState o;
   o.training = state_;
-  ToProto(config_, &o.config);
+  o.config = config_;
   if (have_data_) o.data = data_;
   o.registered = registered_;
   o.received = received_;
@@ -540,7 +532,7 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   for (size_t r = 0; r < received_.size(); ++r) {
     if (!received_[r]) continue;  // a free buffer: its bytes mean nothing
     o.losses[r] = losses_[r];
-    o.gradients[r] = pending_[r];
+    o.gradients[r] = gradients_[r];
   }
   o.last_seen = last_seen_;
   for (const auto& [id, w] : waiters_) o.waiters.emplace_back(w.rank, w.step);
@@ -566,8 +558,7 @@ std::string ObservableDifferences(const StepCoordinator::ObservableState& a,
   check(same(a.training.params, b.training.params), "params");
   check(same(a.training.m, b.training.m), "adam m");
   check(same(a.training.v, b.training.v), "adam v");
-  check(a.config.SerializeAsString() == b.config.SerializeAsString(),
-        "config");
+  check(a.config == b.config, "config");
   check(a.data.has_value() == b.data.has_value() &&
             (!a.data.has_value() || *a.data == *b.data),
         "data fingerprint");

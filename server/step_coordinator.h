@@ -28,20 +28,13 @@
 #include "absl/types/span.h"
 #include "common/data_order.h"
 #include "common/dataset.h"
-#include "common/job_plan.h"
+#include "common/job_config.h"
+#include "common/lent_buffer.h"
 #include "common/model_layout.h"
 #include "common/parallel_for.h"
 #include "server/adam.h"
-#include "server/job_config.h"
 
 namespace dp {
-
-// The optimiser state: what a checkpoint holds.
-struct TrainingState {
-  int64_t step = 0;  // number of updates applied = weights version
-  std::vector<float> params;
-  std::vector<float> m, v;  // Adam moments
-};
 
 struct CoordinatorStatus {
   JobConfig config;
@@ -90,8 +83,11 @@ class StepCoordinator {
   struct PulledWeights {
     int64_t step = 0;  // their version
     Encoding encoding = Encoding::kF32;
-    std::shared_ptr<const std::vector<char>> owner;  // keeps bytes alive
-    absl::string_view bytes;  // params[offset, offset + length), encoded
+    // A lease on the snapshot (common/lent_buffer.h): keeps it alive and
+    // unwritten while held.
+    std::shared_ptr<const void> lease;
+    absl::string_view snapshot;  // all of it
+    absl::string_view bytes;     // params[offset, offset + length), encoded
   };
   // params[offset, offset+length) of the current version; length 0 means
   // "to the end".
@@ -186,7 +182,7 @@ class StepCoordinator {
   // "a rejected request changes nothing" is checked against.
   struct ObservableState {
     TrainingState training;
-    dp::v1::JobConfig config;  // the wire form compares with ==
+    JobConfig config;
     std::optional<DataFingerprint> data;
     std::vector<bool> registered;
     std::vector<bool> received;
@@ -236,15 +232,14 @@ class StepCoordinator {
   DataFingerprint data_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);
   // Gradients of the current step, one preallocated buffer per rank.
-  std::vector<std::vector<float>> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<float>> gradients_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
   std::vector<float> losses_ ABSL_GUARDED_BY(mu_);
   // The snapshot Pull hands out for the current version (null until the
   // first pull after an update), and the buffers snapshots are made in: one
   // still referenced by a response in flight is never overwritten.
-  std::shared_ptr<const std::vector<char>> published_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<std::vector<char>>> snapshots_
-      ABSL_GUARDED_BY(mu_);
+  LentBuffer* published_ ABSL_GUARDED_BY(mu_) = nullptr;
+  LentBufferPool snapshots_ ABSL_GUARDED_BY(mu_);
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
   int64_t first_applied_step_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time first_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

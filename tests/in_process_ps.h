@@ -10,10 +10,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/job_config.h"
 #include "common/metrics.h"
 #include "common/model_layout.h"
 #include "proto/dp.grpc.pb.h"
-#include "server/job_config.h"
 #include "server/ps_service.h"
 #include "server/server_metrics.h"
 #include "server/step_coordinator.h"

@@ -8,8 +8,10 @@
 #include <limits>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "gtest/gtest.h"
+#include "server/adam.h"
 
 namespace dp {
 namespace {
@@ -76,7 +78,8 @@ TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
   auto first = c->Pull(0, 0, 0);
   auto again = c->Pull(1, 0, 0);
   ASSERT_TRUE(first.ok() && again.ok());
-  EXPECT_EQ(first->owner, again->owner) << "one copy serves every rank";
+  EXPECT_EQ(first->lease.get(), again->lease.get())
+      << "one copy serves every rank";
   EXPECT_EQ(first->encoding, Encoding::kF32);
   const std::vector<float> before = Values(*first);
   EXPECT_TRUE(SameBytes(before, c->Snapshot().params));
@@ -88,22 +91,23 @@ TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
   auto next = c->Pull(0, 2, 3);
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(next->step, 1);
-  EXPECT_NE(next->owner, first->owner) << "a held snapshot is not reused";
+  EXPECT_NE(next->lease.get(), first->lease.get())
+      << "a held snapshot is not reused";
   const std::vector<float> now = c->Snapshot().params;
   EXPECT_FALSE(SameBytes(before, now));
   EXPECT_TRUE(SameBytes(Values(*next),
                         std::vector<float>(now.begin() + 2, now.begin() + 5)));
   // Released snapshots are reused: serving many steps allocates no more.
-  const std::vector<char>* held = next->owner.get();
+  const void* held = next->lease.get();
   first = again = next = absl::InternalError("released");
-  std::set<const std::vector<char>*> buffers{held};
+  std::set<const void*> buffers{held};
   for (int step = 1; step < 6; ++step) {
     for (int r = 0; r < kWorld; ++r) {
       ASSERT_TRUE(c->Push(r, step, 0, Bytes(Gradient(l, r, step)), 1.0f).ok());
     }
     auto w = c->Pull(0, 0, 0);
     ASSERT_TRUE(w.ok());
-    buffers.insert(w->owner.get());
+    buffers.insert(w->lease.get());
   }
   EXPECT_LE(buffers.size(), 2u);
 }
@@ -130,9 +134,8 @@ TEST(StepCoordinatorTest, Bf16WeightsAreTheFloat32WeightsRounded) {
   std::string expected(4 * 2, '\0');
   Encode(Encoding::kBf16, kept.data() + 1, 4, expected.data());
   EXPECT_EQ(std::string(w->bytes), expected);
-  EXPECT_FALSE(SameBytes(Values(*w),
-                         std::vector<float>(kept.begin() + 1,
-                                            kept.begin() + 5)));
+  EXPECT_FALSE(SameBytes(
+      Values(*w), std::vector<float>(kept.begin() + 1, kept.begin() + 5)));
 }
 
 TEST(StepCoordinatorTest, AveragingIsIndependentOfArrivalOrder) {
@@ -143,7 +146,8 @@ TEST(StepCoordinatorTest, AveragingIsIndependentOfArrivalOrder) {
     auto c = MakeCoordinator(l);
     for (int step = 0; step < 2; ++step) {
       for (int r : order) {
-        ASSERT_TRUE(c->Push(r, step, 0, Bytes(Gradient(l, r, step)), 1.0f).ok());
+        ASSERT_TRUE(
+            c->Push(r, step, 0, Bytes(Gradient(l, r, step)), 1.0f).ok());
       }
     }
     results.push_back(c->Snapshot());
@@ -212,7 +216,8 @@ TEST(StepCoordinatorTest, WaitCompletesWhenTheStepIsApplied) {
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(seen, 1);
   // Waiting for an applied step is ready at once, without a callback.
-  auto again = c->WaitForStep(0, 0, [&](const absl::Status&, int64_t) { ++calls; });
+  auto again =
+      c->WaitForStep(0, 0, [&](const absl::Status&, int64_t) { ++calls; });
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->ready);
   EXPECT_EQ(calls, 1);
@@ -225,12 +230,10 @@ TEST(StepCoordinatorTest, CancelledWaitIsNeverCalledAndShutdownFailsWaits) {
   ASSERT_TRUE(c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).ok());
   int cancelled_calls = 0;
   absl::Status shutdown_status;
-  auto a = c->WaitForStep(0, 0, [&](const absl::Status&, int64_t) {
-    ++cancelled_calls;
-  });
-  auto b = c->WaitForStep(1, 0, [&](const absl::Status& s, int64_t) {
-    shutdown_status = s;
-  });
+  auto a = c->WaitForStep(
+      0, 0, [&](const absl::Status&, int64_t) { ++cancelled_calls; });
+  auto b = c->WaitForStep(
+      1, 0, [&](const absl::Status& s, int64_t) { shutdown_status = s; });
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_TRUE(c->CancelWait(a->id));
   EXPECT_FALSE(c->CancelWait(a->id));
@@ -303,8 +306,7 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
       {"barrier before push",
        c->WaitForStep(1, 2, [](const absl::Status&, int64_t) {}).status(),
        absl::StatusCode::kFailedPrecondition},
-      {"wrong model",
-       c->Register(1, l.Fingerprint() + 1, kData).status(),
+      {"wrong model", c->Register(1, l.Fingerprint() + 1, kData).status(),
        absl::StatusCode::kFailedPrecondition},
       {"other data",
        c->Register(1, l.Fingerprint(), DataFingerprint{1000, 0x999}).status(),
@@ -337,8 +339,8 @@ TEST(StepCoordinatorTest, JobFailureFailsWaitersAndLaterRequests) {
                }).ok());
   c->Fail(JobFailedError("rank 2 was lost"));
   EXPECT_TRUE(IsJobFailed(waited)) << waited;
-  EXPECT_TRUE(IsJobFailed(
-      c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).status()));
+  EXPECT_TRUE(
+      IsJobFailed(c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).status()));
   EXPECT_TRUE(IsJobFailed(c->Register(2, l.Fingerprint(), kData).status()));
   EXPECT_TRUE(IsJobFailed(c->Pull(1, 0, 0).status()));
 }
@@ -356,8 +358,7 @@ TEST(StepCoordinatorTest, ObservableDifferencesSeesLeasesWaitersAndPushes) {
   EXPECT_EQ(ObservableDifferences(pulled, c->Observe()),
             "received pushes, losses, received gradients, leases");
   const StepCoordinator::ObservableState pushed = c->Observe();
-  ASSERT_TRUE(
-      c->WaitForStep(2, 0, [](const absl::Status&, int64_t) {}).ok());
+  ASSERT_TRUE(c->WaitForStep(2, 0, [](const absl::Status&, int64_t) {}).ok());
   EXPECT_EQ(ObservableDifferences(pushed, c->Observe()), "leases, waiters");
 }
 
@@ -393,6 +394,35 @@ TEST(StepCoordinatorTest, Bf16GradientsAreDecodedAndOtherEncodingsRefused) {
     ASSERT_TRUE(f32->Push(r, 0, 0, Bytes(g), 1.0f).ok());
   }
   EXPECT_TRUE(SameState(bf16.Snapshot(), f32->Snapshot()));
+}
+
+// The validator leaves a gradient's values alone: they are read once, here,
+// as they are decoded into the rank's buffer.
+TEST(StepCoordinatorTest, GradientValuesAreCheckedAsTheyAreDecoded) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  const int64_t last = l.num_params() - 1;
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::max(), -2 * kMaxAbsGradient}) {
+    for (int64_t at : {int64_t{0}, last}) {
+      auto c = MakeCoordinator(l);
+      std::vector<float> g = Gradient(l, 0, 0);
+      g[at] = bad;
+      const auto before = c->Observe();
+      auto pushed = c->Push(0, 0, 0, Bytes(g), 1.0f);
+      EXPECT_EQ(pushed.status().code(), absl::StatusCode::kInvalidArgument)
+          << bad << " at " << at;
+      EXPECT_NE(pushed.status().message().find(absl::StrCat("index ", at)),
+                std::string::npos)
+          << pushed.status();
+      EXPECT_EQ(ObservableDifferences(before, c->Observe()), "");
+    }
+  }
+  auto c = MakeCoordinator(l);
+  std::vector<float> g = Gradient(l, 0, 0);
+  g[last] = -kMaxAbsGradient;
+  EXPECT_TRUE(c->Push(0, 0, 0, Bytes(g), 1.0f).ok());
 }
 
 TEST(StepCoordinatorTest, LargestAcceptedGradientsKeepTheStateFinite) {

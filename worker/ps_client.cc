@@ -42,7 +42,7 @@ constexpr char kPushPullMethod[] = "/dp.v1.ParameterServer/PushPull";
 
 JobStatus StatusOf(const dp::v1::JobConfig& config, int64_t step) {
   JobStatus status;
-  status.plan = PlanFromProto(config);
+  status.config = FromProto(config);
   status.step = step;
   return status;
 }

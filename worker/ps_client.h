@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/dataset.h"
-#include "common/job_plan.h"
+#include "common/job_config.h"
 #include "common/lent_buffer.h"
 #include "common/tensor_codec.h"
 
@@ -37,7 +37,7 @@ struct PsClientOptions {
 };
 
 struct JobStatus {
-  JobPlan plan;
+  JobConfig config;
   int64_t step = 0;
   std::vector<int> pushed_ranks;  // ranks whose push for `step` arrived
 };

@@ -49,7 +49,7 @@ absl::Status Timed(WorkerMetrics& metrics, WorkerMetrics::Call what,
 
 // What must be the same in every plan dp-ps hands this process: the data
 // and the buffers were made for it. (epochs and max_steps may change.)
-absl::Status CheckSameJob(const JobPlan& loaded, const JobPlan& now) {
+absl::Status CheckSameJob(const JobConfig& loaded, const JobConfig& now) {
   if (now.dataset == loaded.dataset &&
       now.schedule.batch_size == loaded.schedule.batch_size &&
       now.schedule.world_size == loaded.schedule.world_size &&
@@ -84,7 +84,7 @@ absl::Status Trainer::Load() {
   const int rank = options_.rank;
   // The job's configuration lives in dp-ps: ask before loading any data.
   ASSIGN_OR_RETURN(const JobStatus job, client_->GetStatus());
-  loaded_ = job.plan;
+  loaded_ = job.config;
   const Schedule& s = loaded_.schedule;
   if (rank < 0 || rank >= s.world_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -123,8 +123,8 @@ absl::Status Trainer::Load() {
 
 absl::Status Trainer::Join() {
   ASSIGN_OR_RETURN(const JobStatus joined, client_->Register(registration_));
-  RETURN_IF_ERROR(CheckSameJob(loaded_, joined.plan));
-  Schedule schedule = joined.plan.schedule;
+  RETURN_IF_ERROR(CheckSameJob(loaded_, joined.config));
+  Schedule schedule = joined.config.schedule;
   schedule.num_samples = train_.num_samples;
   const int64_t total = schedule.total_steps();
   if (sampler_ != nullptr && total != total_) {

@@ -88,7 +88,7 @@ class Trainer {
   TrainerStats stats_;
 
   // Loaded once.
-  JobPlan loaded_;  // the plan the data and buffers were made for
+  JobConfig loaded_;  // the plan the data and buffers were made for
   Dataset train_;
   std::optional<Dataset> test_;
   std::unique_ptr<Backend> backend_;

@@ -1,0 +1,38 @@
+// JobConfig <-> dp.v1.JobConfig.
+#include "common/job_config.h"
+
+#include "proto/dp.pb.h"
+
+namespace dp {
+
+void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
+  const Schedule& s = config.schedule;
+  out->set_world_size(s.world_size);
+  out->set_batch_size(s.batch_size);
+  out->set_epochs(s.epochs);
+  out->set_seed(s.seed);
+  out->set_shuffle(s.shuffle);
+  out->set_max_steps(s.max_steps);
+  out->set_dataset(config.dataset);
+  out->set_lr(config.adam.lr);
+  out->set_grad_encoding(static_cast<dp::v1::Encoding>(config.grad_encoding));
+  out->set_weight_encoding(
+      static_cast<dp::v1::Encoding>(config.weight_encoding));
+}
+
+JobConfig FromProto(const dp::v1::JobConfig& c) {
+  JobConfig config;
+  config.schedule.world_size = c.world_size();
+  config.schedule.batch_size = c.batch_size();
+  config.schedule.epochs = c.epochs();
+  config.schedule.seed = c.seed();
+  config.schedule.shuffle = c.shuffle();
+  config.schedule.max_steps = c.max_steps();
+  config.dataset = c.dataset();
+  config.adam.lr = c.lr();
+  config.grad_encoding = static_cast<Encoding>(c.grad_encoding());
+  config.weight_encoding = static_cast<Encoding>(c.weight_encoding());
+  return config;
+}
+
+}  // namespace dp

@@ -1,0 +1,73 @@
+// The job as every process of it sees it: its configuration (owned by dp-ps,
+// handed to workers when they register; wire form dp.v1.JobConfig), the
+// optimiser state it trains (what a checkpoint holds) and rank 0's
+// evaluation reports. Plain values: no gRPC or protobuf types here.
+#ifndef DP_COMMON_JOB_CONFIG_H_
+#define DP_COMMON_JOB_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/data_order.h"
+#include "common/tensor_codec.h"
+
+namespace dp {
+namespace v1 {
+class JobConfig;
+}  // namespace v1
+
+// torch.optim.Adam's hyper-parameters (only lr is a flag).
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool operator==(const AdamOptions& o) const {
+    return lr == o.lr && beta1 == o.beta1 && beta2 == o.beta2 && eps == o.eps &&
+           weight_decay == o.weight_decay;
+  }
+};
+
+struct JobConfig {
+  // num_samples is the data set's: dp-ps learns it from the first worker
+  // that registers, a worker from its own data.
+  Schedule schedule;
+  std::string dataset = "fashion-mnist";
+  AdamOptions adam;
+  Encoding grad_encoding = Encoding::kF32;
+  // How dp-ps sends the weights; it keeps and updates them in float32.
+  Encoding weight_encoding = Encoding::kF32;
+  bool operator==(const JobConfig& o) const {
+    return schedule == o.schedule && dataset == o.dataset && adam == o.adam &&
+           grad_encoding == o.grad_encoding &&
+           weight_encoding == o.weight_encoding;
+  }
+};
+
+// The optimiser state: what a checkpoint holds.
+struct TrainingState {
+  int64_t step = 0;  // number of updates applied = weights version
+  std::vector<float> params;
+  std::vector<float> m, v;  // Adam moments
+};
+
+// Rank 0's evaluation of the weights of version `step` on the test set.
+struct EvalReport {
+  int64_t step = 0;
+  int epoch = 0;  // epochs completed
+  double accuracy = 0.0;
+  double loss = 0.0;
+  int64_t num_samples = 0;
+  bool final = false;  // of the job's last step
+};
+
+// The configuration <-> dp.v1.JobConfig (the Adam options but lr are not
+// on the wire).
+void ToProto(const JobConfig& config, dp::v1::JobConfig* out);
+JobConfig FromProto(const dp::v1::JobConfig& config);
+
+}  // namespace dp
+
+#endif  // DP_COMMON_JOB_CONFIG_H_
