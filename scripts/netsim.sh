@@ -89,6 +89,13 @@ rate_bits() {
   esac
 }
 
+# IPv4 only: without this every link would get an IPv6 link-local address
+# and send neighbour discovery on its own, adding to the byte counters.
+no_ipv6() {  # NS, before its interfaces exist
+  ip netns exec "$1" sh -c 'echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6 &&
+    echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6'
+}
+
 cmd_down() {
   local name=$1 ns pids left
   check_name "$name"
@@ -130,12 +137,14 @@ cmd_up() {
 
   local sw="$name-sw"
   ip netns add "$sw"
+  no_ipv6 "$sw"
   ip -n "$sw" link set lo up
   ip -n "$sw" link add br0 type bridge
   ip -n "$sw" link set br0 up
   for ((i = 0; i < hosts; i++)); do
     ns="$name-h$i"
     ip netns add "$ns"
+    no_ipv6 "$ns"
     ip -n "$ns" link set lo up
     # Both ends are born in their namespaces: the pair never touches the
     # root namespace. pI (switch side) <-> eth0 (host side).
