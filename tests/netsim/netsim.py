@@ -53,8 +53,12 @@ class Net:
     def __enter__(self):
         signal.signal(signal.SIGTERM, _exit_on_signal)
         signal.signal(signal.SIGINT, _exit_on_signal)
-        r = subprocess.run([self.script, "up", self.name, str(self.hosts), self.rate],
-                           capture_output=True, text=True, timeout=120)
+        try:
+            r = subprocess.run([self.script, "up", self.name, str(self.hosts), self.rate],
+                               capture_output=True, text=True, timeout=120)
+        except BaseException:  # a signal or the timeout: __exit__ will not run
+            self.down()
+            raise
         if r.returncode != 0:
             raise RuntimeError(f"netsim up failed ({r.returncode}): {r.stderr.strip()}")
         print(r.stdout.strip(), flush=True)
