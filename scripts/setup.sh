@@ -19,6 +19,8 @@ PACKAGES=(
   clang libclang-rt-14-dev
   # tests (prometheus: promtool and the server the monitoring test scrapes with)
   prometheus openssl yamllint python3 python3-yaml
+  # benchmarks (scripts/perf.sh: launch.sh --rusage)
+  time
 )
 
 missing=()
