@@ -58,11 +58,15 @@ calc() {  # calc FORMAT EXPR VALUES...: EXPR over a, b, c, "-" if any is "-"
   local format=$1 expr=$2
   shift 2
   for v in "$@"; do [ -z "$v" ] || [ "$v" = - ] && { echo -; return; }; done
-  awk -v a="${1:-0}" -v b="${2:-0}" -v c="${3:-0}" "BEGIN {printf \"$format\", $expr}"
+  local out
+  out=$(awk -v a="${1:-0}" -v b="${2:-0}" -v c="${3:-0}" \
+          "BEGIN {printf \"$format\", $expr}" 2>/dev/null) || out=-
+  case "$out" in *inf* | *nan*) out=- ;; esac  # a division by zero
+  echo "$out"
 }
 field() { sed -n "$1" <<<"$2" | head -1; }  # field SED_SCRIPT TEXT
 rusage_cpu_ms() {  # CPU ms per step of a --rusage file over $2 steps
-  local line
+  local line user sys
   line=$(tail -n 1 "$1" 2>/dev/null) || { echo -; return; }
   read -r _ user sys _ <<<"$line"
   calc "%.2f" "(a + b) * 1000 / c" "$user" "$sys" "${2:--}"
