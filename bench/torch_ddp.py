@@ -3,11 +3,14 @@
 torch.optim.Adam, either one process with batch N*b or DDP (gloo) with N
 processes of batch b, the same global data order as dp-ps (a permutation per
 epoch, rank r takes the r-th slice of each global batch). Prints one line:
-RESULT mode=... samples_per_s=... accuracy=... (samples/s over the training
-phase only, after one warm-up step)."""
+RESULT mode=... samples_per_s=... accuracy=... steps=... cpu_s=... max_rss_kb=...
+(samples/s over the training phase only, after one warm-up step; steps, CPU
+seconds and peak RSS are rank 0's, over its whole life: data load, training,
+test)."""
 import argparse
 import gzip
 import os
+import resource
 import socket
 import time
 
@@ -75,7 +78,9 @@ def train(rank, world, args, port, results):
         tx, ty = load("test")
         with torch.no_grad():
             accuracy = (model(tx).argmax(1) == ty).float().mean().item()
-        results.put(((step - 1) * global_batch / elapsed, accuracy))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        results.put(((step - 1) * global_batch / elapsed, accuracy, step,
+                     usage.ru_utime + usage.ru_stime, usage.ru_maxrss))
     if world > 1:
         dist.destroy_process_group()
 
@@ -100,12 +105,13 @@ def main():
              for r in range(world)]
     for proc in procs:
         proc.start()
-    rate, accuracy = results.get()
+    rate, accuracy, steps, cpu_s, max_rss_kb = results.get()
     for proc in procs:
         proc.join()
         if proc.exitcode != 0:
             raise SystemExit(f"rank exited with {proc.exitcode}")
-    print(f"RESULT mode={args.mode} samples_per_s={rate:.0f} accuracy={accuracy:.4f}")
+    print(f"RESULT mode={args.mode} samples_per_s={rate:.0f} accuracy={accuracy:.4f} "
+          f"steps={steps} cpu_s={cpu_s:.3f} max_rss_kb={max_rss_kb}")
 
 
 if __name__ == "__main__":

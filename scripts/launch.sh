@@ -5,12 +5,21 @@
 #
 # Usage: scripts/launch.sh [--workers N] [--backend auto|cpu|cuda]
 #                          [--data_dir DIR] [--metrics_port P]
+#                          [--worker_flag=FLAG ...] [--rusage]
 #                          [any other dp-ps flag ...]
 # --backend (default auto): the workers' backend. With GPUs, worker r runs on
 # GPU r modulo their number, so each worker has its own while there are
 # enough.
 # --metrics_port P serves Prometheus metrics on 127.0.0.1: dp-ps on P, worker
 # r on P+1+r (deploy/prometheus/prometheus.yml scrapes P=9400, 2 workers).
+# --worker_flag=FLAG (repeatable) passes FLAG to every worker, e.g.
+# --worker_flag=--threads=2.
+# --rusage runs each process under GNU time (package `time`), which writes the
+# kernel's account of the process when it ends (wait4: CPU time to the last
+# tick, peak RSS) to <run dir>/<process>.rusage as one line
+# "elapsed_s user_s system_s max_rss_kb". Sampling /proc/<pid>/stat instead
+# would miss what happens after the last sample (the final evaluation, the
+# shutdown), and a zombie's /proc no longer has VmHWM.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build}
@@ -18,6 +27,8 @@ workers=2
 backend=auto
 data_dir=""
 metrics_port=0
+rusage=false
+worker_flags=()
 ps_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -29,6 +40,9 @@ while [ $# -gt 0 ]; do
     --data_dir=*) data_dir=${1#*=}; shift ;;
     --metrics_port) metrics_port=$2; shift 2 ;;
     --metrics_port=*) metrics_port=${1#*=}; shift ;;
+    --worker_flag) worker_flags+=("$2"); shift 2 ;;
+    --worker_flag=*) worker_flags+=("${1#*=}"); shift ;;
+    --rusage) rusage=true; shift ;;
     *) ps_args+=("$1"); shift ;;
   esac
 done
@@ -37,11 +51,29 @@ case "$metrics_port" in
   '' | *[!0-9]*) echo "launch: --metrics_port must be a port number, got '$metrics_port'" >&2; exit 2 ;;
 esac
 
+if $rusage && [ ! -x /usr/bin/time ]; then
+  echo "launch: --rusage needs GNU time (/usr/bin/time, Debian package time)" >&2
+  exit 2
+fi
+
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/dp-run-XXXXXX")
 pids=()
 stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do
+    # Under --rusage, $p is GNU time, which does not pass signals on: signal
+    # its child, and time ends with it and writes its account.
+    if $rusage && pkill -TERM -P "$p" 2>/dev/null; then continue; fi
+    kill "$p" 2>/dev/null
+  done
   wait 2>/dev/null
+}
+measured() {  # measured NAME COMMAND...: runs COMMAND, under GNU time with --rusage
+  local name=$1
+  shift
+  if $rusage; then
+    exec /usr/bin/time -o "$run_dir/$name.rusage" -f "%e %U %S %M" "$@"
+  fi
+  exec "$@"
 }
 trap 'echo "launch: interrupted, stopping all processes"; stop_all; exit 130' INT TERM
 
@@ -50,7 +82,7 @@ metrics_flags() {  # the metrics flags of dp-ps (offset 0) or worker r (1+r)
   echo "--metrics_host=127.0.0.1 --metrics_port=$((metrics_port + $1))"
 }
 
-"$BIN/server/dp-ps" --host=127.0.0.1 --port=0 --workers="$workers" \
+measured dp-ps "$BIN/server/dp-ps" --host=127.0.0.1 --port=0 --workers="$workers" \
   $(metrics_flags 0) "${ps_args[@]}" > >(tee "$run_dir/dp-ps.log") 2>&1 &
 ps_pid=$!
 pids+=("$ps_pid")
@@ -80,10 +112,10 @@ device_flag() {  # worker $1's GPU, when there are GPUs
 
 declare -A name_of=([$ps_pid]=dp-ps)
 for ((r = 0; r < workers; r++)); do
-  "$BIN/worker/dp-worker" --ps="127.0.0.1:$port" --rank="$r" \
-    --backend="$backend" $(device_flag "$r") \
+  measured "worker-$r" "$BIN/worker/dp-worker" --ps="127.0.0.1:$port" \
+    --rank="$r" --backend="$backend" $(device_flag "$r") \
     ${data_dir:+--data_dir="$data_dir"} \
-    $(metrics_flags $((r + 1))) \
+    $(metrics_flags $((r + 1))) "${worker_flags[@]}" \
     > "$run_dir/worker-$r.log" 2>&1 &
   pids+=("$!")
   name_of[$!]="worker $r"

@@ -21,6 +21,8 @@ PACKAGES=(
   prometheus openssl yamllint python3 python3-yaml
   # the simulated cluster network (scripts/netsim.sh: ip, ip netns, tc)
   iproute2
+  # benchmarks (scripts/perf.sh: launch.sh --rusage)
+  time
 )
 
 missing=()
