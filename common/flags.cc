@@ -76,12 +76,11 @@ absl::Status Flags::Set(const Flag& flag, const std::string& text,
       break;
   }
   if (!ok) {
-    static constexpr const char* kTypeNames[] = {"a string", "an integer",
-                                                 "an integer", "a number",
-                                                 "true or false"};
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: invalid value '%s' for %s (expected %s)", program_, text, source,
-        kTypeNames[static_cast<int>(flag.type)]));
+    static constexpr const char* kTypeNames[] = {
+        "a string", "an integer", "an integer", "a number", "true or false"};
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: invalid value '%s' for %s (expected %s)", program_,
+                        text, source, kTypeNames[static_cast<int>(flag.type)]));
   }
   return absl::OkStatus();
 }
@@ -195,9 +194,10 @@ std::vector<std::string> Flags::UnknownEnvironment() const {
 }
 
 std::string Flags::Usage() const {
-  std::string out = absl::StrCat("Usage: ", program_, " [--flag=value ...]\n",
-                                 summary_, "\n\nFlags (environment DP_<FLAG> "
-                                 "is used when a flag is absent):\n");
+  std::string out =
+      absl::StrCat("Usage: ", program_, " [--flag=value ...]\n", summary_,
+                   "\n\nFlags (environment DP_<FLAG> "
+                   "is used when a flag is absent):\n");
   for (const Flag& f : flags_) {
     absl::StrAppend(&out, "  --", f.name, "  ", f.help, " (default: '",
                     f.default_text, "'");
@@ -208,6 +208,21 @@ std::string Flags::Usage() const {
   }
   absl::StrAppend(&out, "  --help, --version\n");
   return out;
+}
+
+std::optional<int> ParseCommandLine(Flags* flags, bool* dry_run, int argc,
+                                    char** argv) {
+  flags->AddBool("dry_run", dry_run,
+                 "validate the flags and DP_* environment, print the "
+                 "effective configuration and exit");
+  absl::StatusOr<Flags::Action> action = flags->Parse(argc, argv);
+  if (!action.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 std::string(action.status().message()).c_str());
+    return kExitConfigError;
+  }
+  if (*action == Flags::Action::kExit) return kExitOk;
+  return std::nullopt;
 }
 
 int FinishDryRun(const Flags& flags) {

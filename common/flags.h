@@ -7,6 +7,7 @@
 #define DP_COMMON_FLAGS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,10 +16,11 @@
 namespace dp {
 
 // Process exit codes shared by dp-ps and dp-worker (documented in README).
-inline constexpr int kExitOk = 0;            // training finished
-inline constexpr int kExitFailure = 1;       // runtime failure
-inline constexpr int kExitConfigError = 2;   // bad flags or configuration
-inline constexpr int kExitInterrupted = 3;   // stopped by a signal before the end
+inline constexpr int kExitOk = 0;           // training finished
+inline constexpr int kExitFailure = 1;      // runtime failure
+inline constexpr int kExitConfigError = 2;  // bad flags or configuration
+inline constexpr int kExitInterrupted =
+    3;  // stopped by a signal before the end
 
 class Flags {
  public:
@@ -69,6 +71,13 @@ class Flags {
   std::string summary_;
   std::vector<Flag> flags_;
 };
+
+// The end of every program's flag setup: adds --dry_run (into *dry_run),
+// parses argv, and returns the exit code main must return at once - kExitOk
+// after --help or --version, kExitConfigError (printed) for a bad flag - or
+// nullopt to go on.
+std::optional<int> ParseCommandLine(Flags* flags, bool* dry_run, int argc,
+                                    char** argv);
 
 // The end of a --dry_run, after the program validated its configuration:
 // kExitConfigError naming every unknown DP_* variable, otherwise prints the

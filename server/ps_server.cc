@@ -114,9 +114,19 @@ absl::Status PsServer::Build() {
               Checkpoint{options_.config, coordinator_->data(), std::move(s)});
         });
   }
-  service_ =
-      std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
-                                  PsServiceOptions{o.security.auth_token});
+  if (o.shared_memory) {
+    absl::StatusOr<std::unique_ptr<SharedPlane>> shared =
+        SharedPlane::Start(o.config.schedule.world_size, layout_.num_params(),
+                           o.config.grad_encoding, o.config.weight_encoding);
+    if (shared.ok()) {
+      shared_ = *std::move(shared);
+    } else {  // workers use gRPC
+      Log("no shared memory for workers: %s", shared.status().message());
+    }
+  }
+  service_ = std::make_unique<PsService>(
+      coordinator_.get(), metrics_.get(),
+      PsServiceOptions{o.security.auth_token, shared_.get()});
   return absl::OkStatus();
 }
 

@@ -25,6 +25,7 @@
 #include "common/security.h"
 #include "server/checkpoint.h"
 #include "server/server_metrics.h"
+#include "server/shared_plane.h"
 #include "server/step_coordinator.h"
 
 namespace grpc {
@@ -52,7 +53,10 @@ struct PsServerOptions {
   bool fail_on_worker_loss = false;  // else wait for the rank to come back
   int update_threads = 0;            // 0: one per core, at most 4
   bool exit_when_done = true;        // false: serve until Stop()
-  ServerSecurity security;           // credentials default to plaintext
+  // Offer workers on this host (this network namespace) their tensors
+  // through shared memory.
+  bool shared_memory = true;
+  ServerSecurity security;  // credentials default to plaintext
 };
 
 class PsServer {
@@ -109,6 +113,7 @@ class PsServer {
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<StepCoordinator> coordinator_;
+  std::unique_ptr<SharedPlane> shared_;
   std::unique_ptr<PsService> service_;
   // The servers read the parts above, so they are declared (and destroyed)
   // after them: ~PsServer stops them first.

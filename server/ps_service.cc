@@ -4,8 +4,10 @@
 #include <atomic>
 #include <utility>
 
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "common/tensor_message.h"
 
@@ -133,7 +135,8 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       metrics_(metrics != nullptr ? metrics : own_metrics_.get()),
       token_(options.auth_token),
       validator_(coordinator->Status().config.schedule.world_size,
-                 coordinator->layout()) {}
+                 coordinator->layout()),
+      shared_(options.shared_memory) {}
 
 ServerUnaryReactor* PsService::Answer(CallbackServerContext* ctx,
                                       const absl::Status& s, int rank) {
@@ -141,6 +144,19 @@ ServerUnaryReactor* PsService::Answer(CallbackServerContext* ctx,
   if (s.ok() && rank >= 0) metrics_->SawRank(rank);
   ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+ServerUnaryReactor* PsService::AwaitStep(
+    int rank, int64_t step, std::function<absl::Status(int64_t)> respond) {
+  const absl::Time arrived = absl::Now();
+  auto* reactor = new StepWaitReactor(
+      coordinator_, metrics_,
+      [this, rank, arrived, respond = std::move(respond)](int64_t applied) {
+        metrics_->ObserveBarrierWait(rank, absl::Now() - arrived);
+        return respond(applied);
+      });
+  reactor->Start(rank, step);
   return reactor;
 }
 
@@ -157,16 +173,37 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
   response->set_total_steps(reg->config.schedule.total_steps());
   response->set_steps_per_epoch(reg->config.schedule.steps_per_epoch());
   response->set_num_params(coordinator_->layout().num_params());
+  if (request->shared_memory() && shared_ != nullptr) {
+    // Without an offer the worker uses gRPC: not an error.
+    absl::StatusOr<SharedPlane::Offer> offer =
+        shared_->OfferTo(request->rank());
+    if (offer.ok()) {
+      response->set_shm_socket(offer->socket);
+      response->set_shm_ticket(offer->ticket);
+    } else {
+      Log("rank %d: no shared memory: %s", request->rank(),
+          offer.status().message());
+    }
+  }
   return Answer(ctx, absl::OkStatus(), request->rank());
 }
 
 grpc::ByteBuffer PsService::WeightsResponse(
-    const StepCoordinator::PulledWeights& weights, int64_t offset) const {
+    const StepCoordinator::PulledWeights& weights, int64_t offset,
+    bool in_shared_memory) const {
   dp::v1::PullResponse header;
   header.set_step(weights.step);
   header.set_offset(offset);
   header.set_done(coordinator_->done());
   header.set_encoding(static_cast<dp::v1::Encoding>(weights.encoding));
+  if (in_shared_memory && shared_ != nullptr && offset == 0 &&
+      weights.bytes.size() == weights.snapshot.size()) {
+    shared_->Publish(weights.step, weights.snapshot);
+    header.set_params_in_shm(true);
+    grpc::ByteBuffer bytes = SerializeMessage(header);
+    metrics_->AddSentBytes(bytes.Length());
+    return bytes;
+  }
   grpc::ByteBuffer bytes =
       SerializeWithTensor(header, dp::v1::PullResponse::kParamsFieldNumber,
                           weights.bytes, weights.lease);
@@ -185,7 +222,8 @@ ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
   auto weights =
       coordinator_->Pull(request.rank(), request.offset(), request.length());
   if (!weights.ok()) return Answer(ctx, weights.status());
-  *response = WeightsResponse(*weights, request.offset());
+  *response =
+      WeightsResponse(*weights, request.offset(), request.weights_in_shm());
   return Answer(ctx, absl::OkStatus(), request.rank());
 }
 
@@ -198,7 +236,29 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
   // One buffer per gRPC thread, reused by every call it serves: the
   // gradient is copied out of it before the handler returns.
   thread_local std::string scratch;
-  const absl::string_view gradient = tensor.Contiguous(&scratch);
+  absl::string_view gradient = tensor.Contiguous(&scratch);
+  // A gradient in the rank's slot is read in place, kept alive (a new
+  // registration of the rank replaces the slot) until the coordinator has
+  // decoded it.
+  std::shared_ptr<const SharedRegion> slot;
+  if (request->gradient_in_shm()) {
+    if (!gradient.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Push from rank %d carries a gradient and says it is in shared "
+          "memory",
+          request->rank()));
+    }
+    if (shared_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "this dp-ps offers no shared memory (--shared_memory=false)");
+    }
+    // The token first: a stranger learns nothing about slots.
+    if (absl::Status s = token_.Check(ctx->client_metadata()); !s.ok()) {
+      return s;
+    }
+    ASSIGN_OR_RETURN(slot, shared_->Slot(request->rank()));
+    gradient = absl::string_view(slot->data(), slot->size());
+  }
   RETURN_IF_ERROR(CheckCall(ctx, *request, gradient));
   metrics_->AddReceivedBytes(bytes.Length());
   absl::StatusOr<StepCoordinator::PushResult> pushed = coordinator_->Push(
@@ -225,20 +285,12 @@ ServerUnaryReactor* PsService::Barrier(CallbackServerContext* ctx,
                                        const dp::v1::BarrierRequest* request,
                                        dp::v1::BarrierResponse* response) {
   if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
-  StepCoordinator* coordinator = coordinator_;
-  ServerMetrics* metrics = metrics_;
-  const int rank = request->rank();
-  const absl::Time arrived = absl::Now();
-  auto* reactor = new StepWaitReactor(
-      coordinator_, metrics_,
-      [response, coordinator, metrics, rank, arrived](int64_t step) {
-        metrics->ObserveBarrierWait(rank, absl::Now() - arrived);
-        response->set_step(step);
-        response->set_done(coordinator->done());
-        return absl::OkStatus();
-      });
-  reactor->Start(request->rank(), request->step());
-  return reactor;
+  return AwaitStep(request->rank(), request->step(),
+                   [this, response](int64_t step) {
+                     response->set_step(step);
+                     response->set_done(coordinator_->done());
+                     return absl::OkStatus();
+                   });
 }
 
 ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
@@ -248,18 +300,14 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
   auto pushed = ReceivePush(ctx, *bytes, &request);
   if (!pushed.ok()) return Answer(ctx, pushed.status());
   const int rank = request.rank();
-  const absl::Time arrived = absl::Now();
-  auto* reactor = new StepWaitReactor(
-      coordinator_, metrics_,
-      [this, response, rank, arrived](int64_t) -> absl::Status {
-        metrics_->ObserveBarrierWait(rank, absl::Now() - arrived);
-        auto weights = coordinator_->Pull(rank, 0, 0);
-        if (!weights.ok()) return weights.status();
-        *response = WeightsResponse(*weights, 0);
-        return absl::OkStatus();
-      });
-  reactor->Start(rank, request.step());
-  return reactor;
+  const bool in_shm = request.weights_in_shm();
+  return AwaitStep(rank, request.step(),
+                   [this, response, rank, in_shm](int64_t) -> absl::Status {
+                     auto weights = coordinator_->Pull(rank, 0, 0);
+                     if (!weights.ok()) return weights.status();
+                     *response = WeightsResponse(*weights, 0, in_shm);
+                     return absl::OkStatus();
+                   });
 }
 
 ServerUnaryReactor* PsService::ReportEval(

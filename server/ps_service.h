@@ -4,6 +4,7 @@
 #ifndef DP_SERVER_PS_SERVICE_H_
 #define DP_SERVER_PS_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -12,12 +13,15 @@
 #include "proto/dp.grpc.pb.h"
 #include "server/request_validator.h"
 #include "server/server_metrics.h"
+#include "server/shared_plane.h"
 #include "server/step_coordinator.h"
 
 namespace dp {
 
 struct PsServiceOptions {
   std::string auth_token;  // required on every call when not empty
+  // Offered to workers that ask for it (not owned; null: none).
+  SharedPlane* shared_memory = nullptr;
 };
 
 // The generated callback service, with the three calls that carry tensors
@@ -104,9 +108,16 @@ class PsService final : public ParameterServerBase {
   absl::StatusOr<StepCoordinator::PushResult> ReceivePush(
       const grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& bytes,
       dp::v1::PushRequest* request);
-  // The response to a pull of `weights`, sharing their memory.
+  // Finishes the call once `step` is applied (a barrier wait, observed as
+  // such): with respond(new step)'s status, which fills the response.
+  grpc::ServerUnaryReactor* AwaitStep(
+      int rank, int64_t step, std::function<absl::Status(int64_t)> respond);
+  // The response to a pull of `weights`, sharing their memory, or, when
+  // the caller asked for them in shared memory and they are the whole
+  // vector, published there.
   grpc::ByteBuffer WeightsResponse(
-      const StepCoordinator::PulledWeights& weights, int64_t offset) const;
+      const StepCoordinator::PulledWeights& weights, int64_t offset,
+      bool in_shared_memory) const;
   // Finishes a unary call with `s`; a refusal is counted in
   // dp_ps_rejected_requests_total, an accepted call of `rank` (>= 0) marks
   // the rank active.
@@ -129,6 +140,7 @@ class PsService final : public ParameterServerBase {
   ServerMetrics* const metrics_;
   const TokenChecker token_;
   const RequestValidator validator_;
+  SharedPlane* const shared_;
 };
 
 }  // namespace dp

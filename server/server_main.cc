@@ -50,6 +50,7 @@ struct ServerFlags {
   std::string weight_encoding = "f32";
   int update_threads = 0;
   bool exit_when_done = true;
+  bool shared_memory = true;
   bool dry_run = false;
 };
 
@@ -192,21 +193,19 @@ int Run(int argc, char** argv) {
   flags.AddString("on_worker_loss", &f.on_worker_loss,
                   "wait (keep the step open until the rank comes back) | fail "
                   "(end the job with an error)");
+  flags.AddBool("shared_memory", &f.shared_memory,
+                "offer workers on this host (this network namespace) their "
+                "tensors through shared memory; gRPC stays the control "
+                "plane");
   flags.AddBool("exit_when_done", &f.exit_when_done,
                 "exit once training is finished; false keeps serving the "
                 "final weights and status until SIGTERM (Kubernetes)");
-  flags.AddBool("dry_run", &f.dry_run,
-                "validate the flags and DP_* environment, print the "
-                "effective configuration and exit");
   SecurityFlags security_flags;
   AddSecurityFlags(&flags, &security_flags, Side::kServer);
-  auto action = flags.Parse(argc, argv);
-  if (!action.ok()) {
-    std::fprintf(stderr, "%s\n",
-                 std::string(action.status().message()).c_str());
-    return kExitConfigError;
+  if (std::optional<int> exit =
+          ParseCommandLine(&flags, &f.dry_run, argc, argv)) {
+    return *exit;
   }
-  if (*action == Flags::Action::kExit) return kExitOk;
   if (absl::Status s = Validate(f); !s.ok()) {
     Log("configuration error: %s", s.message());
     return kExitConfigError;
@@ -242,6 +241,7 @@ int Run(int argc, char** argv) {
   o.fail_on_worker_loss = f.on_worker_loss == "fail";
   o.update_threads = f.update_threads;
   o.exit_when_done = f.exit_when_done;
+  o.shared_memory = f.shared_memory;
 
   // A write beyond a file-size limit must be an error, not a crash.
   signal(SIGXFSZ, SIG_IGN);

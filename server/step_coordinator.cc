@@ -515,10 +515,6 @@ CoordinatorStatus StepCoordinator::Status() const {
   return s;
 }
 
-}  // namespace dp
-
-namespace dp {
-
 StepCoordinator::ObservableState StepCoordinator::Observe() const {
   absl::ReaderMutexLock lock(&mu_);
   ObservableState o;

@@ -23,8 +23,15 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
     ps->coordinator_->SetUpdateObserver(
         [metrics](absl::Duration d) { metrics->ObserveUpdate(d); });
   }
+  if (options.shared_memory) {
+    ASSIGN_OR_RETURN(
+        ps->shared_,
+        SharedPlane::Start(options.world_size, ps->layout_.num_params(),
+                           Encoding::kF32, Encoding::kF32));
+  }
   ps->service_ =
-      std::make_unique<PsService>(ps->coordinator_.get(), options.metrics);
+      std::make_unique<PsService>(ps->coordinator_.get(), options.metrics,
+                                  PsServiceOptions{"", ps->shared_.get()});
   GrpcServerOptions server_options;
   server_options.address = "127.0.0.1:0";
   server_options.ready = options.ready;

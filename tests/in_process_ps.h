@@ -16,6 +16,7 @@
 #include "proto/dp.grpc.pb.h"
 #include "server/ps_service.h"
 #include "server/server_metrics.h"
+#include "server/shared_plane.h"
 #include "server/step_coordinator.h"
 
 namespace dp {
@@ -23,6 +24,7 @@ namespace dp {
 struct InProcessPsOptions {
   int world_size = 2;     // a synthetic job with batch 8; SimpleNet at seed 3
   int64_t max_steps = 0;  // 0: three epochs
+  bool shared_memory = false;  // offer it to workers that ask
   // Records requests and update times here when not null.
   ServerMetrics* metrics = nullptr;
   bool ready = true;  // the readiness the health service starts with
@@ -48,6 +50,7 @@ class InProcessPs {
 
   const ModelLayout layout_ = ModelLayout::SimpleNet();
   std::unique_ptr<StepCoordinator> coordinator_;
+  std::unique_ptr<SharedPlane> shared_;
   std::unique_ptr<PsService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

@@ -2,14 +2,16 @@
 // README.md and leaves weights, Adam state and step bitwise unchanged.
 #include "server/ps_service.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-#include <grpcpp/grpcpp.h>
-
+#include "common/grpc_server.h"
 #include "gtest/gtest.h"
 #include "tests/in_process_ps.h"
+#include "worker/ps_client.h"
 
 namespace dp {
 namespace {
@@ -154,7 +156,8 @@ TEST_F(PsServiceTest, BadRequestsGetDesignStatusCodesAndChangeNothing) {
     grpc::StatusCode code;
   };
   const Case cases[] = {
-      {"short gradient", Push(1, 2, shorter), grpc::StatusCode::INVALID_ARGUMENT},
+      {"short gradient", Push(1, 2, shorter),
+       grpc::StatusCode::INVALID_ARGUMENT},
       {"long gradient", Push(1, 2, longer), grpc::StatusCode::INVALID_ARGUMENT},
       {"NaN gradient", Push(1, 2, nan), grpc::StatusCode::INVALID_ARGUMENT},
       {"Inf gradient", Push(1, 2, inf), grpc::StatusCode::INVALID_ARGUMENT},
@@ -167,7 +170,8 @@ TEST_F(PsServiceTest, BadRequestsGetDesignStatusCodesAndChangeNothing) {
        grpc::StatusCode::FAILED_PRECONDITION},
       {"different data", Register(1, layout_.Fingerprint(), 1000, 78),
        grpc::StatusCode::FAILED_PRECONDITION},
-      {"register rank out of range", Register(7, layout_.Fingerprint(), 1000, 77),
+      {"register rank out of range",
+       Register(7, layout_.Fingerprint(), 1000, 77),
        grpc::StatusCode::INVALID_ARGUMENT},
   };
   for (const Case& c : cases) {
@@ -195,8 +199,75 @@ TEST_F(PsServiceTest, OversizedMessageIsResourceExhaustedAndChangesNothing) {
   ASSERT_TRUE(RegisterOk(1).ok());
   const StepCoordinator::ObservableState before = coordinator_->Observe();
   const std::vector<float> huge(2 * layout_.num_params(), 0.0f);
-  EXPECT_EQ(Push(0, 0, huge).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Push(0, 0, huge).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(ObservableDifferences(before, coordinator_->Observe()), "");
+}
+
+}  // namespace
+}  // namespace dp
+
+namespace dp {
+namespace {
+
+// A gradient in shared memory passes the checks a gRPC one does, and a
+// refused one changes nothing; the weights come back through shared memory
+// equal to what gRPC sends.
+TEST(PsServiceSharedMemoryTest, AGradientInItsSlotIsCheckedLikeOneOverGrpc) {
+  InProcessPsOptions options;
+  options.world_size = 1;
+  options.shared_memory = true;
+  auto ps = InProcessPs::Start(options);
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  const ModelLayout& layout = (*ps)->layout();
+  PsClientOptions client_options;
+  client_options.address = (*ps)->address();
+  client_options.max_message_bytes = MessageBytesFor(layout.num_params());
+  client_options.data_plane = DataPlane::kShm;
+  PsClient client(client_options);
+  Registration registration;
+  registration.rank = 0;
+  registration.model_fingerprint = layout.Fingerprint();
+  registration.data = DataFingerprint{1000, 7};
+  ASSERT_TRUE(client.Register(registration).ok());
+  ASSERT_TRUE(client.shared_memory());
+  absl::Span<char> slot = client.GradientSlot();
+  ASSERT_EQ(slot.size(), layout.num_params() * sizeof(float));
+
+  Weights shared;
+  ASSERT_TRUE(client.Pull(0, &shared).ok());
+  PsClientOptions grpc_options = client_options;
+  grpc_options.data_plane = DataPlane::kGrpc;
+  PsClient over_grpc(grpc_options);
+  Weights sent;
+  ASSERT_TRUE(over_grpc.Pull(0, &sent).ok());
+  EXPECT_EQ(shared.step, sent.step);
+  EXPECT_EQ(shared.params, sent.params);
+
+  std::vector<float> g(layout.num_params(), 0.25f);
+  g[1234] = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(slot.data(), g.data(), slot.size());
+  Gradient gradient;
+  gradient.rank = 0;
+  gradient.step = 0;
+  gradient.loss = 2.0f;
+  gradient.num_samples = 8;
+  gradient.in_shared_memory = true;
+  const auto before = (*ps)->coordinator().Observe();
+  int64_t sent_bytes = 0;
+  absl::Status refused = client.Push(gradient, &sent_bytes);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("index 1234"), std::string::npos) << refused;
+  EXPECT_EQ(ObservableDifferences(before, (*ps)->coordinator().Observe()), "");
+
+  g[1234] = 0.25f;
+  std::memcpy(slot.data(), g.data(), slot.size());
+  Weights next;
+  ASSERT_TRUE(client.PushPull(gradient, &next, &sent_bytes).ok());
+  EXPECT_EQ(next.step, 1);
+  EXPECT_LT(sent_bytes, 100) << "the gradient did not travel over gRPC";
+  ASSERT_TRUE(over_grpc.Pull(0, &sent).ok());
+  EXPECT_EQ(next.params, sent.params);
 }
 
 }  // namespace

@@ -15,8 +15,9 @@
 namespace dp {
 namespace {
 
-// Kills dp-ps at step >= 30 of a 60-step job, restarts it from its
-// checkpoint (every 10 steps) with --max_steps=new_max, and checks that
+// Stops both workers (SIGSTOP) at step >= 30 of a 1000-step job, kills
+// dp-ps, restarts it from its checkpoint (every 10 steps) with
+// --max_steps=new_max, lets the workers go on (SIGCONT), and checks that
 // dp-ps and both workers finish at new_max.
 void RestartWithMaxSteps(int64_t new_max) {
   TempDir dir;
@@ -24,19 +25,24 @@ void RestartWithMaxSteps(int64_t new_max) {
                                     "--seed=4", "--checkpoint_every=10",
                                     "--checkpoint_dir=" + dir.File("ckpt")};
   int port = 0;
-  flags.push_back("--max_steps=60");
+  flags.push_back("--max_steps=1000");
   auto ps = StartServer(flags, &port);
   auto w0 = StartWorker(port, 0);
   auto w1 = StartWorker(port, 1);
   ASSERT_TRUE(WaitForStep(port, 30, absl::Minutes(2)));
+  w0->Signal(SIGSTOP);
+  w1->Signal(SIGSTOP);
   ps->Signal(SIGKILL);
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 128 + SIGKILL);
   flags.back() = absl::StrCat("--max_steps=", new_max);
   int again = 0;
   ps = StartServer(flags, &again, port);
   ASSERT_EQ(again, port) << ps->output();
-  // Before workers re-joined with the new plan, they stopped at 60 (dp-ps
-  // then waited for pushes forever) or re-synced past 40 until they gave up.
+  w0->Signal(SIGCONT);
+  w1->Signal(SIGCONT);
+  // Before workers re-joined with the new plan, they stopped at 1000 (dp-ps
+  // then waited for pushes forever) or re-synced past 200 until they gave
+  // up.
   const absl::Duration timeout = absl::Minutes(2);
   const std::string finished = absl::StrCat("finished at step ", new_max);
   EXPECT_EQ(w0->Wait(timeout), 0) << w0->output();
@@ -50,11 +56,11 @@ void RestartWithMaxSteps(int64_t new_max) {
 }
 
 TEST(ReplanTest, WorkersFollowAServerRestartedWithMoreSteps) {
-  RestartWithMaxSteps(120);
+  RestartWithMaxSteps(1200);
 }
 
 TEST(ReplanTest, WorkersFollowAServerRestartedWithFewerSteps) {
-  RestartWithMaxSteps(40);
+  RestartWithMaxSteps(200);
 }
 
 }  // namespace

@@ -2,10 +2,12 @@
 #include "worker/ps_client.h"
 
 #include <grpcpp/impl/client_unary_call.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
@@ -85,13 +87,18 @@ absl::Status PsClient::RawCall(Raw method, absl::Duration timeout,
   });
 }
 
-grpc::ByteBuffer PsClient::PushRequest(const Gradient& gradient) {
+grpc::ByteBuffer PsClient::PushRequest(const Gradient& gradient) const {
   dp::v1::PushRequest header;
   header.set_rank(gradient.rank);
   header.set_step(gradient.step);
   header.set_loss(gradient.loss);
   header.set_num_samples(gradient.num_samples);
   header.set_encoding(static_cast<dp::v1::Encoding>(gradient.encoding));
+  header.set_weights_in_shm(shared_memory());
+  if (gradient.in_shared_memory) {
+    header.set_gradient_in_shm(true);
+    return SerializeMessage(header);
+  }
   return SerializeWithTensor(header, dp::v1::PushRequest::kGradientFieldNumber,
                              gradient.wire->view(), gradient.wire->Lend());
 }
@@ -103,6 +110,22 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
   RETURN_IF_ERROR(ParseWithTensor(
       response, dp::v1::PullResponse::kParamsFieldNumber, &header, &params));
   weights->step = header.step();
+  if (header.params_in_shm()) {
+    if (weights_ == nullptr) {
+      return absl::DataLossError(
+          "dp-ps answered with weights in shared memory this worker does "
+          "not have");
+    }
+    ASSIGN_OR_RETURN(const int64_t version,
+                     dp::ReadWeights(*weights_, num_params_, &weights->params));
+    if (version != header.step()) {
+      return absl::AbortedError(absl::StrFormat(
+          "the shared weights are of version %d, dp-ps answered %d: re-sync",
+          version, header.step()));
+    }
+    weights->wire_bytes = static_cast<int64_t>(response.Length());
+    return absl::OkStatus();
+  }
   const dp::v1::Encoding e = header.encoding();
   if (e != dp::v1::ENCODING_F32 && e != dp::v1::ENCODING_BF16) {
     return absl::DataLossError(
@@ -182,17 +205,69 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
   request.mutable_data()->set_num_samples(registration.data.num_samples);
   request.mutable_data()->set_hash(registration.data.hash);
   request.set_worker_id(registration.worker_id);
+  request.set_shared_memory(options_.data_plane != DataPlane::kGrpc);
   dp::v1::RegisterResponse response;
   RETURN_IF_ERROR(
       WithRetry("Register", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->Register(c, request, &response);
       }));
-  return StatusOf(response.config(), response.step());
+  JobStatus status = StatusOf(response.config(), response.step());
+  num_params_ = response.num_params();
+  // The regions of a previous registration are dropped: dp-ps gave this
+  // registration a new slot, and reads the old one no more.
+  weights_.reset();
+  slot_.reset();
+  why_not_shm_.clear();
+  if (options_.data_plane == DataPlane::kGrpc) return status;
+  absl::Status taken =
+      response.shm_socket().empty()
+          ? absl::FailedPreconditionError(
+                "dp-ps offers no shared memory (--shared_memory=false, or it "
+                "could not make any)")
+          : TakeSharedMemory(response.shm_socket(), response.shm_ticket(),
+                             status.config, num_params_);
+  if (!taken.ok()) {
+    if (options_.data_plane == DataPlane::kShm) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--data_plane=shm: ", taken.message()));
+    }
+    why_not_shm_ = std::string(taken.message());
+  }
+  return status;
+}
+
+absl::Status PsClient::TakeSharedMemory(const std::string& socket,
+                                        const std::string& ticket,
+                                        const JobConfig& config,
+                                        int64_t num_params) {
+  ASSIGN_OR_RETURN(std::vector<int> fds, FetchSharedMemory(socket, ticket));
+  if (fds.size() != 2) {
+    for (int fd : fds) close(fd);
+    return absl::DataLossError(absl::StrFormat(
+        "dp-ps handed %d shared-memory descriptors, expected 2", fds.size()));
+  }
+  absl::StatusOr<std::unique_ptr<SharedRegion>> weights = SharedRegion::Map(
+      fds[0], WeightsRegionBytes(num_params, config.weight_encoding),
+      /*writable=*/false);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> slot = SharedRegion::Map(
+      fds[1], num_params * BytesPerValue(config.grad_encoding),
+      /*writable=*/true);
+  if (!weights.ok()) return weights.status();
+  if (!slot.ok()) return slot.status();
+  weights_ = *std::move(weights);
+  slot_ = *std::move(slot);
+  return absl::OkStatus();
+}
+
+absl::Span<char> PsClient::GradientSlot() const {
+  if (slot_ == nullptr) return {};
+  return absl::Span<char>(slot_->data(), slot_->size());
 }
 
 absl::Status PsClient::Pull(int rank, Weights* weights) {
   dp::v1::PullRequest request;
   request.set_rank(rank);
+  request.set_weights_in_shm(shared_memory());
   grpc::ByteBuffer response;
   RETURN_IF_ERROR(RawCall(Raw::kPull, options_.call_timeout,
                           SerializeMessage(request), &response));

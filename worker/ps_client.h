@@ -14,12 +14,18 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/dataset.h"
 #include "common/job_config.h"
 #include "common/lent_buffer.h"
+#include "common/shared_memory.h"
 #include "common/tensor_codec.h"
 
 namespace dp {
+
+// How tensors travel: gRPC always works; shared memory when dp-ps is on
+// this host (in this network namespace) and offers it.
+enum class DataPlane { kAuto, kGrpc, kShm };
 
 struct PsClientOptions {
   std::string address = "localhost:5000";
@@ -34,6 +40,9 @@ struct PsClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string tls_server_name;  // verify this name instead of the host's
   std::string auth_token;       // sent with every call when not empty
+  // kAuto: shared memory when offered and reachable, else gRPC; kShm: an
+  // error (FAILED_PRECONDITION) when it is not.
+  DataPlane data_plane = DataPlane::kAuto;
 };
 
 struct JobStatus {
@@ -57,8 +66,9 @@ struct Weights {
   int64_t wire_bytes = 0;     // size of the message
 };
 
-// One step's gradient as it goes on the wire: `wire` holds it in `encoding`
-// and is sent without a copy (it is InUse() until gRPC lets go of it).
+// One step's gradient, in `encoding`: in `wire`, sent without a copy (it is
+// InUse() until gRPC lets go of it), or, with in_shared_memory, already in
+// this rank's slot (PsClient::GradientSlot).
 struct Gradient {
   int rank = 0;
   int64_t step = 0;
@@ -66,6 +76,7 @@ struct Gradient {
   int num_samples = 0;
   Encoding encoding = Encoding::kF32;
   const LentBuffer* wire = nullptr;
+  bool in_shared_memory = false;
 };
 
 class PsClient {
@@ -74,8 +85,17 @@ class PsClient {
   ~PsClient();
 
   absl::StatusOr<JobStatus> GetStatus();
-  // The plan of the job as it is now, and the step it is at.
+  // The plan of the job as it is now, and the step it is at. Takes the
+  // shared memory dp-ps offers (a fresh slot every time), as data_plane
+  // says.
   absl::StatusOr<JobStatus> Register(const Registration& registration);
+  // Since the last Register: tensors go through shared memory. Else why
+  // not ("" when gRPC was asked for).
+  bool shared_memory() const { return slot_ != nullptr; }
+  const std::string& why_not_shared_memory() const { return why_not_shm_; }
+  // This rank's gradient slot (empty without shared memory): the trainer
+  // writes the encoded gradient here and pushes with in_shared_memory.
+  absl::Span<char> GradientSlot() const;
   absl::Status Pull(int rank, Weights* weights);
   // Push, Barrier and Pull; or PushPull: push, wait at the barrier, receive
   // the new weights. Each returns the bytes it sent in *sent_bytes.
@@ -101,15 +121,24 @@ class PsClient {
                        const grpc::ByteBuffer& request,
                        grpc::ByteBuffer* response);
   // A Push or PushPull request sending gradient.wire without a copy.
-  static grpc::ByteBuffer PushRequest(const Gradient& gradient);
+  grpc::ByteBuffer PushRequest(const Gradient& gradient) const;
   // Parses a PullResponse into *weights.
   absl::Status ReadWeights(const grpc::ByteBuffer& response, Weights* weights);
 
   // The generated stub and the raw methods (ps_client.cc).
   struct Rpc;
 
+  // Maps the regions dp-ps offered in `response` (RegisterResponse).
+  absl::Status TakeSharedMemory(const std::string& socket,
+                                const std::string& ticket,
+                                const JobConfig& config, int64_t num_params);
+
   PsClientOptions options_;
   std::unique_ptr<Rpc> rpc_;
+  int64_t num_params_ = 0;
+  std::unique_ptr<SharedRegion> weights_;  // read-only
+  std::unique_ptr<SharedRegion> slot_;
+  std::string why_not_shm_;
   std::string scratch_;  // received weights that need decoding
 };
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -115,6 +116,7 @@ absl::Status Trainer::Load() {
   x_.resize(int64_t{s.batch_size} * layout.input_dim());
   y_.resize(s.batch_size);
   const size_t values = layout.num_params();
+  grad_size_ = values;
   wire_ = std::make_unique<LentBufferPool>(
       values * BytesPerValue(loaded_.grad_encoding));
   if (loaded_.grad_encoding != Encoding::kF32) grad_.resize(values);
@@ -137,6 +139,18 @@ absl::Status Trainer::Join() {
   }
   schedule_ = schedule;
   total_ = total;
+  const bool shm = client_->shared_memory();
+  if (shm != shared_memory_ || joins_ == 0) {
+    Log("rank %d: tensors through %s", options_.rank,
+        shm ? "shared memory"
+            : (client_->why_not_shared_memory().empty()
+                   ? std::string("gRPC")
+                   : absl::StrCat("gRPC (no shared memory: ",
+                                  client_->why_not_shared_memory(), ")")));
+    metrics_.SetSharedMemory(shm);
+  }
+  shared_memory_ = shm;
+  ++joins_;
   RETURN_IF_ERROR(Timed(metrics_, WorkerMetrics::Call::kPull, [&] {
     return client_->Pull(options_.rank, &weights_);
   }));
@@ -147,17 +161,21 @@ absl::Status Trainer::Join() {
 
 absl::StatusOr<Gradient> Trainer::Compute() {
   const absl::Time start = absl::Now();
-  LentBuffer& wire = wire_->Free();
   const Encoding encoding = loaded_.grad_encoding;
+  // Where the encoded gradient goes: this rank's shared-memory slot (dp-ps
+  // has read the last one before it answered), or a buffer no message
+  // holds.
+  LentBuffer* wire = shared_memory_ ? nullptr : &wire_->Free();
+  char* const out =
+      shared_memory_ ? client_->GradientSlot().data() : wire->data();
   const absl::Span<float> grad =
       encoding == Encoding::kF32
-          ? absl::Span<float>(reinterpret_cast<float*>(wire.data()),
-                              wire.size() / sizeof(float))
+          ? absl::Span<float>(reinterpret_cast<float*>(out), grad_size_)
           : absl::MakeSpan(grad_);
   Gather(train_, sampler_->Indices(step_, options_.rank), &x_, &y_);
   ASSIGN_OR_RETURN(const float loss, backend_->ForwardBackward(x_, y_, grad));
   if (encoding != Encoding::kF32) {
-    Encode(encoding, grad.data(), grad.size(), wire.data());
+    Encode(encoding, grad.data(), grad.size(), out);
   }
   const absl::Duration took = absl::Now() - start;
   metrics_.ObserveCompute(took, loss);
@@ -169,7 +187,8 @@ absl::StatusOr<Gradient> Trainer::Compute() {
   g.loss = loss;
   g.num_samples = schedule_.batch_size;
   g.encoding = encoding;
-  g.wire = &wire;
+  g.wire = wire;
+  g.in_shared_memory = shared_memory_;
   return g;
 }
 

@@ -107,6 +107,10 @@ class Trainer {
   // written; the backend writes float32 straight into it.
   std::unique_ptr<LentBufferPool> wire_;
   std::vector<float> grad_;  // float32 gradient for the other encodings
+  size_t grad_size_ = 0;     // values of a gradient
+  // As of the last join: the step's tensors go through shared memory.
+  bool shared_memory_ = false;
+  int64_t joins_ = 0;  // joins so far
 };
 
 }  // namespace dp

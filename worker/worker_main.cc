@@ -68,6 +68,7 @@ int Run(int argc, char** argv) {
   int threads = 1;
   bool tf32 = false;
   std::string protocol = "fused";
+  std::string data_plane = "auto";
   int wait_timeout_s = 30;
   int retry_for_s = 120;
   int health_port = -1;
@@ -97,6 +98,10 @@ int Run(int argc, char** argv) {
   flags.AddBool("tf32", &tf32,
                 "CUDA backend: allow TF32 tensor-core matrix products (off: "
                 "exact float32)");
+  flags.AddString("data_plane", &data_plane,
+                  "auto | grpc | shm: how the step's tensors travel (auto: "
+                  "shared memory when dp-ps is on this host and offers it, "
+                  "else gRPC; shm: that or an error)");
   flags.AddString("protocol", &protocol,
                   "fused (PushPull, one round trip) | plain (Push, Barrier, "
                   "Pull)");
@@ -111,22 +116,22 @@ int Run(int argc, char** argv) {
   flags.AddInt("stop_timeout_s", &stop_timeout_s,
                "on SIGTERM the worker stops after its current step; if that "
                "takes longer than this, it exits anyway");
-  flags.AddBool("dry_run", &dry_run,
-                "validate the flags and DP_* environment, print the "
-                "effective configuration and exit");
   SecurityFlags security_flags;
   AddSecurityFlags(&flags, &security_flags, Side::kClient);
-  auto action = flags.Parse(argc, argv);
-  if (!action.ok()) {
-    std::fprintf(stderr, "%s\n",
-                 std::string(action.status().message()).c_str());
-    return kExitConfigError;
+  if (std::optional<int> exit =
+          ParseCommandLine(&flags, &dry_run, argc, argv)) {
+    return *exit;
   }
-  if (*action == Flags::Action::kExit) return kExitOk;
   SetLogTag(absl::StrFormat("worker %d", rank));
   if (rank < 0) {
     Log("configuration error: --rank is required (or DP_RANK, RANK, "
         "JOB_COMPLETION_INDEX)");
+    return kExitConfigError;
+  }
+  if (data_plane != "auto" && data_plane != "grpc" && data_plane != "shm") {
+    Log("configuration error: --data_plane must be auto, grpc or shm, got "
+        "'%s'",
+        data_plane);
     return kExitConfigError;
   }
   if (protocol != "fused" && protocol != "plain") {
@@ -178,6 +183,9 @@ int Run(int argc, char** argv) {
   o.cpu_threads = threads;
   o.tf32 = tf32;
   o.fused = protocol == "fused";
+  o.client.data_plane = data_plane == "grpc"  ? DataPlane::kGrpc
+                        : data_plane == "shm" ? DataPlane::kShm
+                                              : DataPlane::kAuto;
   o.health_port = health_port;
   o.metrics_port = metrics_port;
   o.metrics_host = metrics_host;

@@ -33,6 +33,9 @@ class WorkerMetrics final : public Metrics {
   // worker computes on (backend="cpu", or "cuda" with device, gpu and
   // compute_capability). Call once.
   void SetBackend(const std::map<std::string, std::string>& labels);
+  // dp_worker_shared_memory: 1 while the step's tensors go through shared
+  // memory, 0 through gRPC.
+  void SetSharedMemory(bool on);
 
  private:
   prometheus::Histogram* calls_[4];
@@ -41,6 +44,7 @@ class WorkerMetrics final : public Metrics {
   prometheus::Counter* samples_;
   prometheus::Counter* resyncs_;
   prometheus::Counter* wait_timeouts_;
+  prometheus::Gauge* shared_memory_;
   // Created with the first loss, from the trainer's thread only.
   prometheus::Family<prometheus::Gauge>* loss_family_;
   prometheus::Gauge* loss_ = nullptr;

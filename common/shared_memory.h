@@ -1,0 +1,109 @@
+// Shared memory between dp-ps and the workers on its host, and the handover
+// of it. Regions are memfds: they have no name, so nothing is left behind
+// when the processes holding them die (kill -9 included), and nothing that
+// another user or a later dp-ps could find or trust. They reach an admitted
+// worker over a Unix socket in the abstract namespace (so only processes in
+// dp-ps's network namespace - its host, or its pod - can connect), for a
+// one-time ticket that the worker got from Register over gRPC (mTLS and the
+// token apply there), from a peer of the same user.
+//
+// The weights region is written by dp-ps only (workers get a read-only
+// descriptor) under a sequence lock; each rank's gradient slot is its own.
+#ifndef DP_COMMON_SHARED_MEMORY_H_
+#define DP_COMMON_SHARED_MEMORY_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "common/tensor_codec.h"
+
+namespace dp {
+
+// A mapped memfd.
+class SharedRegion {
+ public:
+  // A new region of `bytes`, zeroed, mapped read-write.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(const char* name,
+                                                              size_t bytes);
+  // Maps `fd` (owned from now on), which must hold at least `bytes`.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Map(int fd, size_t bytes,
+                                                           bool writable);
+  ~SharedRegion();
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+  int fd() const { return fd_; }
+  // A new read-only descriptor of the same memory: whoever maps it cannot
+  // write (mmap with PROT_WRITE fails). The caller closes it.
+  absl::StatusOr<int> ReadOnlyDescriptor() const;
+
+ private:
+  SharedRegion(int fd, char* data, size_t size)
+      : fd_(fd), data_(data), size_(size) {}
+  int fd_;
+  char* data_;
+  size_t size_;
+};
+
+// The weights in a region, one version at a time: a header (sequence
+// counter, version, encoding) and the encoded values.
+size_t WeightsRegionBytes(int64_t num_values, Encoding encoding);
+// dp-ps: writes version `step` (the encoded bytes of every value).
+void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
+                    absl::string_view encoded);
+// A worker: the version in the region and its values decoded to float32
+// into *out (num_values). ABORTED when dp-ps kept rewriting it (a reader
+// this slow should ask over gRPC); DATA_LOSS for a region that does not hold
+// what it should.
+absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
+                                    int64_t num_values,
+                                    std::vector<float>* out);
+
+// dp-ps's side of the handover: a Unix socket in the abstract namespace
+// with an unguessable name, and the descriptors waiting for each ticket.
+class SharedMemoryOffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<SharedMemoryOffer>> Start();
+  ~SharedMemoryOffer();  // stops accepting and closes every descriptor left
+
+  // The socket's name (without the leading NUL of the abstract namespace).
+  const std::string& socket_name() const { return name_; }
+  // A one-time ticket for which the socket hands out `fds` (taken over: the
+  // offer closes them once sent, or at the end), then forgets it.
+  std::string Add(std::vector<int> fds);
+
+ private:
+  SharedMemoryOffer(int listen_fd, std::string name);
+  void Serve();
+
+  const int listen_fd_;
+  const std::string name_;
+  absl::Mutex mu_;
+  std::map<std::string, std::vector<int>> tickets_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// A worker's side: connects to dp-ps's socket, presents the ticket and
+// receives the descriptors (owned by the caller). UNAVAILABLE when the
+// socket cannot be reached (another host, another network namespace);
+// PERMISSION_DENIED for a ticket it refused.
+absl::StatusOr<std::vector<int>> FetchSharedMemory(
+    const std::string& socket_name, const std::string& ticket);
+
+}  // namespace dp
+
+#endif  // DP_COMMON_SHARED_MEMORY_H_

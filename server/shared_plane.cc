@@ -1,0 +1,74 @@
+// Shared weights and gradient slots of dp-ps (see shared_plane.h).
+#include "server/shared_plane.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace dp {
+
+SharedPlane::SharedPlane(std::unique_ptr<SharedMemoryOffer> offer,
+                         std::unique_ptr<SharedRegion> weights, int world_size,
+                         size_t slot_bytes, Encoding weight_encoding)
+    : offer_(std::move(offer)),
+      slot_bytes_(slot_bytes),
+      weight_encoding_(weight_encoding),
+      weights_(std::move(weights)),
+      slots_(world_size) {}
+
+absl::StatusOr<std::unique_ptr<SharedPlane>> SharedPlane::Start(
+    int world_size, int64_t num_params, Encoding grad_encoding,
+    Encoding weight_encoding) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SharedMemoryOffer> offer,
+                   SharedMemoryOffer::Start());
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<SharedRegion> weights,
+      SharedRegion::Create("dp-ps weights",
+                           WeightsRegionBytes(num_params, weight_encoding)));
+  return std::unique_ptr<SharedPlane>(new SharedPlane(
+      std::move(offer), std::move(weights), world_size,
+      static_cast<size_t>(num_params) * BytesPerValue(grad_encoding),
+      weight_encoding));
+}
+
+absl::StatusOr<SharedPlane::Offer> SharedPlane::OfferTo(int rank) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> slot,
+                   SharedRegion::Create("dp-ps gradient slot", slot_bytes_));
+  const int slot_fd = dup(slot->fd());
+  if (slot_fd < 0) {
+    return absl::InternalError("dup of a gradient slot's descriptor");
+  }
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<int> weights_fd = weights_->ReadOnlyDescriptor();
+  if (!weights_fd.ok()) {
+    close(slot_fd);
+    return weights_fd.status();
+  }
+  slots_[rank] = std::move(slot);
+  return Offer{offer_->socket_name(), offer_->Add({*weights_fd, slot_fd})};
+}
+
+absl::StatusOr<std::shared_ptr<const SharedRegion>> SharedPlane::Slot(
+    int rank) const {
+  absl::MutexLock lock(&mu_);
+  if (rank < 0 || rank >= static_cast<int>(slots_.size()) ||
+      slots_[rank] == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d sent its gradient through shared memory it was never given "
+        "(register again)",
+        rank));
+  }
+  return slots_[rank];
+}
+
+void SharedPlane::Publish(int64_t step, absl::string_view encoded) {
+  absl::MutexLock lock(&mu_);
+  if (step == published_step_) return;
+  PublishWeights(weights_.get(), step, weight_encoding_, encoded);
+  published_step_ = step;
+}
+
+}  // namespace dp

@@ -1,0 +1,62 @@
+// dp-ps's shared memory for the workers on its host (common/shared_memory.h):
+// the weights, published once per version where every worker reads them,
+// and one gradient slot per rank that only that rank's worker can write.
+// gRPC stays the control plane: a push or pull says "in shared memory"
+// instead of carrying the tensor, and everything else about it - the checks,
+// the rank-ordered average, the status codes - is the same.
+#ifndef DP_SERVER_SHARED_PLANE_H_
+#define DP_SERVER_SHARED_PLANE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "common/shared_memory.h"
+#include "common/tensor_codec.h"
+
+namespace dp {
+
+class SharedPlane {
+ public:
+  static absl::StatusOr<std::unique_ptr<SharedPlane>> Start(
+      int world_size, int64_t num_params, Encoding grad_encoding,
+      Encoding weight_encoding);
+
+  struct Offer {
+    std::string socket;  // abstract Unix socket name
+    std::string ticket;  // one-time
+  };
+  // A fresh gradient slot for `rank` and the ticket that hands it, with a
+  // read-only descriptor of the weights, to the worker. The rank's old slot
+  // is dropped: a previous process of that rank no longer writes where
+  // dp-ps reads.
+  absl::StatusOr<Offer> OfferTo(int rank);
+  // `rank`'s slot, kept alive while the caller reads it; FAILED_PRECONDITION
+  // when the rank has none (it never took the offer).
+  absl::StatusOr<std::shared_ptr<const SharedRegion>> Slot(int rank) const;
+  // Writes the weights of version `step` (encoded, every value) unless that
+  // version is there already.
+  void Publish(int64_t step, absl::string_view encoded);
+
+ private:
+  SharedPlane(std::unique_ptr<SharedMemoryOffer> offer,
+              std::unique_ptr<SharedRegion> weights, int world_size,
+              size_t slot_bytes, Encoding weight_encoding);
+
+  const std::unique_ptr<SharedMemoryOffer> offer_;
+  const size_t slot_bytes_;
+  const Encoding weight_encoding_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<SharedRegion> weights_ ABSL_GUARDED_BY(mu_);
+  int64_t published_step_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<std::shared_ptr<const SharedRegion>> slots_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dp
+
+#endif  // DP_SERVER_SHARED_PLANE_H_

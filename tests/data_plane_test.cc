@@ -1,0 +1,105 @@
+// The two data planes with real processes: shared memory for workers on
+// dp-ps's host, gRPC for the others, in one job if need be, with the same
+// model to the byte; and the shared-memory path's own defences.
+#include <dirent.h>
+#include <signal.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/flags.h"
+#include "gtest/gtest.h"
+#include "tests/job_runner.h"
+#include "tests/subprocess.h"
+
+namespace dp {
+namespace {
+
+std::set<std::string> DevShm() {
+  std::set<std::string> names;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) names.insert(e->d_name);
+    closedir(d);
+  }
+  return names;
+}
+
+// A 40-step job whose ranks use `planes` ("shm" or "grpc"); the saved model.
+std::string Job(const TempDir& dir, const std::string& name,
+                const std::vector<std::string>& planes) {
+  const std::string model = dir.File(name);
+  int port = 0;
+  auto ps = StartServer({"--workers=2", "--max_steps=40", "--batch_size=32",
+                         "--seed=11", "--save_model=" + model},
+                        &port);
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.push_back(
+        StartWorker(port, r, {absl::StrCat("--data_plane=", planes[r])}));
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(workers[r]->Wait(kJobTimeout), 0) << workers[r]->output();
+    const std::string path = planes[r] == "shm"
+                                 ? "tensors through shared memory"
+                                 : "tensors through gRPC";
+    EXPECT_NE(workers[r]->output().find(path), std::string::npos)
+        << workers[r]->output();
+  }
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  auto bytes = ReadFile(model);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.value_or("");
+}
+
+TEST(DataPlaneTest, EveryMixOfPathsTrainsTheSameModelToTheByte) {
+  TempDir dir;
+  const std::string grpc = Job(dir, "grpc.safetensors", {"grpc", "grpc"});
+  const std::string shm = Job(dir, "shm.safetensors", {"shm", "shm"});
+  const std::string mixed = Job(dir, "mixed.safetensors", {"shm", "grpc"});
+  ASSERT_FALSE(grpc.empty());
+  EXPECT_TRUE(shm == grpc);
+  EXPECT_TRUE(mixed == grpc);
+}
+
+TEST(DataPlaneTest, ForcedSharedMemoryWithoutAnOfferIsAConfigurationError) {
+  int port = 0;
+  auto ps = StartServer({"--workers=1", "--max_steps=5", "--batch_size=16",
+                         "--shared_memory=false"},
+                        &port);
+  auto w = StartWorker(port, 0, {"--data_plane=shm", "--retry_for_s=5"});
+  EXPECT_EQ(w->Wait(kJobTimeout), kExitConfigError) << w->output();
+  EXPECT_NE(w->output().find("--data_plane=shm: dp-ps offers no shared memory"),
+            std::string::npos)
+      << w->output();
+  // The same worker on auto trains over gRPC.
+  auto auto_worker = StartWorker(port, 0);
+  EXPECT_EQ(auto_worker->Wait(kJobTimeout), 0) << auto_worker->output();
+  EXPECT_NE(
+      auto_worker->output().find("tensors through gRPC (no shared memory"),
+      std::string::npos)
+      << auto_worker->output();
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+}
+
+// Shared memory has no name: kill -9 of every process leaves nothing that
+// a restarted dp-ps or anyone else could find (and trust).
+TEST(DataPlaneTest, KilledProcessesLeaveNoSharedMemoryBehind) {
+  const std::set<std::string> before = DevShm();
+  int port = 0;
+  auto ps = StartServer(
+      {"--workers=2", "--max_steps=100000", "--batch_size=16"}, &port);
+  auto w0 = StartWorker(port, 0, {"--data_plane=shm"});
+  auto w1 = StartWorker(port, 1, {"--data_plane=shm"});
+  ASSERT_TRUE(WaitForStep(port, 10, absl::Minutes(2)));
+  for (Subprocess* p : {ps.get(), w0.get(), w1.get()}) p->Signal(SIGKILL);
+  for (Subprocess* p : {ps.get(), w0.get(), w1.get()}) {
+    EXPECT_EQ(p->Wait(absl::Seconds(30)), 128 + SIGKILL);
+  }
+  EXPECT_EQ(DevShm(), before);
+}
+
+}  // namespace
+}  // namespace dp
