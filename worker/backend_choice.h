@@ -31,7 +31,8 @@ class BackendChoice {
 
   // INVALID_ARGUMENT for an unknown name or a device < -1. For "cuda",
   // FAILED_PRECONDITION (NOT_FOUND for a missing module) naming the reason
-  // it cannot run; "auto" then chooses cpu and why() says why.
+  // it cannot run; "auto" then chooses cpu and why() says why. "auto"
+  // without a CUDA driver does not load the module at all.
   static absl::StatusOr<BackendChoice> Resolve(const BackendRequest& request);
 
   bool cuda() const { return module_ != nullptr; }

@@ -58,6 +58,15 @@ absl::StatusOr<CudaModule*> Open(const std::string& path) {
 
 }  // namespace
 
+absl::Status CudaDriverPresent() {
+  // Kept open: a worker that found it goes on to use it.
+  if (dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) != nullptr) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("no CUDA driver (", dlerror(), ")"));
+}
+
 std::vector<std::string> CudaModuleSearchPath() {
   const std::string dir = ExecutableDir();
   if (dir.empty()) return {};

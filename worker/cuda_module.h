@@ -54,6 +54,11 @@ class CudaModule {
   ~CudaModule() = default;
 };
 
+// OK when a CUDA driver (libcuda.so.1) can be loaded; else why not. Cheap,
+// and loads nothing of CUDA's runtime or cuBLAS (loading those costs about
+// 200 MB of memory even where there is no GPU).
+absl::Status CudaDriverPresent();
+
 // The places a worker looks for the module when no path is given: next to
 // the dp-worker executable (the build tree), then ../lib/dp-ps/ (installed).
 std::vector<std::string> CudaModuleSearchPath();
