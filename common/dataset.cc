@@ -11,7 +11,6 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <utility>
 
@@ -72,12 +71,9 @@ absl::StatusOr<std::string> FindIdxFile(const std::string& dir,
       absl::StrFormat("data file %s not found (nor %s)", gz, plain));
 }
 
-// A file's bytes in an uninitialised buffer: zero-filling tens of MB only
-// to overwrite them is a visible part of the load time.
-struct RawBytes {
-  std::unique_ptr<unsigned char[]> data;
-  size_t size = 0;
-};
+// A file's bytes. The buffer of an image file becomes the data set's pixels
+// (the header cut off in place), so the pixels are never held twice.
+using RawBytes = std::vector<uint8_t>;
 
 // The decompressed size of `path` when cheaply known (st_size, or the gzip
 // trailer's ISIZE clamped to deflate's maximum ratio), else 0. Only a hint
@@ -122,32 +118,26 @@ absl::StatusOr<RawBytes> ReadMaybeGzipped(const std::string& path,
   }
   gzbuffer(f, 1 << 20);
   // One spare byte so that the read which sees end of file needs no growth.
-  size_t capacity = std::max(SizeHint(path), size_t{1} << 16) + 1;
-  RawBytes out{std::unique_ptr<unsigned char[]>(new unsigned char[capacity]),
-               0};
+  RawBytes out(std::max(SizeHint(path), size_t{1} << 16) + 1);
+  size_t size = 0;
   for (;;) {
-    if (out.size == capacity) {
-      capacity *= 2;
-      std::unique_ptr<unsigned char[]> bigger(new unsigned char[capacity]);
-      std::memcpy(bigger.get(), out.data.get(), out.size);
-      out.data = std::move(bigger);
-    }
-    const size_t want = std::min(capacity - out.size, size_t{1} << 30);
-    const int got =
-        gzread(f, out.data.get() + out.size, static_cast<unsigned>(want));
+    if (size == out.size()) out.resize(2 * out.size());
+    const size_t want = std::min(out.size() - size, size_t{1} << 30);
+    const int got = gzread(f, out.data() + size, static_cast<unsigned>(want));
     if (got < 0) {
       int errnum = 0;
       const std::string what = gzerror(f, &errnum);
       const std::string msg = absl::StrFormat(
-          "reading %s failed after %d bytes: %s", path, out.size,
+          "reading %s failed after %d bytes: %s", path, size,
           errnum == Z_ERRNO ? std::string(std::strerror(errno)) : what);
       gzclose(f);
       if (errnum == Z_ERRNO) return absl::UnavailableError(msg);
       return absl::DataLossError(msg);  // Z_DATA_ERROR: corrupt gzip data
     }
     if (got == 0) break;
-    out.size += static_cast<size_t>(got);
+    size += static_cast<size_t>(got);
   }
+  out.resize(size);  // never reallocates when shrinking
   // gzread reports a gzip stream that ends early (Z_BUF_ERROR) only here.
   const int close_rc = gzclose(f);
   if (close_rc == Z_BUF_ERROR) {
@@ -169,13 +159,13 @@ absl::StatusOr<RawBytes> ReadIdxFile(const std::string& path, uint32_t magic) {
       stream_truncated ? " (the gzip stream ends early)" : "";
   const int num_dims = static_cast<int>(magic & 0xff);
   const size_t header_bytes = 4 + 4 * size_t(num_dims);
-  if (data.size < header_bytes) {
+  if (data.size() < header_bytes) {
     return absl::DataLossError(absl::StrFormat(
         "%s is truncated: expected at least a %d-byte IDX header, read %d "
         "bytes%s",
-        path, header_bytes, data.size, gz_note));
+        path, header_bytes, data.size(), gz_note));
   }
-  const unsigned char* p = data.data.get();
+  const unsigned char* p = data.data();
   const uint32_t got_magic = BigEndian32(p);
   if (got_magic != magic) {
     return absl::DataLossError(absl::StrFormat(
@@ -194,15 +184,15 @@ absl::StatusOr<RawBytes> ReadIdxFile(const std::string& path, uint32_t magic) {
     payload *= dim;
   }
   const uint64_t expected = header_bytes + payload;
-  if (data.size < expected) {
+  if (data.size() < expected) {
     return absl::DataLossError(absl::StrFormat(
         "%s is truncated: its header describes %d bytes, read only %d%s", path,
-        expected, data.size, gz_note));
+        expected, data.size(), gz_note));
   }
-  if (data.size > expected) {
+  if (data.size() > expected) {
     return absl::DataLossError(absl::StrFormat(
         "%s has %d trailing bytes after the %d bytes its header describes",
-        path, data.size - expected, expected));
+        path, data.size() - expected, expected));
   }
   if (stream_truncated) {  // length right, yet the gzip trailer is missing
     return absl::DataLossError(
@@ -233,9 +223,8 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, Split split) {
   ASSIGN_OR_RETURN(const std::string labels_path,
                    FindIdxFile(dir, prefix + "-labels-idx1-ubyte"));
 
-  ASSIGN_OR_RETURN(const RawBytes images,
-                   ReadIdxFile(images_path, kImagesMagic));
-  const unsigned char* ih = images.data.get();
+  ASSIGN_OR_RETURN(RawBytes images, ReadIdxFile(images_path, kImagesMagic));
+  const unsigned char* ih = images.data();
   const uint32_t n = BigEndian32(ih + 4);
   const uint32_t rows = BigEndian32(ih + 8);
   const uint32_t cols = BigEndian32(ih + 12);
@@ -247,7 +236,7 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, Split split) {
   }
   ASSIGN_OR_RETURN(const RawBytes labels,
                    ReadIdxFile(labels_path, kLabelsMagic));
-  const unsigned char* lh = labels.data.get();
+  const unsigned char* lh = labels.data();
   const uint32_t num_labels = BigEndian32(lh + 4);
   if (num_labels != n) {
     return absl::InvalidArgumentError(
@@ -255,7 +244,6 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, Split split) {
                         images_path, n, labels_path, num_labels));
   }
 
-  const unsigned char* pixels = ih + kImagesHeaderBytes;
   const unsigned char* raw_labels = lh + kLabelsHeaderBytes;
   Dataset ds;
   ds.num_samples = n;
@@ -269,25 +257,14 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, Split split) {
     }
     ds.labels[i] = raw_labels[i];
   }
-  // One table lookup per pixel; x = (pixel/255 - mean) / std in float32.
-  std::array<float, 256> lut;
-  for (int p = 0; p < 256; ++p) {
-    lut[p] = (static_cast<float>(p) / 255.0f - kPixelMean) / kPixelStd;
-  }
-  const size_t num_pixels = size_t{n} * kImageDim;
-  ds.x.resize(num_pixels);
-  float* x = ds.x.data();
+  // The pixels are the file after its header, in the file's buffer.
+  ds.pixels = std::move(images);
+  ds.pixels.erase(ds.pixels.begin(), ds.pixels.begin() + kImagesHeaderBytes);
 
   // Fingerprint: FNV-1a 64 over the raw pixel bytes (all images, row-major,
   // headers excluded) followed by the raw label bytes, so a gzipped and a
-  // plain copy of the same data agree. Hashing in the conversion loop hides
-  // the table lookups behind the hash's multiply chain.
-  uint64_t h = kFnvOffset;
-  for (size_t i = 0; i < num_pixels; ++i) {
-    const unsigned char p = pixels[i];
-    x[i] = lut[p];
-    h = (h ^ p) * kFnvPrime;
-  }
+  // plain copy of the same data agree.
+  uint64_t h = Fnv1a(kFnvOffset, ds.pixels.data(), ds.pixels.size());
   h = Fnv1a(h, raw_labels, n);
   ds.fingerprint = DataFingerprint{ds.num_samples, h};
   return ds;
@@ -346,6 +323,35 @@ absl::StatusOr<Dataset> LoadDataset(absl::string_view name,
       absl::StrFormat("unknown data set \"%s\"; valid names: fashion-mnist, "
                       "mnist, synthetic",
                       name));
+}
+
+float NormalisedPixel(uint8_t p) {
+  return (static_cast<float>(p) / 255.0f - kPixelMean) / kPixelStd;
+}
+
+void GatherBatch(const Dataset& data, absl::Span<const int32_t> rows, float* x,
+                 int32_t* y) {
+  const int64_t dim = data.dim;
+  if (data.pixels.empty()) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(x + i * dim, data.x.data() + rows[i] * dim,
+                  dim * sizeof(float));
+      y[i] = data.labels[rows[i]];
+    }
+    return;
+  }
+  // One table lookup per pixel; the table is computed once.
+  static const std::array<float, 256> kTable = [] {
+    std::array<float, 256> t;
+    for (int p = 0; p < 256; ++p) t[p] = NormalisedPixel(p);
+    return t;
+  }();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const uint8_t* in = data.pixels.data() + rows[i] * dim;
+    float* out = x + i * dim;
+    for (int64_t k = 0; k < dim; ++k) out[k] = kTable[in[k]];
+    y[i] = data.labels[rows[i]];
+  }
 }
 
 }  // namespace dp

@@ -1,5 +1,7 @@
 // Data sets: IDX files (Fashion-MNIST, MNIST; .gz or plain) and the synthetic
-// seed workload. Images are normalised as x = (pixel/255 - 0.2860) / 0.3530.
+// seed workload, and the gathering of a batch from them. Images are kept as
+// their pixel bytes and normalised as x = (pixel/255 - 0.2860) / 0.3530 when
+// gathered.
 #ifndef DP_COMMON_DATASET_H_
 #define DP_COMMON_DATASET_H_
 
@@ -9,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace dp {
 
@@ -29,13 +32,28 @@ struct DataFingerprint {
   }
 };
 
+// Samples of `dim` features each, stored as compactly as their source
+// allows: images keep their pixel bytes (a quarter of float32's memory) and
+// are normalised when gathered; features that are not bytes are float32.
+// Exactly one of `pixels` and `x` is non-empty (both when num_samples is 0).
 struct Dataset {
   int64_t num_samples = 0;
   int dim = kImageDim;
-  std::vector<float> x;         // (num_samples, dim) row-major, normalised
+  std::vector<uint8_t> pixels;  // (num_samples, dim) row-major, raw bytes
+  std::vector<float> x;         // (num_samples, dim) row-major, the features
   std::vector<int32_t> labels;  // (num_samples), each in [0, kNumClasses)
   DataFingerprint fingerprint;
 };
+
+// The float32 input of pixel byte p: (p / 255 - kPixelMean) / kPixelStd,
+// evaluated in float32 in that order.
+float NormalisedPixel(uint8_t p);
+
+// Writes the features of samples `rows` of `data` into x (rows.size(), dim),
+// normalised, and their labels into y (rows.size()). Each row must be in
+// [0, data.num_samples).
+void GatherBatch(const Dataset& data, absl::Span<const int32_t> rows, float* x,
+                 int32_t* y);
 
 // Reads `<dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`.
 // Errors name the file and the problem: NOT_FOUND for a missing directory or

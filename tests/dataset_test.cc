@@ -1,6 +1,6 @@
 // Tests for common/dataset.h: IDX files crafted with known pixels (plain and
 // gzipped), every malformed-file error, the real Fashion-MNIST when
-// installed, and the synthetic seed workload.
+// installed, the synthetic seed workload, and gathering batches from both.
 #include "common/dataset.h"
 
 #include <stdlib.h>
@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,8 +63,35 @@ Bytes KnownPixels(int n) {
   return p;
 }
 
+// The reference: how images were normalised when data sets held float32,
+// one pixel at a time.
 float Normalised(unsigned char pixel) {
   return (static_cast<float>(pixel) / 255.0f - kPixelMean) / kPixelStd;
+}
+
+// All rows of `ds`, gathered.
+std::vector<float> GatherAll(const Dataset& ds) {
+  std::vector<int32_t> rows(ds.num_samples);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::vector<float> x(rows.size() * ds.dim);
+  std::vector<int32_t> y(rows.size());
+  GatherBatch(ds, rows, x.data(), y.data());
+  return x;
+}
+
+// Counts the values of `got` whose bits differ from Normalised(pixels[i]),
+// reporting the first few.
+int CountBitMismatches(const std::vector<float>& got, const uint8_t* pixels,
+                       size_t n) {
+  int mismatches = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float want = Normalised(pixels[i]);
+    if (std::memcmp(&got[i], &want, sizeof(float)) != 0 && ++mismatches <= 5) {
+      ADD_FAILURE() << "x[" << i << "] = " << got[i] << ", pixel "
+                    << int{pixels[i]} << " should give " << want;
+    }
+  }
+  return mismatches;
 }
 
 // FNV-1a 64 as the contract states it: over raw pixels, then raw labels.
@@ -125,17 +154,11 @@ void ExpectMatches(const Dataset& ds, const Bytes& pixels,
   const int64_t n = static_cast<int64_t>(labels.size());
   ASSERT_EQ(ds.num_samples, n);
   EXPECT_EQ(ds.dim, kImageDim);
-  ASSERT_EQ(ds.x.size(), pixels.size());
+  EXPECT_EQ(ds.pixels, pixels);
+  EXPECT_TRUE(ds.x.empty()) << "images are kept as bytes only";
   ASSERT_EQ(ds.labels.size(), labels.size());
-  int mismatches = 0;
-  for (size_t i = 0; i < pixels.size(); ++i) {
-    if (ds.x[i] != Normalised(pixels[i]) && ++mismatches <= 5) {
-      ADD_FAILURE() << "x[" << i << "] = " << ds.x[i] << ", pixel "
-                    << int{pixels[i]} << " should give "
-                    << Normalised(pixels[i]);
-    }
-  }
-  EXPECT_EQ(mismatches, 0);
+  const std::vector<float> x = GatherAll(ds);
+  EXPECT_EQ(CountBitMismatches(x, pixels.data(), pixels.size()), 0);
   for (size_t i = 0; i < labels.size(); ++i) {
     EXPECT_EQ(ds.labels[i], labels[i]) << "label " << i;
   }
@@ -153,7 +176,42 @@ TEST_F(IdxTest, PlainFilesLoadWithExactNormalisedPixelsAndLabels) {
   absl::StatusOr<Dataset> ds = LoadIdx(dir_, Split::kTrain);
   ASSERT_TRUE(ds.ok()) << ds.status();
   ExpectMatches(*ds, pixels_, labels_);
-  EXPECT_NEAR(ds->x[0], -0.2860 / 0.3530, 1e-6);  // image 0, pixel 0 is 0
+  EXPECT_NEAR(GatherAll(*ds)[0], -0.2860 / 0.3530, 1e-6);  // pixel 0 is 0
+}
+
+// The value the float32 loader computed for this file, before images were
+// kept as bytes: checkpoints and running jobs compare it.
+TEST_F(IdxTest, FingerprintKeepsTheValueOfTheFloatLoader) {
+  WriteValidTrain(3);
+  absl::StatusOr<Dataset> ds = LoadIdx(dir_, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ(ds->fingerprint.hash, 0x88866e0324b6b418ULL);
+  EXPECT_EQ(ds->fingerprint.num_samples, 3);
+}
+
+TEST_F(IdxTest, GatheredBatchIsBitIdenticalToFloat32NormalisationInRowOrder) {
+  WriteValidTrain(12);  // every byte value occurs
+  absl::StatusOr<Dataset> ds = LoadIdx(dir_, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  const std::vector<int32_t> rows = {11, 0, 5, 5, 3};  // any order, repeats
+  std::vector<float> x(rows.size() * kImageDim, -1.0f);
+  std::vector<int32_t> y(rows.size(), -1);
+  GatherBatch(*ds, rows, x.data(), y.data());
+  Bytes want_pixels;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    want_pixels.insert(want_pixels.end(), pixels_.begin() + rows[i] * kImageDim,
+                       pixels_.begin() + (rows[i] + 1) * kImageDim);
+    EXPECT_EQ(y[i], labels_[rows[i]]) << "row " << i;
+  }
+  EXPECT_EQ(CountBitMismatches(x, want_pixels.data(), want_pixels.size()), 0);
+}
+
+TEST(NormalisationTest, EveryByteMapsToItsFloat32Normalisation) {
+  for (int p = 0; p < 256; ++p) {
+    const float want = Normalised(static_cast<unsigned char>(p));
+    const float got = NormalisedPixel(static_cast<uint8_t>(p));
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "pixel " << p;
+  }
 }
 
 TEST_F(IdxTest, GzippedFilesLoadExactlyLikePlainOnes) {
@@ -384,7 +442,7 @@ TEST(FashionMnistTest, RealFilesLoadWithStableFingerprints) {
     absl::StatusOr<Dataset> a = LoadDataset("fashion-mnist", "", 0, split);
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ(a->num_samples, count);
-    EXPECT_EQ(a->x.size(), static_cast<size_t>(count) * kImageDim);
+    EXPECT_EQ(a->pixels.size(), static_cast<size_t>(count) * kImageDim);
     std::vector<int> per_class(kNumClasses, 0);
     for (int32_t l : a->labels) {
       ASSERT_GE(l, 0);
@@ -394,11 +452,14 @@ TEST(FashionMnistTest, RealFilesLoadWithStableFingerprints) {
     for (int c = 0; c < kNumClasses; ++c) {
       EXPECT_EQ(per_class[c], count / kNumClasses) << "class " << c;
     }
-    for (float v : {*std::min_element(a->x.begin(), a->x.end()),
-                    *std::max_element(a->x.begin(), a->x.end())}) {
-      EXPECT_GE(v, Normalised(0));
-      EXPECT_LE(v, Normalised(255));
-    }
+    // The pixels are the files' bytes: the fingerprint hashes them and has
+    // the value the float32 loader computed.
+    EXPECT_EQ(a->fingerprint.hash, split == Split::kTrain
+                                       ? 0x47041d1f3a1991feULL
+                                       : 0x7625417625bda6cfULL);
+    EXPECT_EQ(
+        CountBitMismatches(GatherAll(*a), a->pixels.data(), a->pixels.size()),
+        0);
     absl::StatusOr<Dataset> b = LoadIdx(kDefaultFashionMnistDir, split);
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ(a->fingerprint, b->fingerprint);
@@ -428,6 +489,27 @@ TEST(SyntheticTest, TrainAndTestSplitsDiffer) {
   EXPECT_NE(train.x, test.x);
   EXPECT_NE(train.labels, test.labels);
   EXPECT_NE(train.fingerprint.hash, test.fingerprint.hash);
+}
+
+TEST(SyntheticTest, FingerprintKeepsItsValue) {
+  EXPECT_EQ(MakeSynthetic(11, Split::kTrain).fingerprint.hash,
+            0x2fc5f9706c623e70ULL);
+}
+
+TEST(SyntheticTest, GatheredBatchCopiesTheFloatRows) {
+  const Dataset ds = MakeSynthetic(3, Split::kTrain);
+  EXPECT_TRUE(ds.pixels.empty());
+  const std::vector<int32_t> rows = {999, 0, 7, 7};
+  std::vector<float> x(rows.size() * kImageDim);
+  std::vector<int32_t> y(rows.size());
+  GatherBatch(ds, rows, x.data(), y.data());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_TRUE(std::equal(x.begin() + i * kImageDim,
+                           x.begin() + (i + 1) * kImageDim,
+                           ds.x.begin() + rows[i] * kImageDim))
+        << "row " << i;
+    EXPECT_EQ(y[i], ds.labels[rows[i]]) << "row " << i;
+  }
 }
 
 TEST(SyntheticTest, HasTheDocumentedShape) {

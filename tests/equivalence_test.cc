@@ -43,12 +43,7 @@ std::vector<float> Train(const Dataset& data, int world) {
     const TrainingState now = coordinator.Snapshot();
     EXPECT_TRUE((*backend)->SetWeights(now.params).ok());
     for (int r = 0; r < world; ++r) {
-      auto idx = sampler.Indices(step, r);
-      for (int i = 0; i < b; ++i) {
-        std::copy_n(data.x.begin() + int64_t{idx[i]} * kImageDim, kImageDim,
-                    x.begin() + i * kImageDim);
-        y[i] = data.labels[idx[i]];
-      }
+      GatherBatch(data, sampler.Indices(step, r), x.data(), y.data());
       auto loss = (*backend)->ForwardBackward(x, y, absl::MakeSpan(grad));
       EXPECT_TRUE(loss.ok());
       std::string bytes(reinterpret_cast<const char*>(grad.data()),

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -27,16 +26,8 @@ namespace {
 // means something other than a restart is wrong.
 constexpr int kMaxResyncsInARow = 20;
 
-// Copies the rows `indices` of the data set into x (B,dim) and y (B).
-void Gather(const Dataset& data, absl::Span<const int32_t> indices,
-            std::vector<float>* x, std::vector<int32_t>* y) {
-  for (size_t i = 0; i < indices.size(); ++i) {
-    const int64_t row = indices[i];
-    std::memcpy(x->data() + i * data.dim, data.x.data() + row * data.dim,
-                data.dim * sizeof(float));
-    (*y)[i] = data.labels[row];
-  }
-}
+// Samples per gathered chunk of the test set: at most the backend's batch.
+constexpr int kEvalChunk = 1000;
 
 // Runs one call to dp-ps and records how long it took.
 template <typename Call>
@@ -99,7 +90,7 @@ absl::Status Trainer::Load() {
   }
   const ModelLayout layout = ModelLayout::SimpleNet();
   BackendOptions backend_options;
-  backend_options.max_batch = std::max(s.batch_size, 1000);
+  backend_options.max_batch = std::max(s.batch_size, kEvalChunk);
   backend_options.cpu_threads = options_.cpu_threads;
   backend_options.tf32 = options_.tf32;
   ASSIGN_OR_RETURN(backend_, options_.backend.Create(layout, backend_options));
@@ -172,7 +163,8 @@ absl::StatusOr<Gradient> Trainer::Compute() {
       encoding == Encoding::kF32
           ? absl::Span<float>(reinterpret_cast<float*>(out), grad_size_)
           : absl::MakeSpan(grad_);
-  Gather(train_, sampler_->Indices(step_, options_.rank), &x_, &y_);
+  GatherBatch(train_, sampler_->Indices(step_, options_.rank), x_.data(),
+              y_.data());
   ASSIGN_OR_RETURN(const float loss, backend_->ForwardBackward(x_, y_, grad));
   if (encoding != Encoding::kF32) {
     Encode(encoding, grad.data(), grad.size(), out);
@@ -250,8 +242,25 @@ std::string Trainer::MissingRanks() {
 }
 
 absl::Status Trainer::Evaluate(int64_t finished) {
-  ASSIGN_OR_RETURN(const EvalResult eval,
-                   backend_->Evaluate(test_->x, test_->labels));
+  // The test set in chunks gathered from its bytes, not as one float copy.
+  const int64_t n = test_->num_samples;
+  std::vector<int32_t> rows(std::min<int64_t>(n, kEvalChunk));
+  std::vector<float> x(rows.size() * test_->dim);
+  std::vector<int32_t> y(rows.size());
+  EvalResult eval;
+  for (int64_t start = 0; start < n; start += kEvalChunk) {
+    const int64_t count = std::min<int64_t>(kEvalChunk, n - start);
+    for (int64_t i = 0; i < count; ++i) rows[i] = start + i;
+    GatherBatch(*test_, absl::MakeConstSpan(rows.data(), count), x.data(),
+                y.data());
+    ASSIGN_OR_RETURN(
+        const EvalResult chunk,
+        backend_->Evaluate(absl::MakeConstSpan(x.data(), count * test_->dim),
+                           absl::MakeConstSpan(y.data(), count)));
+    eval.correct += chunk.correct;
+    eval.loss_sum += chunk.loss_sum;
+    eval.count += chunk.count;
+  }
   EvalReport report;
   report.step = step_;
   report.epoch = schedule_.epoch_of(finished) + 1;
