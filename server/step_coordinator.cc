@@ -543,8 +543,10 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
 std::string ObservableDifferences(const StepCoordinator::ObservableState& a,
                                   const StepCoordinator::ObservableState& b) {
   auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    // memcmp must not see the null data() of an empty vector.
     return x.size() == y.size() &&
-           std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+           (x.empty() ||
+            std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
   };
   std::vector<std::string> diff;
   auto check = [&diff](bool equal, const char* name) {
