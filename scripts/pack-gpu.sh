@@ -100,7 +100,7 @@ done
 newest() {  # newest symbol version $1 (GLIBC, GLIBCXX) needed by files in $2...
   local tag=$1
   shift
-  find "$@" -type f -exec objdump -T {} + 2>/dev/null |
+  find "$@" -type f ! -name '*.py' -exec objdump -T {} + 2>/dev/null |
     grep -o "${tag}_[0-9.]*" | sort -uV | tail -1
 }
 glibc_needed=$(newest GLIBC "$root/bin" "$root/lib")
