@@ -307,11 +307,13 @@ absl::StatusOr<PsServer::Outcome> PsServer::Run() {
   return Outcome::kFinished;
 }
 
+// Shuts down, but keeps the objects: Stop may still set their readiness
+// from another thread (which then changes nothing) until ~PsServer.
 void PsServer::ShutdownServers(absl::Duration grace) {
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   }
-  health_.reset();
+  if (health_ != nullptr) health_->Shutdown(grace);
 }
 
 PsServer::~PsServer() {
