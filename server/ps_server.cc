@@ -76,7 +76,6 @@ absl::Status PsServer::Build() {
   TrainingState state;
   if (resumed.has_value()) {
     state = resumed->state;
-    resumed_step_ = static_cast<int>(state.step);
     Log("resuming from the checkpoint of step %d in %s", state.step,
         o.checkpoint_dir);
   } else if (!o.init_model.empty()) {

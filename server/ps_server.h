@@ -121,7 +121,6 @@ class PsServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HealthServer> health_;
   int port_ = 0;
-  int resumed_step_ = -1;  // -1: not resumed
 
   std::atomic<int> stop_signal_{0};
   absl::Notification stopped_;

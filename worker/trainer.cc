@@ -120,18 +120,19 @@ absl::Status Trainer::Join() {
   Schedule schedule = joined.config.schedule;
   schedule.num_samples = train_.num_samples;
   const int64_t total = schedule.total_steps();
-  if (sampler_ != nullptr && total != total_) {
+  const bool first = sampler_ == nullptr;
+  if (!first && total != total_) {
     Log("rank %d: the job now has %d steps (was %d)", options_.rank, total,
         total_);
   }
-  if (sampler_ == nullptr || schedule.epochs != schedule_.epochs ||
+  if (first || schedule.epochs != schedule_.epochs ||
       schedule.max_steps != schedule_.max_steps) {
     sampler_ = std::make_unique<BatchSampler>(schedule);
   }
   schedule_ = schedule;
   total_ = total;
   const bool shm = client_->shared_memory();
-  if (shm != shared_memory_ || joins_ == 0) {
+  if (first || shm != shared_memory_) {
     Log("rank %d: tensors through %s", options_.rank,
         shm ? "shared memory"
             : (client_->why_not_shared_memory().empty()
@@ -141,7 +142,6 @@ absl::Status Trainer::Join() {
     metrics_.SetSharedMemory(shm);
   }
   shared_memory_ = shm;
-  ++joins_;
   RETURN_IF_ERROR(Timed(metrics_, WorkerMetrics::Call::kPull, [&] {
     return client_->Pull(options_.rank, &weights_);
   }));

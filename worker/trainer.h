@@ -110,7 +110,6 @@ class Trainer {
   size_t grad_size_ = 0;     // values of a gradient
   // As of the last join: the step's tensors go through shared memory.
   bool shared_memory_ = false;
-  int64_t joins_ = 0;  // joins so far
 };
 
 }  // namespace dp
