@@ -208,7 +208,10 @@ TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=no-port"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--backend=tpu"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--health_port=-2"},
+      {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--data_plane=rdma"},
       {DP_WORKER_BINARY, "--dry_run"},  // no rank
+      // Checked when the backend is chosen, before the worker connects.
+      {DP_WORKER_BINARY, "--rank=0", "--ps=127.0.0.1:1", "--device=-2"},
   };
   for (const auto& argv : cases) {
     Subprocess p(argv);
