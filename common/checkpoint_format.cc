@@ -50,6 +50,12 @@ std::string EncodeCheckpoint(const ModelLayout& layout, const Checkpoint& c) {
   proto.set_params(FloatBytes(c.state.params));
   proto.set_adam_m(FloatBytes(c.state.m));
   proto.set_adam_v(FloatBytes(c.state.v));
+  if (c.shard_count > 1) {
+    proto.set_shard_count(c.shard_count);
+    proto.set_shard_index(c.shard_index);
+    proto.set_shard_offset(
+        ShardRanges(layout, c.shard_count)[c.shard_index].offset);
+  }
   std::string payload;
   proto.SerializeToString(&payload);
   std::string out(kHeaderBytes, '\0');
@@ -96,7 +102,20 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(const ModelLayout& layout,
     c.data = DataFingerprint{proto.data().num_samples(), proto.data().hash()};
   }
   c.state.step = proto.step();
-  const int64_t n = layout.num_params();
+  int64_t n = layout.num_params();
+  if (proto.shard_count() != 0) {
+    ShardSpec spec;
+    if (!MakeShardSpec(layout, proto.shard_count(), proto.shard_index(), &spec)
+             .ok() ||
+        spec.range.offset != proto.shard_offset()) {
+      return absl::DataLossError(absl::StrFormat(
+          "names shard %d of %d at offset %d, which this model does not have",
+          proto.shard_index(), proto.shard_count(), proto.shard_offset()));
+    }
+    c.shard_count = spec.count;
+    c.shard_index = spec.index;
+    n = spec.range.length;
+  }
   absl::Status s = ToFloats(proto.params(), n, "params", &c.state.params);
   if (s.ok()) s = ToFloats(proto.adam_m(), n, "Adam m", &c.state.m);
   if (s.ok()) s = ToFloats(proto.adam_v(), n, "Adam v", &c.state.v);

@@ -13,18 +13,23 @@
 #include "common/dataset.h"
 #include "common/job_config.h"
 #include "common/model_layout.h"
+#include "common/shard_plan.h"
 
 namespace dp {
 
 struct Checkpoint {
   JobConfig config;
   std::optional<DataFingerprint> data;
+  // The tensors of `state` are this shard's range (one dp-ps: all of it).
   TrainingState state;
+  int shard_index = 0;
+  int shard_count = 1;
 };
 
 std::string EncodeCheckpoint(const ModelLayout& layout, const Checkpoint& c);
 // DATA_LOSS for a truncated or corrupt image (bad magic, length, checksum,
-// payload); FAILED_PRECONDITION when it holds another model.
+// payload, tensors that do not fit the shard it names); FAILED_PRECONDITION
+// when it holds another model.
 absl::StatusOr<Checkpoint> DecodeCheckpoint(const ModelLayout& layout,
                                             absl::string_view bytes);
 

@@ -157,10 +157,9 @@ void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
 }
 
 absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
-                                    int64_t num_values,
-                                    std::vector<float>* out) {
+                                    absl::Span<float> out) {
   const WeightsHeader* h = HeaderOf(region);
-  out->resize(num_values);
+  const int64_t num_values = static_cast<int64_t>(out.size());
   // A writer rewrites the region only after an update, which needs this
   // worker's next push: a retry is rare, and many mean something is wrong.
   for (int attempt = 0; attempt < 1000; ++attempt) {
@@ -179,7 +178,7 @@ absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
           h->num_values, e, num_values));
     }
     Decode(static_cast<Encoding>(e), region.data() + kWeightsHeaderBytes,
-           num_values, out->data());
+           num_values, out.data());
     std::atomic_thread_fence(std::memory_order_acquire);
     if (h->seq.load(std::memory_order_relaxed) == before) return step;
   }

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
 #include "common/tensor_codec.h"
 
@@ -65,12 +66,11 @@ size_t WeightsRegionBytes(int64_t num_values, Encoding encoding);
 void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
                     absl::string_view encoded);
 // A worker: the version in the region and its values decoded to float32
-// into *out (num_values). ABORTED when dp-ps kept rewriting it (a reader
+// into `out` (its size is the number of values). ABORTED when dp-ps kept rewriting it (a reader
 // this slow should ask over gRPC); DATA_LOSS for a region that does not hold
 // what it should.
 absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
-                                    int64_t num_values,
-                                    std::vector<float>* out);
+                                    absl::Span<float> out);
 
 // dp-ps's side of the handover: a Unix socket in the abstract namespace
 // with an unguessable name, and the descriptors waiting for each ticket.

@@ -55,10 +55,13 @@ absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted) {
                    absl::StrJoin(diffs, ", ")));
 }
 
-CheckpointStore::CheckpointStore(std::string dir, ModelLayout layout, int keep)
+CheckpointStore::CheckpointStore(std::string dir, ModelLayout layout, int keep,
+                                 int shard_index, int shard_count)
     : dir_(std::move(dir)),
       layout_(std::move(layout)),
-      keep_(std::max(1, keep)) {
+      keep_(std::max(1, keep)),
+      shard_index_(shard_index),
+      shard_count_(shard_count) {
   writer_ = std::thread([this] { WriterLoop(); });
 }
 
@@ -87,7 +90,39 @@ absl::Status CheckpointStore::Open() {
         "checkpoint directory %s is not writable: %s", dir_, s.message()));
   }
   ::unlink(probe.c_str());
+  for (const auto& [step, path] : ListNewestFirst()) {
+    if (Load(step).ok()) {
+      absl::MutexLock lock(&mu_);
+      verified_.insert(step);
+    }
+  }
   return absl::OkStatus();
+}
+
+std::vector<int64_t> CheckpointStore::RestorableSteps() const {
+  absl::MutexLock lock(&mu_);
+  return std::vector<int64_t>(verified_.begin(), verified_.end());
+}
+
+absl::StatusOr<Checkpoint> CheckpointStore::Load(int64_t step) const {
+  const std::string path = dir_ + "/" + CheckpointFileName(step);
+  absl::StatusOr<std::string> bytes = ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<Checkpoint> c = DecodeCheckpoint(layout_, *bytes);
+  if (!c.ok()) {
+    return absl::Status(c.status().code(),
+                        absl::StrCat(path, ": ", c.status().message()));
+  }
+  if (c->state.step != step) {
+    return absl::DataLossError(
+        absl::StrFormat("%s holds step %d", path, c->state.step));
+  }
+  if (c->shard_index != shard_index_ || c->shard_count != shard_count_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s holds shard %d of %d, not shard %d of %d", path, c->shard_index,
+        c->shard_count, shard_index_, shard_count_));
+  }
+  return c;
 }
 
 std::vector<std::pair<int64_t, std::string>> CheckpointStore::ListNewestFirst()
@@ -132,7 +167,7 @@ std::optional<Checkpoint> CheckpointStore::LoadNewest() const {
 }
 
 absl::Status CheckpointStore::Write(const Checkpoint& c) {
-  absl::MutexLock lock(&write_mu_);
+  absl::MutexLock write_lock(&write_mu_);
   const std::string path = dir_ + "/" + CheckpointFileName(c.state.step);
   if (absl::Status s = WriteFileAtomic(path, EncodeCheckpoint(layout_, c));
       !s.ok()) {
@@ -142,8 +177,12 @@ absl::Status CheckpointStore::Write(const Checkpoint& c) {
   }
   // Retention only after the new file is safely in place.
   auto files = ListNewestFirst();
-  for (size_t i = keep_; i < files.size(); ++i)
+  absl::MutexLock lock(&mu_);
+  verified_.insert(c.state.step);
+  for (size_t i = keep_; i < files.size(); ++i) {
+    verified_.erase(files[i].first);
     ::unlink(files[i].second.c_str());
+  }
   return absl::OkStatus();
 }
 

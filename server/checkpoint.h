@@ -6,6 +6,7 @@
 #define DP_SERVER_CHECKPOINT_H_
 
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,16 +34,27 @@ std::string CheckpointFileName(int64_t step);
 
 class CheckpointStore {
  public:
-  CheckpointStore(std::string dir, ModelLayout layout, int keep);
+  // Checkpoints of shard `shard_index` of `shard_count` (one dp-ps: 0, 1).
+  CheckpointStore(std::string dir, ModelLayout layout, int keep,
+                  int shard_index = 0, int shard_count = 1);
   ~CheckpointStore();  // finishes a pending write
 
   // Creates the directory if needed and proves it writable with a probe
-  // file. Errors name the directory.
+  // file, then verifies the checkpoints in it. Errors name the directory.
   [[nodiscard]] absl::Status Open();
 
   // The newest checkpoint that verifies, or nullopt when there is none.
-  // Every file skipped is logged with its reason.
+  // Every file skipped is logged with its reason. It may be another shard's
+  // (the caller refuses it).
   std::optional<Checkpoint> LoadNewest() const;
+
+  // Sharded jobs roll back to a step every shard can restore.
+  // The steps of the checkpoints of shard `shard_index` of `shard_count`
+  // that verified when the store opened or were written since, oldest
+  // first.
+  std::vector<int64_t> RestorableSteps() const;
+  // The checkpoint of `step`, verified; NOT_FOUND or DATA_LOSS saying why.
+  absl::StatusOr<Checkpoint> Load(int64_t step) const;
 
   // Writes now, then removes all but the newest `keep` checkpoints. On error
   // the files already there are untouched. Writes of one store - this, and
@@ -66,6 +78,8 @@ class CheckpointStore {
   const std::string dir_;
   const ModelLayout layout_;
   const int keep_;
+  const int shard_index_;
+  const int shard_count_;
   // Held for a whole Write: serialises the file and the retention pass.
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
@@ -73,6 +87,7 @@ class CheckpointStore {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int64_t> verified_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
 

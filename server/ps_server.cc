@@ -58,18 +58,59 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   return server;
 }
 
+absl::StatusOr<TrainingState> PsServer::InitialState() const {
+  std::vector<float> params;
+  if (!options_.init_model.empty()) {
+    absl::StatusOr<std::vector<float>> loaded =
+        LoadSafetensors(options_.init_model, layout_);
+    if (!loaded.ok()) {
+      return absl::Status(
+          loaded.status().code(),
+          absl::StrCat("--init_model: ", loaded.status().message()));
+    }
+    params = *std::move(loaded);
+  } else {
+    params = InitParams(layout_, options_.config.schedule.seed);
+  }
+  TrainingState state;
+  const ParamRange r = shard_.range;
+  state.params.assign(params.begin() + r.offset, params.begin() + r.end());
+  state.m.assign(r.length, 0.0f);
+  state.v.assign(r.length, 0.0f);
+  return state;
+}
+
 absl::Status PsServer::Build() {
   const PsServerOptions& o = options_;
+  RETURN_IF_ERROR(MakeShardSpec(layout_, o.shards, o.shard, &shard_));
+  if (sharded()) {
+    Log("%s: %d of %d parameters", shard_.ToString(), shard_.range.length,
+        layout_.num_params());
+    if (shard_.index == 0 && o.gather.addresses.empty()) {
+      return absl::InvalidArgumentError(
+          "shard 0 of a sharded job needs --shard_addresses (every shard's "
+          "address) to collect the model at the end");
+    }
+  }
   std::optional<Checkpoint> resumed;
   if (!o.checkpoint_dir.empty()) {
-    store_ = std::make_unique<CheckpointStore>(o.checkpoint_dir, layout_,
-                                               o.keep_checkpoints);
+    store_ = std::make_unique<CheckpointStore>(
+        o.checkpoint_dir, layout_, o.keep_checkpoints, shard_.index,
+        shard_.count);
     RETURN_IF_ERROR(store_->Open());
     resumed = store_->LoadNewest();
     if (resumed.has_value()) {
       if (absl::Status s = CheckResumable(resumed->config, o.config); !s.ok()) {
         return absl::Status(s.code(),
                             absl::StrCat(o.checkpoint_dir, ": ", s.message()));
+      }
+      if (resumed->shard_index != shard_.index ||
+          resumed->shard_count != shard_.count) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "%s: the checkpoint of step %d holds shard %d of %d; this dp-ps "
+            "is shard %d of %d (--shard, --shards)",
+            o.checkpoint_dir, resumed->state.step, resumed->shard_index,
+            resumed->shard_count, shard_.index, shard_.count));
       }
     }
   }
@@ -78,24 +119,15 @@ absl::Status PsServer::Build() {
     state = resumed->state;
     Log("resuming from the checkpoint of step %d in %s", state.step,
         o.checkpoint_dir);
-  } else if (!o.init_model.empty()) {
-    absl::StatusOr<std::vector<float>> params =
-        LoadSafetensors(o.init_model, layout_);
-    if (!params.ok()) {
-      return absl::Status(
-          params.status().code(),
-          absl::StrCat("--init_model: ", params.status().message()));
-    }
-    state.params = std::move(*params);
-    Log("initial weights from %s", o.init_model);
   } else {
-    state.params = InitParams(layout_, o.config.schedule.seed);
+    ASSIGN_OR_RETURN(state, InitialState());
+    if (!o.init_model.empty()) Log("initial weights from %s", o.init_model);
   }
 
   metrics_ = std::make_unique<ServerMetrics>(o.config.schedule.world_size);
   const int threads = UpdateThreads(o.update_threads);
-  coordinator_ = std::make_unique<StepCoordinator>(layout_, o.config,
-                                                   std::move(state), threads);
+  coordinator_ = std::make_unique<StepCoordinator>(
+      layout_, o.config, std::move(state), threads, shard_);
   Log("the update runs on %d thread%s", threads, threads == 1 ? "" : "s");
   coordinator_->SetUpdateObserver(
       [m = metrics_.get()](absl::Duration d) { m->ObserveUpdate(d); });
@@ -109,13 +141,14 @@ absl::Status PsServer::Build() {
   if (store_ != nullptr) {
     coordinator_->SetCheckpointHook(
         o.checkpoint_every, [this](TrainingState s) {
-          store_->WriteAsync(
-              Checkpoint{options_.config, coordinator_->data(), std::move(s)});
+          store_->WriteAsync(Checkpoint{options_.config, coordinator_->data(),
+                                        std::move(s), shard_.index,
+                                        shard_.count});
         });
   }
   if (o.shared_memory) {
     absl::StatusOr<std::unique_ptr<SharedPlane>> shared =
-        SharedPlane::Start(o.config.schedule.world_size, layout_.num_params(),
+        SharedPlane::Start(o.config.schedule.world_size, shard_.range.length,
                            o.config.grad_encoding, o.config.weight_encoding);
     if (shared.ok()) {
       shared_ = *std::move(shared);
@@ -123,9 +156,31 @@ absl::Status PsServer::Build() {
       Log("no shared memory for workers: %s", shared.status().message());
     }
   }
-  service_ = std::make_unique<PsService>(
-      coordinator_.get(), metrics_.get(),
-      PsServiceOptions{o.security.auth_token, shared_.get()});
+  PsServiceOptions service_options{o.security.auth_token, shared_.get()};
+  if (sharded()) {
+    if (store_ != nullptr) {
+      service_options.restorable_steps = [this] {
+        return store_->RestorableSteps();
+      };
+    }
+    service_options.restore =
+        [this](int64_t step) -> absl::StatusOr<TrainingState> {
+      if (step == 0) return InitialState();
+      if (store_ == nullptr) {
+        return absl::FailedPreconditionError("no --checkpoint_dir");
+      }
+      ASSIGN_OR_RETURN(Checkpoint c, store_->Load(step));
+      return std::move(c.state);
+    };
+    service_options.on_weights_collected = [this](int64_t step) {
+      if (coordinator_->done() && step == coordinator_->Status().step &&
+          !collected_.HasBeenNotified()) {
+        collected_.Notify();
+      }
+    };
+  }
+  service_ = std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
+                                         service_options);
   return absl::OkStatus();
 }
 
@@ -178,8 +233,9 @@ absl::Status PsServer::FinalCheckpoint() {
   store_->Flush();
   TrainingState s = coordinator_->Snapshot();
   const int64_t step = s.step;
-  absl::Status written = store_->Write(
-      Checkpoint{options_.config, coordinator_->data(), std::move(s)});
+  absl::Status written =
+      store_->Write(Checkpoint{options_.config, coordinator_->data(),
+                               std::move(s), shard_.index, shard_.count});
   if (written.ok()) {
     Log("checkpoint of step %d written to %s", step, options_.checkpoint_dir);
   } else {
@@ -234,17 +290,30 @@ absl::Status PsServer::Watch() {
 absl::Status PsServer::Finish(absl::Time start) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   (void)FinalCheckpoint();  // logged; the model file below is the result
-  if (!options_.save_model.empty()) {
-    const TrainingState final_state = coordinator_->Snapshot();
-    if (absl::Status s =
-            SaveSafetensors(options_.save_model, layout_, final_state.params);
-        !s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("cannot save the model: ", s.message()));
+  if (sharded() && shard_.index != 0) {
+    // Shard 0 saves the model: serve until it has this shard's part.
+    if (collected_.WaitForNotificationWithTimeout(
+            options_.final_eval_timeout)) {
+      Log("shard 0 collected this shard's final weights");
+    } else {
+      Log("shard 0 did not collect this shard's final weights within %.0f s",
+          absl::ToDoubleSeconds(options_.final_eval_timeout));
     }
-    Log("saved the model to %s", options_.save_model);
+  } else {
+    ASSIGN_OR_RETURN(const std::vector<float> weights, FinalWeights());
+    if (!options_.save_model.empty()) {
+      if (absl::Status s =
+              SaveSafetensors(options_.save_model, layout_, weights);
+          !s.ok()) {
+        return absl::Status(
+            s.code(), absl::StrCat("cannot save the model: ", s.message()));
+      }
+      Log("saved the model to %s", options_.save_model);
+    }
   }
+  // Rank 0 reports its evaluations to shard 0 only.
   const bool have_eval =
+      shard_.index == 0 &&
       coordinator_->AwaitFinalEval(options_.final_eval_timeout);
   const CoordinatorStatus s = coordinator_->Status();
   // The training rate, from the first update to the last.
@@ -270,11 +339,28 @@ absl::Status PsServer::Finish(absl::Time start) {
   }
   if (have_eval) {
     Log("final test accuracy: %.4f", s.last_eval.accuracy);
-  } else {
+  } else if (shard_.index == 0) {
     Log("no final test accuracy from rank 0 within %.0f s",
         absl::ToDoubleSeconds(options_.final_eval_timeout));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> PsServer::FinalWeights() {
+  const TrainingState own = coordinator_->Snapshot();
+  if (!sharded()) return own.params;
+  GatherOptions gather = options_.gather;
+  gather.timeout = options_.final_eval_timeout;
+  absl::StatusOr<std::vector<float>> all =
+      GatherShards(gather, layout_, shard_.count, own.step);
+  if (!all.ok()) {
+    return absl::Status(
+        all.status().code(),
+        absl::StrCat("cannot collect the model: ", all.status().message()));
+  }
+  Log("collected the weights of step %d from %d shards", own.step,
+      shard_.count);
+  return all;
 }
 
 absl::StatusOr<PsServer::Outcome> PsServer::Run() {

@@ -25,6 +25,7 @@
 #include "common/security.h"
 #include "server/checkpoint.h"
 #include "server/server_metrics.h"
+#include "server/shard_gather.h"
 #include "server/shared_plane.h"
 #include "server/step_coordinator.h"
 
@@ -57,6 +58,14 @@ struct PsServerOptions {
   // through shared memory.
   bool shared_memory = true;
   ServerSecurity security;  // credentials default to plaintext
+  // Sharded jobs: this dp-ps is shard `shard` of `shards` and owns that
+  // range of the vector (common/shard_plan.h). Shard 0 speaks for the job:
+  // at the end it collects the weights from every shard (gather.addresses)
+  // and saves the model; the other shards exit once it has their final
+  // weights.
+  int shards = 1;
+  int shard = 0;
+  GatherOptions gather;
 };
 
 class PsServer {
@@ -106,10 +115,20 @@ class PsServer {
   // The summary of a finished job: save the model, wait for the final
   // evaluation, log the rates.
   absl::Status Finish(absl::Time start);
+  // The whole vector of the final weights: this dp-ps's, or (shard 0 of a
+  // sharded job) every shard's.
+  absl::StatusOr<std::vector<float>> FinalWeights();
+  // The state of step 0 for this shard's range: from --init_model or the
+  // seed, Adam's moments zero.
+  absl::StatusOr<TrainingState> InitialState() const;
+  bool sharded() const { return shard_.count > 1; }
   void ShutdownServers(absl::Duration grace);
 
   const PsServerOptions options_;
   const ModelLayout layout_ = ModelLayout::SimpleNet();
+  ShardSpec shard_;
+  // A shard other than 0: set once shard 0 has collected its final weights.
+  absl::Notification collected_;
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<StepCoordinator> coordinator_;

@@ -1,6 +1,7 @@
 // dp.v1.ParameterServer over a StepCoordinator; no math here.
 #include "server/ps_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -120,6 +121,15 @@ absl::Status CheckRequest(const RequestValidator&,
   return absl::OkStatus();
 }
 
+absl::Status CheckRequest(const RequestValidator&,
+                          const dp::v1::RollbackRequest& r) {
+  if (r.step() < 0 || r.step() > kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Rollback: step %d is out of range [0, %d]", r.step(), kMaxStep));
+  }
+  return absl::OkStatus();
+}
+
 EvalReport EvalReportOf(const dp::v1::ReportEvalRequest& r) {
   return EvalReport{r.step(), r.epoch(),       r.accuracy(),
                     r.loss(), r.num_samples(), r.final()};
@@ -135,8 +145,28 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       metrics_(metrics != nullptr ? metrics : own_metrics_.get()),
       token_(options.auth_token),
       validator_(coordinator->Status().config.schedule.world_size,
-                 coordinator->layout()),
-      shared_(options.shared_memory) {}
+                 coordinator->layout(), coordinator->shard().range),
+      shared_(options.shared_memory),
+      restorable_steps_(options.restorable_steps),
+      restore_(options.restore),
+      on_weights_collected_(options.on_weights_collected) {}
+
+void PsService::DescribeShard(const CoordinatorStatus& s,
+                              dp::v1::ShardInfo* out) const {
+  out->set_index(s.shard.index);
+  out->set_count(s.shard.count);
+  out->set_offset(s.shard.range.offset);
+  out->set_length(s.shard.range.length);
+  out->set_generation(s.generation);
+  out->set_holds_previous(s.holds_previous);
+  std::vector<int64_t> steps = {0};
+  if (restorable_steps_) {
+    for (int64_t step : restorable_steps_()) {
+      if (step != 0) steps.push_back(step);
+    }
+  }
+  for (int64_t step : steps) out->add_restorable_steps(step);
+}
 
 ServerUnaryReactor* PsService::Answer(CallbackServerContext* ctx,
                                       const absl::Status& s, int rank) {
@@ -173,6 +203,7 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
   response->set_total_steps(reg->config.schedule.total_steps());
   response->set_steps_per_epoch(reg->config.schedule.steps_per_epoch());
   response->set_num_params(coordinator_->layout().num_params());
+  DescribeShard(coordinator_->Status(), response->mutable_shard());
   if (request->shared_memory() && shared_ != nullptr) {
     // Without an offer the worker uses gRPC: not an error.
     absl::StatusOr<SharedPlane::Offer> offer =
@@ -196,7 +227,8 @@ grpc::ByteBuffer PsService::WeightsResponse(
   header.set_offset(offset);
   header.set_done(coordinator_->done());
   header.set_encoding(static_cast<dp::v1::Encoding>(weights.encoding));
-  if (in_shared_memory && shared_ != nullptr && offset == 0 &&
+  if (in_shared_memory && shared_ != nullptr &&
+      offset == coordinator_->shard().range.offset &&
       weights.bytes.size() == weights.snapshot.size()) {
     shared_->Publish(weights.step, weights.snapshot);
     header.set_params_in_shm(true);
@@ -219,11 +251,14 @@ ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
     return Answer(ctx, s);
   }
   if (absl::Status s = CheckCall(ctx, request); !s.ok()) return Answer(ctx, s);
-  auto weights =
-      coordinator_->Pull(request.rank(), request.offset(), request.length());
+  std::optional<int64_t> version;
+  if (request.has_version()) version = request.version();
+  auto weights = coordinator_->Pull(request.rank(), request.offset(),
+                                    request.length(), version);
   if (!weights.ok()) return Answer(ctx, weights.status());
-  *response =
-      WeightsResponse(*weights, request.offset(), request.weights_in_shm());
+  // Shared memory holds the current version only.
+  *response = WeightsResponse(*weights, request.offset(),
+                              request.weights_in_shm() && !version.has_value());
   return Answer(ctx, absl::OkStatus(), request.rank());
 }
 
@@ -303,9 +338,11 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
   const bool in_shm = request.weights_in_shm();
   return AwaitStep(rank, request.step(),
                    [this, response, rank, in_shm](int64_t) -> absl::Status {
-                     auto weights = coordinator_->Pull(rank, 0, 0);
+                     const int64_t offset =
+                         coordinator_->shard().range.offset;
+                     auto weights = coordinator_->Pull(rank, offset, 0);
                      if (!weights.ok()) return weights.status();
-                     *response = WeightsResponse(*weights, 0, in_shm);
+                     *response = WeightsResponse(*weights, offset, in_shm);
                      return absl::OkStatus();
                    });
 }
@@ -335,6 +372,49 @@ ServerUnaryReactor* PsService::GetStatus(
   response->set_done(s.done);
   response->set_last_test_accuracy(s.last_eval.accuracy);
   response->set_last_loss(s.last_loss);
+  DescribeShard(s, response->mutable_shard());
+  if (request->with_params()) {
+    // The float32 values themselves, of the version reported above.
+    const TrainingState state = coordinator_->Snapshot();
+    response->set_step(state.step);
+    response->set_params(state.params.data(),
+                         state.params.size() * sizeof(float));
+    if (on_weights_collected_) on_weights_collected_(state.step);
+  }
+  return Answer(ctx, absl::OkStatus());
+}
+
+ServerUnaryReactor* PsService::Rollback(CallbackServerContext* ctx,
+                                        const dp::v1::RollbackRequest* request,
+                                        dp::v1::RollbackResponse* response) {
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
+  if (!restore_) {
+    return Answer(ctx, absl::UnimplementedError(
+                           "this dp-ps cannot roll back (not a shard)"));
+  }
+  const CoordinatorStatus before = coordinator_->Status();
+  const int64_t step = request->step();
+  if (step != before.step) {
+    std::vector<int64_t> steps =
+        restorable_steps_ ? restorable_steps_() : std::vector<int64_t>{};
+    if (step != 0 && std::find(steps.begin(), steps.end(), step) ==
+                         steps.end()) {
+      return Answer(ctx, absl::FailedPreconditionError(absl::StrFormat(
+                             "Rollback: %s cannot restore step %d (it is at "
+                             "step %d and has no checkpoint of it)",
+                             before.shard.ToString(), step, before.step)));
+    }
+    absl::StatusOr<TrainingState> state = restore_(step);
+    if (!state.ok()) return Answer(ctx, state.status());
+    if (absl::Status s =
+            coordinator_->Rewind(request->generation(), *std::move(state));
+        !s.ok()) {
+      return Answer(ctx, s);
+    }
+  }
+  const CoordinatorStatus after = coordinator_->Status();
+  response->set_step(after.step);
+  DescribeShard(after, response->mutable_shard());
   return Answer(ctx, absl::OkStatus());
 }
 

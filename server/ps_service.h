@@ -22,6 +22,14 @@ struct PsServiceOptions {
   std::string auth_token;  // required on every call when not empty
   // Offered to workers that ask for it (not owned; null: none).
   SharedPlane* shared_memory = nullptr;
+  // Sharded jobs (Rollback): the steps this shard can restore besides 0,
+  // and the state of one of them or of step 0. Unset: only step 0 is
+  // restorable, and Rollback is UNIMPLEMENTED.
+  std::function<std::vector<int64_t>()> restorable_steps;
+  std::function<absl::StatusOr<TrainingState>(int64_t step)> restore;
+  // Called when GetStatus handed out this shard's weights of `step` (shard
+  // 0 collecting the model).
+  std::function<void(int64_t step)> on_weights_collected;
 };
 
 // The generated callback service, with the three calls that carry tensors
@@ -36,7 +44,10 @@ using ParameterServerBase =
                         dp::v1::ParameterServer::WithCallbackMethod_ReportEval<
                             dp::v1::ParameterServer::
                                 WithCallbackMethod_GetStatus<
-                                    dp::v1::ParameterServer::Service>>>>>>>;
+                                    dp::v1::ParameterServer::
+                                        WithCallbackMethod_Rollback<
+                                            dp::v1::ParameterServer::
+                                                Service>>>>>>>>;
 
 // RequestValidator over dp.v1 messages (the service's, the fuzzer's and the
 // tests' one way to validate a request). A push's gradient may travel
@@ -58,6 +69,8 @@ absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::ReportEvalRequest& r);
 absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::GetStatusRequest& r);
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::RollbackRequest& r);
 EvalReport EvalReportOf(const dp::v1::ReportEvalRequest& r);
 
 // Every handler first checks the call - token, then RequestValidator - and
@@ -100,8 +113,13 @@ class PsService final : public ParameterServerBase {
   grpc::ServerUnaryReactor* GetStatus(
       grpc::CallbackServerContext* ctx, const dp::v1::GetStatusRequest* request,
       dp::v1::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* Rollback(
+      grpc::CallbackServerContext* ctx, const dp::v1::RollbackRequest* request,
+      dp::v1::RollbackResponse* response) override;
 
  private:
+  // Where this shard stands: its range, generation and restorable steps.
+  void DescribeShard(const CoordinatorStatus& s, dp::v1::ShardInfo* out) const;
   // The push half of Push and PushPull: parses and checks the request, and
   // hands the gradient to the coordinator. *request gets the fields of the
   // request but its gradient.
@@ -141,6 +159,9 @@ class PsService final : public ParameterServerBase {
   const TokenChecker token_;
   const RequestValidator validator_;
   SharedPlane* const shared_;
+  const std::function<std::vector<int64_t>()> restorable_steps_;
+  const std::function<absl::StatusOr<TrainingState>(int64_t)> restore_;
+  const std::function<void(int64_t)> on_weights_collected_;
 };
 
 }  // namespace dp

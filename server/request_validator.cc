@@ -31,9 +31,10 @@ bool IsPrintableAscii(absl::string_view s) {
 
 }  // namespace
 
-RequestValidator::RequestValidator(int world_size, const ModelLayout& layout)
+RequestValidator::RequestValidator(int world_size, const ModelLayout& layout,
+                                   ParamRange owned)
     : world_size_(world_size),
-      num_params_(layout.num_params()),
+      owned_(owned.length > 0 ? owned : ParamRange{0, layout.num_params()}),
       model_fingerprint_(layout.Fingerprint()) {}
 
 absl::Status RequestValidator::CheckRank(const char* rpc, int rank) const {
@@ -55,15 +56,15 @@ absl::Status RequestValidator::CheckStep(const char* rpc, int rank,
 }
 
 absl::Status CheckGradientShape(int rank, Encoding encoding, int64_t offset,
-                                size_t bytes, int64_t num_params) {
+                                size_t bytes, ParamRange owned) {
   const int64_t expected =
-      num_params * static_cast<int64_t>(BytesPerValue(encoding));
-  if (offset != 0 || static_cast<int64_t>(bytes) != expected) {
+      owned.length * static_cast<int64_t>(BytesPerValue(encoding));
+  if (offset != owned.offset || static_cast<int64_t>(bytes) != expected) {
     return Invalid(
         "gradient from rank %d covers %d bytes at offset %d; this dp-ps owns "
-        "[0, %d) and expects %d bytes (%d %s values)",
-        rank, bytes, offset, num_params, expected, num_params,
-        EncodingName(encoding));
+        "[%d, %d) and expects %d bytes (%d %s values) at offset %d",
+        rank, bytes, offset, owned.offset, owned.end(), expected, owned.length,
+        EncodingName(encoding), owned.offset);
   }
   return absl::OkStatus();
 }
@@ -97,13 +98,13 @@ absl::Status RequestValidator::CheckRegister(
 absl::Status RequestValidator::CheckPull(int rank, int64_t offset,
                                          int64_t length) const {
   RETURN_IF_ERROR(CheckRank("Pull", rank));
-  // Written so that nothing can overflow: offset in [0, n] first.
-  if (offset < 0 || offset > num_params_ || length < 0 ||
-      length > num_params_ - offset) {
+  // Written so that nothing can overflow: offset in [begin, end] first.
+  if (offset < owned_.offset || offset > owned_.end() || length < 0 ||
+      length > owned_.end() - offset) {
     return Invalid(
         "Pull from rank %d: range (offset %d, length %d) is outside the "
-        "parameter vector [0, %d)",
-        rank, offset, length, num_params_);
+        "range this dp-ps owns [%d, %d)",
+        rank, offset, length, owned_.offset, owned_.end());
   }
   return absl::OkStatus();
 }
@@ -120,7 +121,7 @@ absl::Status RequestValidator::CheckPush(int rank, int64_t step, int64_t offset,
                    encoding);
   }
   RETURN_IF_ERROR(CheckGradientShape(rank, static_cast<Encoding>(encoding),
-                                     offset, gradient_bytes, num_params_));
+                                     offset, gradient_bytes, owned_));
   if (!std::isfinite(loss) || std::fabs(loss) > kMaxAbsLoss) {
     return Invalid(
         "loss from rank %d for step %d is not finite or out of range (%g)",

@@ -21,6 +21,7 @@
 #include "common/dataset.h"
 #include "common/job_config.h"
 #include "common/model_layout.h"
+#include "common/shard_plan.h"
 
 namespace dp {
 
@@ -33,14 +34,17 @@ inline constexpr double kMaxAbsLoss = 1e15;
 inline constexpr size_t kMaxWorkerIdBytes = 256;
 
 // INVALID_ARGUMENT unless a gradient of `bytes` bytes at `offset` in
-// `encoding` covers the whole vector of `num_params` values. The validator
+// `encoding` covers exactly the range `owned` of the vector. The validator
 // and the coordinator (which must never read past a buffer) share it.
 absl::Status CheckGradientShape(int rank, Encoding encoding, int64_t offset,
-                                size_t bytes, int64_t num_params);
+                                size_t bytes, ParamRange owned);
 
 class RequestValidator {
  public:
-  RequestValidator(int world_size, const ModelLayout& layout);
+  // `owned`: the range of the vector this dp-ps holds (a shard's); empty
+  // means all of it.
+  RequestValidator(int world_size, const ModelLayout& layout,
+                   ParamRange owned = {});
 
   // Each: OK when a request with these fields may be handed to the
   // StepCoordinator. `data` is null when the request carries none.
@@ -63,7 +67,7 @@ class RequestValidator {
   absl::Status CheckStep(const char* rpc, int rank, int64_t step) const;
 
   const int world_size_;
-  const int64_t num_params_;
+  const ParamRange owned_;
   const uint64_t model_fingerprint_;
 };
 

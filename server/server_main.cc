@@ -3,6 +3,9 @@
 // thread.
 #include <signal.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -10,14 +13,17 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/security.h"
+#include "common/shard_plan.h"
 #include "common/tensor_codec.h"
 #include "server/ps_server.h"
 
@@ -51,8 +57,30 @@ struct ServerFlags {
   int update_threads = 0;
   bool exit_when_done = true;
   bool shared_memory = true;
+  int shards = 1;
+  int shard = -1;
+  std::string shard_addresses;
   bool dry_run = false;
 };
+
+// --shard, or the ordinal at the end of the host name (a StatefulSet's pod
+// "dp-ps-2" is shard 2), or 0 for a job of one shard.
+absl::StatusOr<int> ShardIndex(const ServerFlags& f) {
+  if (f.shard >= 0 || f.shards <= 1) return std::max(f.shard, 0);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const absl::string_view name(host);
+  const size_t dash = name.rfind('-');
+  int ordinal = -1;
+  if (dash == absl::string_view::npos ||
+      !absl::SimpleAtoi(name.substr(dash + 1), &ordinal) || ordinal < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--shards=%d needs --shard (or DP_SHARD); the host name '%s' ends in "
+        "no StatefulSet ordinal",
+        f.shards, name));
+  }
+  return ordinal;
+}
 
 absl::Status Validate(const ServerFlags& f) {
   if (f.port < 0 || f.port > 65535) {
@@ -111,6 +139,15 @@ absl::Status Validate(const ServerFlags& f) {
   if (f.update_threads < 0 || f.update_threads > 256) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--update_threads must be in 0..256, got %d", f.update_threads));
+  }
+  if (f.shards < 1 || f.shards > kMaxShards) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--shards must be in 1..%d, got %d", kMaxShards, f.shards));
+  }
+  if (f.shard < -1 || f.shard >= f.shards) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--shard must be in 0..%d (--shards=%d), got %d",
+                        f.shards - 1, f.shards, f.shard));
   }
   if (f.on_worker_loss != "wait" && f.on_worker_loss != "fail") {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -197,6 +234,15 @@ int Run(int argc, char** argv) {
                 "offer workers on this host (this network namespace) their "
                 "tensors through shared memory; gRPC stays the control "
                 "plane");
+  flags.AddInt("shards", &f.shards,
+               "how many dp-ps processes share the parameters; each owns a "
+               "range of them (1 = this dp-ps holds all)");
+  flags.AddInt("shard", &f.shard,
+               "which of the --shards this dp-ps is (-1 = the ordinal at "
+               "the end of the host name, as in a StatefulSet)");
+  flags.AddString("shard_addresses", &f.shard_addresses,
+                  "every shard's host:port, comma-separated (shard 0 "
+                  "collects the model from them at the end)");
   flags.AddBool("exit_when_done", &f.exit_when_done,
                 "exit once training is finished; false keeps serving the "
                 "final weights and status until SIGTERM (Kubernetes)");
@@ -242,6 +288,14 @@ int Run(int argc, char** argv) {
   o.update_threads = f.update_threads;
   o.exit_when_done = f.exit_when_done;
   o.shared_memory = f.shared_memory;
+  o.shards = f.shards;
+  absl::StatusOr<int> shard = ShardIndex(f);
+  if (!shard.ok()) {
+    Log("configuration error: %s", shard.status().message());
+    return kExitConfigError;
+  }
+  o.shard = *shard;
+  o.gather.addresses = absl::StrSplit(f.shard_addresses, ',', absl::SkipEmpty());
 
   // A write beyond a file-size limit must be an error, not a crash.
   signal(SIGXFSZ, SIG_IGN);
@@ -258,6 +312,16 @@ int Run(int argc, char** argv) {
   Log("security: %s", security->Describe());
   if (auto warning = PlaintextWarning(f.host, *security)) Log("%s", *warning);
   o.security = *std::move(security);
+  if (f.shards > 1) {
+    // Shard 0 calls the other shards as a client, with the same files.
+    absl::StatusOr<ClientSecurity> client = LoadClientSecurity(security_flags);
+    if (!client.ok()) {
+      Log("configuration error: %s", client.status().message());
+      return kExitConfigError;
+    }
+    o.gather.credentials = client->credentials;
+    o.gather.auth_token = client->auth_token;
+  }
 
   absl::StatusOr<std::unique_ptr<PsServer>> server =
       PsServer::Start(std::move(o));

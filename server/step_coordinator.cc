@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -19,17 +20,39 @@ absl::Status Unavailable() {
   return absl::UnavailableError("dp-ps is shutting down");
 }
 
+// Unique per start and rollback with overwhelming probability; never 0 (a
+// request without one).
+uint64_t NewGeneration() {
+  std::random_device device;
+  const uint64_t g = (uint64_t{device()} << 32) | device();
+  return g == 0 ? 1 : g;
+}
+
+// A coordinator for the whole vector unless told otherwise.
+ShardSpec Normalized(ShardSpec shard, const ModelLayout& layout) {
+  if (shard.count <= 1) {
+    shard.index = 0;
+    shard.count = 1;
+    shard.range = ParamRange{0, layout.num_params()};
+  }
+  return shard;
+}
+
 }  // namespace
 
 StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
-                                 TrainingState state, int update_threads)
+                                 TrainingState state, int update_threads,
+                                 ShardSpec shard)
     : layout_(std::move(layout)),
+      shard_(Normalized(shard, layout_)),
+      n_(shard_.range.length),
       pool_(update_threads),
       config_(std::move(config)),
       state_(std::move(state)),
-      snapshots_(layout_.num_params() * BytesPerValue(config_.weight_encoding)),
+      generation_(NewGeneration()),
+      snapshots_(n_ * BytesPerValue(config_.weight_encoding)),
       started_(absl::Now()) {
-  const int64_t n = layout_.num_params();
+  const int64_t n = n_;
   DP_CHECK(static_cast<int64_t>(state_.params.size()) == n);
   if (state_.m.empty()) state_.m.assign(n, 0.0f);
   if (state_.v.empty()) state_.v.assign(n, 0.0f);
@@ -48,6 +71,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   missing_since_.assign(world, started_);
   reported_unregistered_.assign(world, false);
   waits_of_rank_.assign(world, 0);
+  if (shard_.count > 1) previous_.resize(n);
 }
 
 absl::Status StepCoordinator::RefusalLocked() const {
@@ -111,31 +135,50 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
 }
 
 absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
-    int rank, int64_t offset, int64_t length) {
+    int rank, int64_t offset, int64_t length, std::optional<int64_t> version) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank(rank));
-  const int64_t n = layout_.num_params();
-  if (length == 0 && offset >= 0 && offset <= n) length = n - offset;
-  // Ordered so that nothing overflows: offset is in [0, n] before n - offset.
-  if (offset < 0 || offset > n || length < 0 || length > n - offset) {
+  const int64_t begin = shard_.range.offset;
+  const int64_t end = shard_.range.end();
+  if (length == 0 && offset >= begin && offset <= end) length = end - offset;
+  // Ordered so that nothing overflows: offset is in [begin, end] before
+  // end - offset.
+  if (offset < begin || offset > end || length < 0 || length > end - offset) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "pull range (offset %d, length %d) is outside the parameter vector "
-        "[0, %d)",
-        offset, length, n));
+        "pull range (offset %d, length %d) is outside the range this dp-ps "
+        "owns [%d, %d)",
+        offset, length, begin, end));
   }
-  Touch(rank);
   const Encoding encoding = config_.weight_encoding;
   const size_t width = BytesPerValue(encoding);
+  const int64_t local = offset - begin;
+  if (version.has_value() && *version != state_.step) {
+    if (*version != state_.step - 1 || !holds_previous_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "rank %d asks for the weights of version %d; this dp-ps is at "
+          "version %d and holds %s",
+          rank, *version, state_.step,
+          holds_previous_ ? "the one before too" : "no other"));
+    }
+    Touch(rank);
+    // Rare (a join while the shards are a step apart): a buffer of its own.
+    auto bytes = std::make_shared<std::string>(n_ * width, '\0');
+    Encode(encoding, previous_.data(), n_, bytes->data());
+    absl::string_view all(*bytes);
+    return PulledWeights{*version, encoding, bytes, all,
+                         all.substr(local * width, length * width)};
+  }
+  Touch(rank);
   if (published_ == nullptr) {
     // A buffer that a response in flight still sends from is never
     // overwritten: Free() skips it (its lease is held).
     published_ = &snapshots_.Free();
-    Encode(encoding, state_.params.data(), n, published_->data());
+    Encode(encoding, state_.params.data(), n_, published_->data());
   }
   return PulledWeights{
       state_.step, encoding, published_->Lend(), published_->view(),
-      absl::string_view(published_->data() + offset * width, length * width)};
+      absl::string_view(published_->data() + local * width, length * width)};
 }
 
 absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
@@ -149,15 +192,15 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(RefusalLocked());
     RETURN_IF_ERROR(CheckRank(rank));
-    const int64_t n = layout_.num_params();
+    const int64_t n = n_;
     if (encoding != config_.grad_encoding) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "gradient from rank %d is encoded as %s; this job uses %s", rank,
           EncodingName(encoding), EncodingName(config_.grad_encoding)));
     }
     // Never read past the buffer, whoever calls.
-    RETURN_IF_ERROR(
-        CheckGradientShape(rank, encoding, offset, gradient.size(), n));
+    RETURN_IF_ERROR(CheckGradientShape(rank, encoding, offset, gradient.size(),
+                                       shard_.range));
     // The values are read once, before anything that depends on the step,
     // so that a bad gradient is INVALID_ARGUMENT whatever the state. While
     // the rank's buffer holds nothing of this step (received_[rank] false),
@@ -176,7 +219,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
       return absl::InvalidArgumentError(absl::StrFormat(
           "gradient from rank %d for step %d has a non-finite or out-of-range "
           "value (%g, limit %g) at index %d",
-          rank, step, value, kMaxAbsGradient, bad));
+          rank, step, value, kMaxAbsGradient, shard_.range.offset + bad));
     }
     if (!registered_[rank]) {
       return absl::FailedPreconditionError(
@@ -233,8 +276,12 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
     grads.push_back(gradients_[r].data());
     loss_sum += losses_[r];
   }
+  if (shard_.count > 1) {
+    std::memcpy(previous_.data(), state_.params.data(), n_ * sizeof(float));
+    holds_previous_ = true;
+  }
   const absl::Time apply_start = absl::Now();
-  AverageAndAdamStep(config_.adam, state_.step + 1, grads, layout_.num_params(),
+  AverageAndAdamStep(config_.adam, state_.step + 1, grads, n_,
                      state_.params.data(), state_.m.data(), state_.v.data(),
                      &pool_);
   if (update_observer_) update_observer_(absl::Now() - apply_start);
@@ -429,6 +476,43 @@ void StepCoordinator::Fail(const absl::Status& reason) {
   for (WaitCallback& cb : to_fail) cb(reason, step);
 }
 
+absl::Status StepCoordinator::Rewind(uint64_t generation,
+                                     TrainingState state) {
+  std::vector<WaitCallback> to_abort;
+  int64_t step;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(RefusalLocked());
+    if (generation != generation_) {
+      return absl::AbortedError(absl::StrFormat(
+          "rollback refused: %s changed since it was decided (generation "
+          "%016x, now %016x); re-sync",
+          shard_.ToString(), generation, generation_));
+    }
+    if (static_cast<int64_t>(state.params.size()) != n_ ||
+        static_cast<int64_t>(state.m.size()) != n_ ||
+        static_cast<int64_t>(state.v.size()) != n_) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "rollback state has %d values; %s has %d", state.params.size(),
+          shard_.ToString(), n_));
+    }
+    if (state.step == state_.step) return absl::OkStatus();
+    Log("%s: rolled back from step %d to step %d", shard_.ToString(),
+        state_.step, state.step);
+    state_ = std::move(state);
+    step = state_.step;
+    generation_ = NewGeneration();
+    holds_previous_ = false;
+    published_ = nullptr;
+    received_.assign(received_.size(), false);
+    to_abort = TakeAllWaitersLocked();
+  }
+  const absl::Status aborted = absl::AbortedError(absl::StrFormat(
+      "%s rolled back to step %d: re-sync", shard_.ToString(), step));
+  for (WaitCallback& cb : to_abort) cb(aborted, step);
+  return absl::OkStatus();
+}
+
 absl::Status StepCoordinator::RestoreData(const DataFingerprint& data) {
   absl::MutexLock lock(&mu_);
   Schedule schedule = config_.schedule;
@@ -496,6 +580,9 @@ CoordinatorStatus StepCoordinator::Status() const {
   absl::ReaderMutexLock lock(&mu_);
   CoordinatorStatus s;
   s.config = config_;
+  s.shard = shard_;
+  s.generation = generation_;
+  s.holds_previous = holds_previous_;
   s.step = state_.step;
   s.total_steps = TotalStepsLocked();
   for (int r = 0; r < config_.schedule.world_size; ++r) {

@@ -32,12 +32,16 @@
 #include "common/lent_buffer.h"
 #include "common/model_layout.h"
 #include "common/parallel_for.h"
+#include "common/shard_plan.h"
 #include "server/adam.h"
 
 namespace dp {
 
 struct CoordinatorStatus {
   JobConfig config;
+  ShardSpec shard;
+  uint64_t generation = 0;
+  bool holds_previous = false;
   int64_t step = 0;
   int64_t total_steps = 0;  // 0 until the data set size is known
   std::vector<int> registered_ranks;
@@ -61,11 +65,14 @@ struct CoordinatorStatus {
 class StepCoordinator {
  public:
   // update_threads: how many threads run the average + Adam update (the
-  // result is bit-identical for any number).
+  // result is bit-identical for any number). `shard` says which range of
+  // the vector this coordinator owns (count 1: all of it); `state` holds
+  // that range.
   StepCoordinator(ModelLayout layout, JobConfig config, TrainingState state,
-                  int update_threads = 1);
+                  int update_threads = 1, ShardSpec shard = {});
 
   const ModelLayout& layout() const { return layout_; }
+  const ShardSpec& shard() const { return shard_; }
 
   struct Registration {
     JobConfig config;
@@ -89,16 +96,20 @@ class StepCoordinator {
     absl::string_view snapshot;  // all of it
     absl::string_view bytes;     // params[offset, offset + length), encoded
   };
-  // params[offset, offset+length) of the current version; length 0 means
-  // "to the end".
-  absl::StatusOr<PulledWeights> Pull(int rank, int64_t offset, int64_t length);
+  // params[offset, offset+length) of the current version (or of `version`,
+  // when it is the one before and a sharded coordinator still holds it);
+  // offsets are into the whole vector and must lie in this shard's range;
+  // length 0 means "to the end of the range".
+  absl::StatusOr<PulledWeights> Pull(
+      int rank, int64_t offset, int64_t length,
+      std::optional<int64_t> version = std::nullopt);
 
   struct PushResult {
     int64_t step = 0;        // the job's step after this push
     bool duplicate = false;  // retry of an already received or applied push
   };
-  // Receives the gradient (the whole vector, in the job's grad_encoding)
-  // of `rank` for `step`. The last of the N pushes applies the update. A
+  // Receives the gradient (this shard's whole range, at its offset, in the
+  // job's grad_encoding) of `rank` for `step`. The last of the N pushes applies the update. A
   // retry for the current step or the one just applied is acknowledged and
   // not counted twice.
   absl::StatusOr<PushResult> Push(int rank, int64_t step, int64_t offset,
@@ -147,6 +158,14 @@ class StepCoordinator {
   // Ends the job with `reason`, a JobFailedError (common/grpc_status.h):
   // pending waits and every later request get it.
   void Fail(const absl::Status& reason);
+
+  // Sets the state back to `state` (an earlier step's, of this shard) when
+  // the coordinator is still at `generation`: pending waits fail with
+  // ABORTED, received pushes are dropped, and the generation is new.
+  // ABORTED, changing nothing, when the generation moved on (a rollback
+  // decided on what is no longer so). A state at the current step changes
+  // nothing.
+  absl::Status Rewind(uint64_t generation, TrainingState state);
 
   // Restores the data fingerprint saved with a checkpoint, as if the worker
   // that defined it had registered. INVALID_ARGUMENT if the schedule cannot
@@ -224,10 +243,17 @@ class StepCoordinator {
   int64_t TotalStepsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const ModelLayout layout_;
+  const ShardSpec shard_;
+  const int64_t n_;  // values of the range this coordinator owns
   mutable absl::Mutex mu_;
   WorkerPool pool_ ABSL_GUARDED_BY(mu_);  // runs the update, under mu_
   JobConfig config_ ABSL_GUARDED_BY(mu_);
   TrainingState state_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_);
+  // Sharded: the params of version state_.step - 1, for a worker that joins
+  // while another shard still waits for its push of that step.
+  std::vector<float> previous_ ABSL_GUARDED_BY(mu_);
+  bool holds_previous_ ABSL_GUARDED_BY(mu_) = false;
   bool have_data_ ABSL_GUARDED_BY(mu_) = false;
   DataFingerprint data_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);

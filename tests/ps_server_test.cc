@@ -16,7 +16,7 @@
 #include "common/grpc_status.h"
 #include "gtest/gtest.h"
 #include "tests/subprocess.h"
-#include "worker/ps_client.h"
+#include "worker/ps_group.h"
 #include "worker/trainer.h"
 
 namespace dp {
@@ -43,7 +43,7 @@ absl::Status Train(const PsServer& server, int rank) {
   client_options.max_message_bytes =
       MessageBytesFor(ModelLayout::SimpleNet().num_params());
   client_options.retry_for = absl::Seconds(1);
-  PsClient client(client_options);
+  PsGroup client({client_options.address}, client_options);
   TrainerOptions options;
   options.rank = rank;
   Trainer trainer(&client, options);

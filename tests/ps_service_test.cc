@@ -11,7 +11,7 @@
 #include "common/grpc_server.h"
 #include "gtest/gtest.h"
 #include "tests/in_process_ps.h"
-#include "worker/ps_client.h"
+#include "worker/ps_group.h"
 
 namespace dp {
 namespace {
@@ -224,7 +224,7 @@ TEST(PsServiceSharedMemoryTest, AGradientInItsSlotIsCheckedLikeOneOverGrpc) {
   client_options.address = (*ps)->address();
   client_options.max_message_bytes = MessageBytesFor(layout.num_params());
   client_options.data_plane = DataPlane::kShm;
-  PsClient client(client_options);
+  PsGroup client({client_options.address}, client_options);
   Registration registration;
   registration.rank = 0;
   registration.model_fingerprint = layout.Fingerprint();
@@ -238,7 +238,7 @@ TEST(PsServiceSharedMemoryTest, AGradientInItsSlotIsCheckedLikeOneOverGrpc) {
   ASSERT_TRUE(client.Pull(0, &shared).ok());
   PsClientOptions grpc_options = client_options;
   grpc_options.data_plane = DataPlane::kGrpc;
-  PsClient over_grpc(grpc_options);
+  PsGroup over_grpc({grpc_options.address}, grpc_options);
   Weights sent;
   ASSERT_TRUE(over_grpc.Pull(0, &sent).ok());
   EXPECT_EQ(shared.step, sent.step);

@@ -74,9 +74,9 @@ TEST(SharedMemoryTest, ReadersSeeWholeVersionsWhileTheWriterPublishes) {
     done.store(true);
   });
   int reads = 0, torn = 0;
-  std::vector<float> out;
+  std::vector<float> out(n);
   while (!done.load() || reads == 0) {
-    absl::StatusOr<int64_t> version = ReadWeights(**region, n, &out);
+    absl::StatusOr<int64_t> version = ReadWeights(**region, absl::MakeSpan(out));
     if (!version.ok()) continue;  // rewritten throughout: asked again
     ++reads;
     for (float x : out) {
@@ -89,7 +89,8 @@ TEST(SharedMemoryTest, ReadersSeeWholeVersionsWhileTheWriterPublishes) {
   writer.join();
   EXPECT_GT(reads, 0);
   EXPECT_EQ(torn, 0) << "of " << reads << " reads";
-  auto wrong_size = ReadWeights(**region, n + 1, &out);
+  std::vector<float> more(n + 1);
+  auto wrong_size = ReadWeights(**region, absl::MakeSpan(more));
   EXPECT_EQ(wrong_size.status().code(), absl::StatusCode::kDataLoss);
 }
 

@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "tests/exposition.h"
 #include "tests/in_process_ps.h"
-#include "worker/ps_client.h"
+#include "worker/ps_group.h"
 #include "worker/worker_metrics.h"
 
 namespace dp {
@@ -38,7 +38,8 @@ TEST_P(TrainerWaitTest, ABarrierDeadlineWaitsAgainWithoutComputingAgain) {
   client_options.wait_timeout = absl::Milliseconds(200);
   client_options.max_message_bytes =
       MessageBytesFor((*ps)->layout().num_params());
-  PsClient client0(client_options), client1(client_options);
+  PsGroup client0({client_options.address}, client_options),
+      client1({client_options.address}, client_options);
   WorkerMetrics metrics0(0), metrics1(1);
   TrainerOptions options;
   options.fused = fused;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -42,10 +43,28 @@ constexpr char kPullMethod[] = "/dp.v1.ParameterServer/Pull";
 constexpr char kPushMethod[] = "/dp.v1.ParameterServer/Push";
 constexpr char kPushPullMethod[] = "/dp.v1.ParameterServer/PushPull";
 
-JobStatus StatusOf(const dp::v1::JobConfig& config, int64_t step) {
+ShardState ShardOf(const dp::v1::ShardInfo& info, int64_t step,
+                   int64_t num_params) {
+  ShardState s;
+  s.spec.index = info.index();
+  s.spec.count = std::max(info.count(), 1);
+  // A dp-ps that says nothing of shards holds the whole vector.
+  s.spec.range = info.length() > 0 ? ParamRange{info.offset(), info.length()}
+                                   : ParamRange{0, num_params};
+  s.step = step;
+  s.generation = info.generation();
+  s.holds_previous = info.holds_previous();
+  s.restorable_steps.assign(info.restorable_steps().begin(),
+                            info.restorable_steps().end());
+  return s;
+}
+
+JobStatus StatusOf(const dp::v1::JobConfig& config, int64_t step,
+                   const dp::v1::ShardInfo& shard, int64_t num_params) {
   JobStatus status;
   status.config = FromProto(config);
   status.step = step;
+  status.shard = ShardOf(shard, step, num_params);
   return status;
 }
 
@@ -91,6 +110,7 @@ grpc::ByteBuffer PsClient::PushRequest(const Gradient& gradient) const {
   dp::v1::PushRequest header;
   header.set_rank(gradient.rank);
   header.set_step(gradient.step);
+  header.set_offset(shard_.range.offset);
   header.set_loss(gradient.loss);
   header.set_num_samples(gradient.num_samples);
   header.set_encoding(static_cast<dp::v1::Encoding>(gradient.encoding));
@@ -99,31 +119,48 @@ grpc::ByteBuffer PsClient::PushRequest(const Gradient& gradient) const {
     header.set_gradient_in_shm(true);
     return SerializeMessage(header);
   }
+  const size_t width = BytesPerValue(gradient.encoding);
+  const absl::string_view range = gradient.wire->view().substr(
+      shard_.range.offset * width, shard_.range.length * width);
+  if (slot_ != nullptr) {
+    // dp-ps has read the slot's last gradient before it answered.
+    std::memcpy(slot_->data(), range.data(), range.size());
+    header.set_gradient_in_shm(true);
+    return SerializeMessage(header);
+  }
   return SerializeWithTensor(header, dp::v1::PushRequest::kGradientFieldNumber,
-                             gradient.wire->view(), gradient.wire->Lend());
+                             range, gradient.wire->Lend());
 }
 
 absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
-                                   Weights* weights) {
+                                   absl::Span<float> all, Received* received) {
   ReceivedTensor params;
   dp::v1::PullResponse header;
   RETURN_IF_ERROR(ParseWithTensor(
       response, dp::v1::PullResponse::kParamsFieldNumber, &header, &params));
-  weights->step = header.step();
+  if (static_cast<int64_t>(all.size()) < shard_.range.end() ||
+      header.offset() != shard_.range.offset) {
+    return absl::DataLossError(absl::StrFormat(
+        "dp-ps at %s sent weights at offset %d; it owns [%d, %d) of %d",
+        options_.address, header.offset(), shard_.range.offset,
+        shard_.range.end(), all.size()));
+  }
+  const absl::Span<float> out =
+      all.subspan(shard_.range.offset, shard_.range.length);
+  received->step = header.step();
+  received->wire_bytes = static_cast<int64_t>(response.Length());
   if (header.params_in_shm()) {
     if (weights_ == nullptr) {
       return absl::DataLossError(
           "dp-ps answered with weights in shared memory this worker does "
           "not have");
     }
-    ASSIGN_OR_RETURN(const int64_t version,
-                     dp::ReadWeights(*weights_, num_params_, &weights->params));
+    ASSIGN_OR_RETURN(const int64_t version, dp::ReadWeights(*weights_, out));
     if (version != header.step()) {
       return absl::AbortedError(absl::StrFormat(
           "the shared weights are of version %d, dp-ps answered %d: re-sync",
           version, header.step()));
     }
-    weights->wire_bytes = static_cast<int64_t>(response.Length());
     return absl::OkStatus();
   }
   const dp::v1::Encoding e = header.encoding();
@@ -134,21 +171,18 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
   }
   const Encoding encoding = static_cast<Encoding>(e);
   const size_t width = BytesPerValue(encoding);
-  if (params.size() % width != 0) {
+  if (params.size() != out.size() * width) {
     return absl::DataLossError(absl::StrFormat(
-        "dp-ps at %s sent %d bytes of weights, not a whole number of %s "
-        "values",
-        options_.address, params.size(), EncodingName(encoding)));
+        "dp-ps at %s sent %d bytes of weights; its range holds %d %s values",
+        options_.address, params.size(), out.size(), EncodingName(encoding)));
   }
-  weights->params.resize(params.size() / width);
   if (encoding == Encoding::kF32) {
-    params.CopyTo(reinterpret_cast<char*>(weights->params.data()));
+    params.CopyTo(reinterpret_cast<char*>(out.data()));
   } else {
     // A value may straddle two received slices: decode from one piece.
-    Decode(encoding, params.Contiguous(&scratch_).data(),
-           weights->params.size(), weights->params.data());
+    Decode(encoding, params.Contiguous(&scratch_).data(), out.size(),
+           out.data());
   }
-  weights->wire_bytes = static_cast<int64_t>(response.Length());
   return absl::OkStatus();
 }
 
@@ -192,7 +226,8 @@ absl::StatusOr<JobStatus> PsClient::GetStatus() {
       "GetStatus", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->GetStatus(c, request, &response);
       }));
-  JobStatus status = StatusOf(response.config(), response.step());
+  JobStatus status = StatusOf(response.config(), response.step(),
+                              response.shard(), num_params_);
   status.pushed_ranks.assign(response.pushed_ranks().begin(),
                              response.pushed_ranks().end());
   return status;
@@ -211,8 +246,10 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
       WithRetry("Register", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->Register(c, request, &response);
       }));
-  JobStatus status = StatusOf(response.config(), response.step());
   num_params_ = response.num_params();
+  JobStatus status = StatusOf(response.config(), response.step(),
+                              response.shard(), num_params_);
+  shard_ = status.shard.spec;
   // The regions of a previous registration are dropped: dp-ps gave this
   // registration a new slot, and reads the old one no more.
   weights_.reset();
@@ -225,7 +262,7 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
                 "dp-ps offers no shared memory (--shared_memory=false, or it "
                 "could not make any)")
           : TakeSharedMemory(response.shm_socket(), response.shm_ticket(),
-                             status.config, num_params_);
+                             status.config, shard_.range.length);
   if (!taken.ok()) {
     if (options_.data_plane == DataPlane::kShm) {
       return absl::FailedPreconditionError(
@@ -264,14 +301,30 @@ absl::Span<char> PsClient::GradientSlot() const {
   return absl::Span<char>(slot_->data(), slot_->size());
 }
 
-absl::Status PsClient::Pull(int rank, Weights* weights) {
+absl::StatusOr<ShardState> PsClient::Rollback(int64_t step,
+                                              uint64_t generation) {
+  dp::v1::RollbackRequest request;
+  request.set_step(step);
+  request.set_generation(generation);
+  dp::v1::RollbackResponse response;
+  RETURN_IF_ERROR(
+      WithRetry("Rollback", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return rpc_->stub->Rollback(c, request, &response);
+      }));
+  return ShardOf(response.shard(), response.step(), num_params_);
+}
+
+absl::Status PsClient::Pull(int rank, std::optional<int64_t> version,
+                            absl::Span<float> all, Received* received) {
   dp::v1::PullRequest request;
   request.set_rank(rank);
+  request.set_offset(shard_.range.offset);
+  if (version.has_value()) request.set_version(*version);
   request.set_weights_in_shm(shared_memory());
   grpc::ByteBuffer response;
   RETURN_IF_ERROR(RawCall(Raw::kPull, options_.call_timeout,
                           SerializeMessage(request), &response));
-  return ReadWeights(response, weights);
+  return ReadWeights(response, all, received);
 }
 
 absl::Status PsClient::Push(const Gradient& gradient, int64_t* sent_bytes) {
@@ -294,14 +347,15 @@ absl::Status PsClient::Barrier(int rank, int64_t step) {
                    });
 }
 
-absl::Status PsClient::PushPull(const Gradient& gradient, Weights* weights,
+absl::Status PsClient::PushPull(const Gradient& gradient,
+                                absl::Span<float> all, Received* received,
                                 int64_t* sent_bytes) {
   const grpc::ByteBuffer request = PushRequest(gradient);
   *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer response;
   RETURN_IF_ERROR(
       RawCall(Raw::kPushPull, options_.wait_timeout, request, &response));
-  return ReadWeights(response, weights);
+  return ReadWeights(response, all, received);
 }
 
 absl::Status PsClient::ReportEval(int rank, const EvalReport& report) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "common/dataset.h"
 #include "common/job_config.h"
 #include "common/lent_buffer.h"
+#include "common/shard_plan.h"
 #include "common/shared_memory.h"
 #include "common/tensor_codec.h"
 
@@ -45,10 +47,20 @@ struct PsClientOptions {
   DataPlane data_plane = DataPlane::kAuto;
 };
 
+// Where a dp-ps stands among the job's shards, as it last answered.
+struct ShardState {
+  ShardSpec spec;  // one dp-ps: shard 0 of 1, the whole vector
+  int64_t step = 0;
+  uint64_t generation = 0;  // new at every start and rollback of the shard
+  bool holds_previous = false;  // it can serve version step - 1 too
+  std::vector<int64_t> restorable_steps;  // 0 and its verified checkpoints
+};
+
 struct JobStatus {
   JobConfig config;
   int64_t step = 0;
   std::vector<int> pushed_ranks;  // ranks whose push for `step` arrived
+  ShardState shard;
 };
 
 // Who registers: dp-ps refuses a worker whose model or data differ.
@@ -63,12 +75,21 @@ struct Registration {
 struct Weights {
   int64_t step = 0;           // the version
   std::vector<float> params;  // keeps its capacity from call to call
-  int64_t wire_bytes = 0;     // size of the message
+  int64_t wire_bytes = 0;     // size of the message(s)
 };
 
-// One step's gradient, in `encoding`: in `wire`, sent without a copy (it is
-// InUse() until gRPC lets go of it), or, with in_shared_memory, already in
-// this rank's slot (PsClient::GradientSlot).
+// What one dp-ps's answer held besides the values, which it writes into
+// its range of the whole vector.
+struct Received {
+  int64_t step = 0;
+  int64_t wire_bytes = 0;
+};
+
+// One step's gradient, in `encoding`: the whole vector in `wire`, of which
+// each dp-ps gets its range, without a copy over gRPC (it is InUse() until
+// gRPC lets go of it) or copied into its shared-memory slot; or, with
+// in_shared_memory, already in this rank's slot (PsClient::GradientSlot,
+// one dp-ps only).
 struct Gradient {
   int rank = 0;
   int64_t step = 0;
@@ -79,16 +100,22 @@ struct Gradient {
   bool in_shared_memory = false;
 };
 
+// One dp-ps (one shard of the job's parameters): worker/ps_group.h speaks
+// to all of them.
 class PsClient {
  public:
   explicit PsClient(const PsClientOptions& options);
   ~PsClient();
 
   absl::StatusOr<JobStatus> GetStatus();
-  // The plan of the job as it is now, and the step it is at. Takes the
-  // shared memory dp-ps offers (a fresh slot every time), as data_plane
-  // says.
+  // The plan of the job as it is now, the step it is at and where this
+  // dp-ps stands among the shards. Takes the shared memory dp-ps offers (a
+  // fresh slot every time), as data_plane says.
   absl::StatusOr<JobStatus> Register(const Registration& registration);
+  // Sets the shard back to `step` if it is still at `generation`.
+  absl::StatusOr<ShardState> Rollback(int64_t step, uint64_t generation);
+  // As of the last Register.
+  const ShardSpec& shard() const { return shard_; }
   // Since the last Register: tensors go through shared memory. Else why
   // not ("" when gRPC was asked for).
   bool shared_memory() const { return slot_ != nullptr; }
@@ -96,13 +123,16 @@ class PsClient {
   // This rank's gradient slot (empty without shared memory): the trainer
   // writes the encoded gradient here and pushes with in_shared_memory.
   absl::Span<char> GradientSlot() const;
-  absl::Status Pull(int rank, Weights* weights);
+  // The weights of this shard's range, of the current version or of
+  // `version`, into their place in `all` (the whole vector).
+  absl::Status Pull(int rank, std::optional<int64_t> version,
+                    absl::Span<float> all, Received* received);
   // Push, Barrier and Pull; or PushPull: push, wait at the barrier, receive
   // the new weights. Each returns the bytes it sent in *sent_bytes.
   absl::Status Push(const Gradient& gradient, int64_t* sent_bytes);
   absl::Status Barrier(int rank, int64_t step);
-  absl::Status PushPull(const Gradient& gradient, Weights* weights,
-                        int64_t* sent_bytes);
+  absl::Status PushPull(const Gradient& gradient, absl::Span<float> all,
+                        Received* received, int64_t* sent_bytes);
   absl::Status ReportEval(int rank, const EvalReport& report);
 
   const std::string& address() const { return options_.address; }
@@ -120,10 +150,12 @@ class PsClient {
   absl::Status RawCall(Raw method, absl::Duration timeout,
                        const grpc::ByteBuffer& request,
                        grpc::ByteBuffer* response);
-  // A Push or PushPull request sending gradient.wire without a copy.
+  // A Push or PushPull request with this shard's range of the gradient:
+  // from gradient.wire without a copy, or copied into the slot.
   grpc::ByteBuffer PushRequest(const Gradient& gradient) const;
-  // Parses a PullResponse into *weights.
-  absl::Status ReadWeights(const grpc::ByteBuffer& response, Weights* weights);
+  // Parses a PullResponse into this shard's range of `all`.
+  absl::Status ReadWeights(const grpc::ByteBuffer& response,
+                           absl::Span<float> all, Received* received);
 
   // The generated stub and the raw methods (ps_client.cc).
   struct Rpc;
@@ -135,7 +167,8 @@ class PsClient {
 
   PsClientOptions options_;
   std::unique_ptr<Rpc> rpc_;
-  int64_t num_params_ = 0;
+  int64_t num_params_ = 0;  // of the whole vector
+  ShardSpec shard_;
   std::unique_ptr<SharedRegion> weights_;  // read-only
   std::unique_ptr<SharedRegion> slot_;
   std::string why_not_shm_;

@@ -61,7 +61,7 @@ absl::Status CheckSameJob(const JobConfig& loaded, const JobConfig& now) {
 
 }  // namespace
 
-Trainer::Trainer(PsClient* client, TrainerOptions options)
+Trainer::Trainer(PsGroup* client, TrainerOptions options)
     : client_(client),
       options_(std::move(options)),
       unexported_(options_.metrics == nullptr
@@ -142,6 +142,7 @@ absl::Status Trainer::Join() {
     metrics_.SetSharedMemory(shm);
   }
   shared_memory_ = shm;
+  into_slot_ = !client_->GradientSlot().empty();
   RETURN_IF_ERROR(Timed(metrics_, WorkerMetrics::Call::kPull, [&] {
     return client_->Pull(options_.rank, &weights_);
   }));
@@ -156,9 +157,8 @@ absl::StatusOr<Gradient> Trainer::Compute() {
   // Where the encoded gradient goes: this rank's shared-memory slot (dp-ps
   // has read the last one before it answered), or a buffer no message
   // holds.
-  LentBuffer* wire = shared_memory_ ? nullptr : &wire_->Free();
-  char* const out =
-      shared_memory_ ? client_->GradientSlot().data() : wire->data();
+  LentBuffer* wire = into_slot_ ? nullptr : &wire_->Free();
+  char* const out = into_slot_ ? client_->GradientSlot().data() : wire->data();
   const absl::Span<float> grad =
       encoding == Encoding::kF32
           ? absl::Span<float>(reinterpret_cast<float*>(out), grad_size_)
@@ -180,7 +180,7 @@ absl::StatusOr<Gradient> Trainer::Compute() {
   g.num_samples = schedule_.batch_size;
   g.encoding = encoding;
   g.wire = wire;
-  g.in_shared_memory = shared_memory_;
+  g.in_shared_memory = into_slot_;
   return g;
 }
 

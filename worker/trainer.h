@@ -21,7 +21,7 @@
 #include "common/lent_buffer.h"
 #include "worker/backend.h"
 #include "worker/backend_choice.h"
-#include "worker/ps_client.h"
+#include "worker/ps_group.h"
 #include "worker/worker_metrics.h"
 
 namespace dp {
@@ -55,7 +55,7 @@ struct TrainerStats {
 
 class Trainer {
  public:
-  Trainer(PsClient* client, TrainerOptions options);
+  Trainer(PsGroup* client, TrainerOptions options);
   ~Trainer();
 
   // OK when every step of the job is applied. FAILED_PRECONDITION and
@@ -81,7 +81,7 @@ class Trainer {
   // Whom step_ waits for, from dp-ps's status ("?" when it cannot say).
   std::string MissingRanks();
 
-  PsClient* const client_;
+  PsGroup* const client_;
   const TrainerOptions options_;
   std::unique_ptr<WorkerMetrics> unexported_;
   WorkerMetrics& metrics_;
@@ -108,8 +108,10 @@ class Trainer {
   std::unique_ptr<LentBufferPool> wire_;
   std::vector<float> grad_;  // float32 gradient for the other encodings
   size_t grad_size_ = 0;     // values of a gradient
-  // As of the last join: the step's tensors go through shared memory.
+  // As of the last join: the step's tensors go through shared memory; the
+  // gradient is computed straight into the one dp-ps's slot.
   bool shared_memory_ = false;
+  bool into_slot_ = false;
 };
 
 }  // namespace dp

@@ -46,7 +46,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(WorkerOptions options) {
                      w->metrics_.Serve(o.metrics_host, o.metrics_port));
     Log("metrics on %s:%d", o.metrics_host, w->metrics_endpoint_->port());
   }
-  w->client_ = std::make_unique<PsClient>(o.client);
+  w->client_ = std::make_unique<PsGroup>(
+      o.ps_addresses.empty() ? std::vector<std::string>{o.client.address}
+                             : o.ps_addresses,
+      o.client);
+  if (w->client_->shards() > 1) {
+    Log("dp-ps shards: %s", w->client_->address());
+  }
   TrainerOptions t;
   t.rank = o.rank;
   t.data_dir = o.data_dir;

@@ -14,7 +14,7 @@
 #include "common/health_server.h"
 #include "common/metrics.h"
 #include "worker/backend_choice.h"
-#include "worker/ps_client.h"
+#include "worker/ps_group.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
 
@@ -31,6 +31,8 @@ struct WorkerOptions {
   int metrics_port = 0;  // kMetricsOff, kMetricsAnyPort or a port
   std::string metrics_host = "0.0.0.0";
   PsClientOptions client;
+  // Every dp-ps shard's address (one: an unsharded job).
+  std::vector<std::string> ps_addresses;
 };
 
 class Worker {
@@ -54,7 +56,7 @@ class Worker {
   std::unique_ptr<HealthServer> health_;
   WorkerMetrics metrics_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
-  std::unique_ptr<PsClient> client_;
+  std::unique_ptr<PsGroup> client_;
   std::unique_ptr<Trainer> trainer_;
 };
 

@@ -76,7 +76,10 @@ int Run(int argc, char** argv) {
   bool dry_run = false;
   Flags flags("dp-worker",
               "Worker of a dp-ps job: computes gradients on its data shard.");
-  flags.AddString("ps", &ps, "dp-ps address host:port");
+  flags.AddString("ps", &ps,
+                  "dp-ps address host:port; a sharded job's shards as a "
+                  "comma-separated list, or one name that resolves to all "
+                  "of them");
   flags.AddInt("rank", &rank, "this worker's rank, 0..N-1",
                {"RANK", "JOB_COMPLETION_INDEX"});
   flags.AddString("data_dir", &data_dir,
@@ -190,6 +193,7 @@ int Run(int argc, char** argv) {
   o.metrics_port = metrics_port;
   o.metrics_host = metrics_host;
   o.client.address = ps;
+  o.ps_addresses = ExpandPsAddresses(ps);
   o.client.wait_timeout = absl::Seconds(wait_timeout_s);
   o.client.retry_for = absl::Seconds(retry_for_s);
   o.client.max_message_bytes =

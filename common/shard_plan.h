@@ -1,0 +1,51 @@
+// How the flat parameter vector is split over S dp-ps shards: shard K owns
+// one contiguous range, with its Adam state, and runs the step protocol for
+// that range alone. Adam is elementwise and every shard applies the same
+// step t, so S shards compute bitwise the model one dp-ps computes.
+#ifndef DP_COMMON_SHARD_PLAN_H_
+#define DP_COMMON_SHARD_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model_layout.h"
+
+namespace dp {
+
+inline constexpr int kMaxShards = 64;
+
+// A contiguous range of the flat parameter vector, in floats.
+struct ParamRange {
+  int64_t offset = 0;
+  int64_t length = 0;
+  int64_t end() const { return offset + length; }
+  bool operator==(const ParamRange& o) const {
+    return offset == o.offset && length == o.length;
+  }
+};
+
+// One shard of a job: its place among the shards and the range it owns.
+struct ShardSpec {
+  int index = 0;
+  int count = 1;
+  ParamRange range;
+  std::string ToString() const;  // "shard 1 of 2 [117568, 235146)"
+};
+
+// The ranges of `shards` shards over `layout`, in shard order, contiguous,
+// covering the vector. Balanced by bytes: each cut is at k * n / S, moved to
+// a tensor boundary when one lies within 2% of a shard's share (a shard
+// then holds whole tensors), else to a multiple of 16 floats (64 bytes, so
+// that no two shards' update loops share a cache line).
+std::vector<ParamRange> ShardRanges(const ModelLayout& layout, int shards);
+
+// The spec of shard `index` of `count`; INVALID_ARGUMENT naming the flags
+// when the pair is out of range.
+absl::Status MakeShardSpec(const ModelLayout& layout, int count, int index,
+                           ShardSpec* spec);
+
+}  // namespace dp
+
+#endif  // DP_COMMON_SHARD_PLAN_H_

@@ -1,0 +1,94 @@
+// Collecting the final weights from every shard.
+#include "server/shard_gather.h"
+
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+#include "common/security.h"
+#include "proto/dp.grpc.pb.h"
+
+namespace dp {
+
+absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
+                                                const ModelLayout& layout,
+                                                int count, int64_t step) {
+  const std::vector<ParamRange> ranges = ShardRanges(layout, count);
+  std::vector<float> params(layout.num_params());
+  std::vector<bool> have(count, false);
+  grpc::ChannelArguments args = ClientChannelArguments(
+      MessageBytesFor(layout.num_params()));
+  if (!options.server_name.empty()) {
+    args.SetSslTargetNameOverride(options.server_name);
+  }
+  std::vector<std::unique_ptr<dp::v1::ParameterServer::Stub>> stubs;
+  for (const std::string& address : options.addresses) {
+    stubs.push_back(dp::v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
+        address,
+        options.credentials ? options.credentials
+                            : grpc::InsecureChannelCredentials(),
+        args)));
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  std::vector<std::string> waiting;
+  for (;;) {
+    waiting.clear();
+    for (size_t a = 0; a < stubs.size(); ++a) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      AttachToken(options.auth_token, &ctx);
+      dp::v1::GetStatusRequest request;
+      request.set_with_params(true);
+      dp::v1::GetStatusResponse response;
+      const absl::Status s =
+          FromGrpcStatus(stubs[a]->GetStatus(&ctx, request, &response));
+      if (!s.ok()) {
+        waiting.push_back(
+            absl::StrFormat("%s (%s)", options.addresses[a], s.message()));
+        continue;
+      }
+      const dp::v1::ShardInfo& info = response.shard();
+      const int k = info.index();
+      if (info.count() != count || k < 0 || k >= count ||
+          info.offset() != ranges[k].offset ||
+          info.length() != ranges[k].length) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "%s is shard %d of %d [%d, +%d); this job has %d shards",
+            options.addresses[a], k, info.count(), info.offset(),
+            info.length(), count));
+      }
+      if (response.step() != step) {
+        waiting.push_back(absl::StrFormat("%s (shard %d at step %d)",
+                                          options.addresses[a], k,
+                                          response.step()));
+        continue;
+      }
+      if (response.params().size() != ranges[k].length * sizeof(float)) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s sent %d bytes of weights for %d values", options.addresses[a],
+            response.params().size(), ranges[k].length));
+      }
+      std::memcpy(params.data() + ranges[k].offset, response.params().data(),
+                  response.params().size());
+      have[k] = true;
+    }
+    std::vector<int> missing;
+    for (int k = 0; k < count; ++k) {
+      if (!have[k]) missing.push_back(k);
+    }
+    if (missing.empty()) return params;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "the weights of step %d are missing shard(s) %s after %s; not "
+          "ready: %s",
+          step, absl::StrJoin(missing, ","),
+          absl::FormatDuration(options.timeout), absl::StrJoin(waiting, "; ")));
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // a shard still catching up
+  }
+}
+
+}  // namespace dp

@@ -1,0 +1,41 @@
+// Shard 0 of a sharded job speaks for the job: at the end it collects every
+// shard's range of the final weights (GetStatus with_params) into the whole
+// vector, which it saves as the model.
+#ifndef DP_SERVER_SHARD_GATHER_H_
+#define DP_SERVER_SHARD_GATHER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/model_layout.h"
+#include "common/shard_plan.h"
+
+namespace dp {
+
+struct GatherOptions {
+  // Every shard's address (this one's too: it is asked like the others).
+  std::vector<std::string> addresses;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
+  std::string server_name;  // TLS name to verify instead of the address's
+  std::string auth_token;
+  // How long to wait for every shard to reach `step`.
+  absl::Duration timeout = absl::Seconds(120);
+};
+
+// The whole vector of version `step`, from `count` shards. Shards that are
+// not there yet (restarting, or a step behind) are asked again until
+// `timeout`; DEADLINE_EXCEEDED naming them then. A shard of another job
+// shape (count, range) is FAILED_PRECONDITION.
+absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
+                                                const ModelLayout& layout,
+                                                int count, int64_t step);
+
+}  // namespace dp
+
+#endif  // DP_SERVER_SHARD_GATHER_H_

@@ -1,0 +1,328 @@
+// The shards of a job behind one interface; joining rolls them back to one
+// step when they disagree.
+#include "worker/ps_group.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/model_layout.h"
+#include "common/status_macros.h"
+
+namespace dp {
+namespace {
+
+// Rounds of register-and-roll-back before a join gives up: each round that
+// does not settle means a shard changed (restarted, rolled back by another
+// worker) while this one looked.
+constexpr int kMaxJoinRounds = 20;
+
+// The newest step <= limit that shard k can be at: its own step, or one it
+// can restore. -1 when there is none (step 0 always is).
+int64_t CommonStep(const std::vector<JobStatus>& shards, int64_t limit) {
+  std::set<int64_t> candidates;
+  for (const JobStatus& s : shards) {
+    candidates.insert(s.step);
+    candidates.insert(s.shard.restorable_steps.begin(),
+                      s.shard.restorable_steps.end());
+  }
+  candidates.insert(0);
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    const int64_t step = *it;
+    if (step > limit) continue;
+    bool everywhere = true;
+    for (const JobStatus& s : shards) {
+      const auto& r = s.shard.restorable_steps;
+      everywhere = everywhere &&
+                   (s.step == step || step == 0 ||
+                    std::find(r.begin(), r.end(), step) != r.end());
+    }
+    if (everywhere) return step;
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
+  std::vector<std::string> list =
+      absl::StrSplit(flag, ',', absl::SkipWhitespace());
+  if (list.size() != 1) return list;
+  const std::string& entry = list[0];
+  const size_t colon = entry.rfind(':');
+  if (colon == std::string::npos || entry.find('/') != std::string::npos ||
+      entry.find('[') != std::string::npos) {
+    return list;  // not host:port (a gRPC URI, IPv6): as given
+  }
+  const std::string host = entry.substr(0, colon);
+  const std::string port = entry.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) {
+    return list;  // the channel reports what is wrong, with retries
+  }
+  std::vector<std::string> addresses;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char ip[NI_MAXHOST];
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), nullptr, 0,
+                    NI_NUMERICHOST) != 0) {
+      continue;
+    }
+    const std::string address =
+        a->ai_family == AF_INET6 ? absl::StrCat("ipv6:[", ip, "]:", port)
+                                 : absl::StrCat("ipv4:", ip, ":", port);
+    if (std::find(addresses.begin(), addresses.end(), address) ==
+        addresses.end()) {
+      addresses.push_back(address);
+    }
+  }
+  freeaddrinfo(found);
+  return addresses.size() > 1 ? addresses : list;
+}
+
+PsGroup::PsGroup(std::vector<std::string> addresses,
+                 const PsClientOptions& options)
+    : pool_(static_cast<int>(addresses.size())) {
+  for (const std::string& address : addresses) {
+    PsClientOptions o = options;
+    o.address = address;
+    clients_.push_back(std::make_unique<PsClient>(o));
+  }
+  for (size_t k = 0; k < clients_.size(); ++k) order_.push_back(k);
+}
+
+PsGroup::~PsGroup() = default;
+
+std::string PsGroup::address() const {
+  std::vector<std::string> all;
+  for (const auto& c : clients_) all.push_back(c->address());
+  return absl::StrJoin(all, ",");
+}
+
+absl::Status PsGroup::ForEachShard(
+    absl::FunctionRef<absl::Status(int shard)> call) {
+  std::vector<absl::Status> results(clients_.size());
+  pool_.ParallelFor(static_cast<int64_t>(clients_.size()), 1,
+                    [&](int64_t begin, int64_t end) {
+                      for (int64_t k = begin; k < end; ++k) {
+                        results[k] = call(static_cast<int>(k));
+                      }
+                    });
+  // The job's end first: nothing else matters then.
+  for (const absl::Status& s : results) {
+    if (IsJobFailed(s)) return s;
+  }
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobStatus> PsGroup::GetStatus() {
+  absl::Status last;
+  std::optional<JobStatus> first;
+  for (int k = 0; k < shards(); ++k) {
+    absl::StatusOr<JobStatus> s = shard(k).GetStatus();
+    if (!s.ok()) {
+      last = s.status();
+      continue;
+    }
+    if (s->shard.spec.index == 0) return s;
+    if (!first.has_value()) first = *std::move(s);
+  }
+  if (first.has_value()) return *first;
+  return last;
+}
+
+absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
+    const Registration& registration) {
+  const int n = shards();
+  std::vector<JobStatus> by_address(n);
+  RETURN_IF_ERROR(ForEachShard([&](int a) -> absl::Status {
+    ASSIGN_OR_RETURN(by_address[a], clients_[a]->Register(registration));
+    return absl::OkStatus();
+  }));
+  std::vector<int> order(n, -1);
+  for (int a = 0; a < n; ++a) {
+    const ShardSpec& spec = by_address[a].shard.spec;
+    if (spec.count != n) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "--ps names %d dp-ps address(es), but %s is %s", n,
+          clients_[a]->address(), spec.ToString()));
+    }
+    if (order[spec.index] >= 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s and %s are both shard %d", clients_[order[spec.index]]->address(),
+          clients_[a]->address(), spec.index));
+    }
+    order[spec.index] = a;
+  }
+  std::vector<JobStatus> by_shard(n);
+  int64_t end = 0;
+  for (int k = 0; k < n; ++k) {
+    by_shard[k] = std::move(by_address[order[k]]);
+    const JobStatus& s = by_shard[k];
+    if (s.shard.spec.range.offset != end ||
+        !(s.config == by_shard[0].config)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s (%s) is not a shard of the job shard 0 (%s) runs",
+          clients_[order[k]]->address(), s.shard.spec.ToString(),
+          clients_[order[0]]->address()));
+    }
+    end = s.shard.spec.range.end();
+  }
+  if (end != ModelLayout::SimpleNet().num_params()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the shards hold [0, %d) of the model's %d parameters", end,
+        ModelLayout::SimpleNet().num_params()));
+  }
+  order_ = std::move(order);
+  return by_shard;
+}
+
+absl::StatusOr<JobStatus> PsGroup::Register(const Registration& registration) {
+  join_version_.reset();
+  for (int round = 0; round < kMaxJoinRounds; ++round) {
+    ASSIGN_OR_RETURN(std::vector<JobStatus> all, RegisterAll(registration));
+    int64_t lo = all[0].step, hi = all[0].step;
+    bool ahead_hold_previous = true;
+    std::vector<std::string> steps;
+    for (const JobStatus& s : all) {
+      lo = std::min(lo, s.step);
+      hi = std::max(hi, s.step);
+      steps.push_back(absl::StrCat(s.step));
+    }
+    for (const JobStatus& s : all) {
+      if (s.step != lo) ahead_hold_previous &= s.shard.holds_previous;
+    }
+    JobStatus joined = all[0];
+    joined.step = lo;
+    if (hi == lo) return joined;
+    // A step applied on some shards and still waiting on others (for this
+    // worker's push, perhaps): join at the older one.
+    if (hi == lo + 1 && ahead_hold_previous) {
+      join_version_ = lo;
+      return joined;
+    }
+    const int64_t target = CommonStep(all, lo);
+    if (target < 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the shards are at steps %s and share no step to roll back to",
+          absl::StrJoin(steps, ",")));
+    }
+    Log("rank %d: the shards are at steps %s: rolling them back to step %d",
+        registration.rank, absl::StrJoin(steps, ","), target);
+    absl::Status rolled = ForEachShard([&](int k) -> absl::Status {
+      if (all[k].step == target) return absl::OkStatus();
+      return shard(k).Rollback(target, all[k].shard.generation).status();
+    });
+    // ABORTED: another worker rolled a shard back first; look again.
+    if (!rolled.ok() && rolled.code() != absl::StatusCode::kAborted) {
+      return rolled;
+    }
+  }
+  return absl::AbortedError(absl::StrFormat(
+      "the shards did not settle on one step in %d rounds", kMaxJoinRounds));
+}
+
+bool PsGroup::shared_memory() const {
+  for (const auto& c : clients_) {
+    if (!c->shared_memory()) return false;
+  }
+  return true;
+}
+
+std::string PsGroup::why_not_shared_memory() const {
+  std::vector<std::string> why;
+  for (const auto& c : clients_) {
+    if (!c->why_not_shared_memory().empty()) {
+      why.push_back(clients_.size() == 1
+                        ? c->why_not_shared_memory()
+                        : absl::StrCat(c->address(), ": ",
+                                       c->why_not_shared_memory()));
+    }
+  }
+  return absl::StrJoin(why, "; ");
+}
+
+absl::Span<char> PsGroup::GradientSlot() const {
+  return clients_.size() == 1 ? clients_[0]->GradientSlot()
+                              : absl::Span<char>();
+}
+
+namespace {
+
+// One version from every shard, or ABORTED.
+absl::Status Combine(const std::vector<Received>& received, Weights* weights) {
+  weights->step = received[0].step;
+  weights->wire_bytes = 0;
+  std::vector<std::string> steps;
+  bool same = true;
+  for (const Received& r : received) {
+    same = same && r.step == weights->step;
+    weights->wire_bytes += r.wire_bytes;
+    steps.push_back(absl::StrCat(r.step));
+  }
+  if (same) return absl::OkStatus();
+  return absl::AbortedError(absl::StrFormat(
+      "the shards answered with versions %s: re-sync",
+      absl::StrJoin(steps, ",")));
+}
+
+}  // namespace
+
+absl::Status PsGroup::Pull(int rank, Weights* weights) {
+  weights->params.resize(ModelLayout::SimpleNet().num_params());
+  std::vector<Received> received(clients_.size());
+  const absl::Span<float> all = absl::MakeSpan(weights->params);
+  RETURN_IF_ERROR(ForEachShard([&](int k) {
+    return shard(k).Pull(rank, join_version_, all, &received[k]);
+  }));
+  join_version_.reset();
+  return Combine(received, weights);
+}
+
+absl::Status PsGroup::Push(const Gradient& gradient, int64_t* sent_bytes) {
+  std::vector<int64_t> sent(clients_.size(), 0);
+  absl::Status s = ForEachShard(
+      [&](int k) { return shard(k).Push(gradient, &sent[k]); });
+  *sent_bytes = 0;
+  for (int64_t b : sent) *sent_bytes += b;
+  return s;
+}
+
+absl::Status PsGroup::Barrier(int rank, int64_t step) {
+  return ForEachShard([&](int k) { return shard(k).Barrier(rank, step); });
+}
+
+absl::Status PsGroup::PushPull(const Gradient& gradient, Weights* weights,
+                               int64_t* sent_bytes) {
+  weights->params.resize(ModelLayout::SimpleNet().num_params());
+  std::vector<Received> received(clients_.size());
+  std::vector<int64_t> sent(clients_.size(), 0);
+  const absl::Span<float> all = absl::MakeSpan(weights->params);
+  absl::Status s = ForEachShard([&](int k) {
+    return shard(k).PushPull(gradient, all, &received[k], &sent[k]);
+  });
+  *sent_bytes = 0;
+  for (int64_t b : sent) *sent_bytes += b;
+  RETURN_IF_ERROR(s);
+  return Combine(received, weights);
+}
+
+absl::Status PsGroup::ReportEval(int rank, const EvalReport& report) {
+  return shard(0).ReportEval(rank, report);
+}
+
+}  // namespace dp

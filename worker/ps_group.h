@@ -1,0 +1,76 @@
+// The job's dp-ps shards as one parameter server. Each shard owns a range
+// of the vector (common/shard_plan.h); every step pushes and pulls each
+// shard's range concurrently and steps on when all have answered. Shard 0
+// speaks for the job (status, evaluations). Joining keeps the shards at one
+// step: when a shard restarted from an older checkpoint, every shard rolls
+// back to the newest step they can all restore, and the workers redo the
+// steps after it (same data, same weights: the same model to the bit).
+// One address means one dp-ps and the calls pass straight through.
+#ifndef DP_WORKER_PS_GROUP_H_
+#define DP_WORKER_PS_GROUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/parallel_for.h"
+#include "worker/ps_client.h"
+
+namespace dp {
+
+// --ps as a list: "a:1,b:2"; or one host:port whose name resolves to
+// several addresses (a headless Service): one entry per address. A name
+// that resolves to one address stays a name.
+std::vector<std::string> ExpandPsAddresses(const std::string& flag);
+
+class PsGroup {
+ public:
+  // options.address is ignored: one client per entry of `addresses`.
+  PsGroup(std::vector<std::string> addresses, const PsClientOptions& options);
+  ~PsGroup();
+
+  // Shard 0's status (the job's), or the first that answers before the
+  // shards are known.
+  absl::StatusOr<JobStatus> GetStatus();
+  // Registers with every shard, checks that they are the shards of one job
+  // (same plan, ranges that tile the vector) and brings them to one step:
+  // the step returned, whose weights Pull then fetches.
+  absl::StatusOr<JobStatus> Register(const Registration& registration);
+  // Every shard's tensors go through shared memory.
+  bool shared_memory() const;
+  std::string why_not_shared_memory() const;
+  // One dp-ps only: its gradient slot (see PsClient); empty otherwise.
+  absl::Span<char> GradientSlot() const;
+  absl::Status Pull(int rank, Weights* weights);
+  absl::Status Push(const Gradient& gradient, int64_t* sent_bytes);
+  absl::Status Barrier(int rank, int64_t step);
+  absl::Status PushPull(const Gradient& gradient, Weights* weights,
+                        int64_t* sent_bytes);
+  absl::Status ReportEval(int rank, const EvalReport& report);
+  int shards() const { return static_cast<int>(clients_.size()); }
+  std::string address() const;
+
+ private:
+  // Runs call(shard) for every shard, concurrently; the first error, if
+  // any (by shard order).
+  absl::Status ForEachShard(
+      absl::FunctionRef<absl::Status(int shard)> call);
+  // One round of Register: the statuses by shard index.
+  absl::StatusOr<std::vector<JobStatus>> RegisterAll(
+      const Registration& registration);
+  PsClient& shard(int k) { return *clients_[order_[k]]; }
+
+  std::vector<std::unique_ptr<PsClient>> clients_;  // by address
+  std::vector<int> order_;  // client of shard k, as of the last Register
+  WorkerPool pool_;
+  // The version Pull fetches after a join: the shards ahead by one serve
+  // the one before theirs.
+  std::optional<int64_t> join_version_;
+};
+
+}  // namespace dp
+
+#endif  // DP_WORKER_PS_GROUP_H_
