@@ -94,6 +94,13 @@ grpc::ChannelArguments ClientChannelArguments(int max_message_bytes,
   // Keep pinging through a long silent barrier wait (by default gRPC stops
   // after two pings without data).
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A restarted dp-ps (or shard) listens again within a second or two;
+  // gRPC's default reconnect backoff (1 s, growing to 120 s) kept its
+  // workers away for seconds after that. The calls' own retries back off
+  // too (ps_client.cc), so reconnecting stays cheap.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return args;
 }
 

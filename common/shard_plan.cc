@@ -23,8 +23,8 @@ std::vector<ParamRange> ShardRanges(const ModelLayout& layout, int shards) {
     int64_t nearest = -1;
     for (const TensorInfo& t : layout.tensors()) {
       const int64_t b = t.offset;  // a tensor's start is a boundary
-      if (b > cuts.back() &&
-          (nearest < 0 || std::llabs(b - ideal) < std::llabs(nearest - ideal))) {
+      if (b > cuts.back() && (nearest < 0 || std::llabs(b - ideal) <
+                                                 std::llabs(nearest - ideal))) {
         nearest = b;
       }
     }

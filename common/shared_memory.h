@@ -25,8 +25,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "common/tensor_codec.h"
 
 namespace dp {
@@ -66,9 +66,9 @@ size_t WeightsRegionBytes(int64_t num_values, Encoding encoding);
 void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
                     absl::string_view encoded);
 // A worker: the version in the region and its values decoded to float32
-// into `out` (its size is the number of values). ABORTED when dp-ps kept rewriting it (a reader
-// this slow should ask over gRPC); DATA_LOSS for a region that does not hold
-// what it should.
+// into `out` (its size is the number of values). ABORTED when dp-ps kept
+// rewriting it (a reader this slow should ask over gRPC); DATA_LOSS for a
+// region that does not hold what it should.
 absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
                                     absl::Span<float> out);
 

@@ -88,15 +88,15 @@ absl::Status PsServer::Build() {
         layout_.num_params());
     if (shard_.index == 0 && o.gather.addresses.empty()) {
       return absl::InvalidArgumentError(
-          "shard 0 of a sharded job needs --shard_addresses (every shard's "
-          "address) to collect the model at the end");
+          "shard 0 of a sharded job needs --shard_addresses (the other "
+          "shards' addresses) to collect the model at the end");
     }
   }
   std::optional<Checkpoint> resumed;
   if (!o.checkpoint_dir.empty()) {
-    store_ = std::make_unique<CheckpointStore>(
-        o.checkpoint_dir, layout_, o.keep_checkpoints, shard_.index,
-        shard_.count);
+    store_ = std::make_unique<CheckpointStore>(o.checkpoint_dir, layout_,
+                                               o.keep_checkpoints, shard_.index,
+                                               shard_.count);
     RETURN_IF_ERROR(store_->Open());
     resumed = store_->LoadNewest();
     if (resumed.has_value()) {
@@ -139,12 +139,11 @@ absl::Status PsServer::Build() {
     }
   }
   if (store_ != nullptr) {
-    coordinator_->SetCheckpointHook(
-        o.checkpoint_every, [this](TrainingState s) {
-          store_->WriteAsync(Checkpoint{options_.config, coordinator_->data(),
-                                        std::move(s), shard_.index,
-                                        shard_.count});
-        });
+    coordinator_->SetCheckpointHook(o.checkpoint_every, [this](
+                                                            TrainingState s) {
+      store_->WriteAsync(Checkpoint{options_.config, coordinator_->data(),
+                                    std::move(s), shard_.index, shard_.count});
+    });
   }
   if (o.shared_memory) {
     absl::StatusOr<std::unique_ptr<SharedPlane>> shared =
@@ -312,9 +311,8 @@ absl::Status PsServer::Finish(absl::Time start) {
     }
   }
   // Rank 0 reports its evaluations to shard 0 only.
-  const bool have_eval =
-      shard_.index == 0 &&
-      coordinator_->AwaitFinalEval(options_.final_eval_timeout);
+  const bool have_eval = shard_.index == 0 && coordinator_->AwaitFinalEval(
+                                                  options_.final_eval_timeout);
   const CoordinatorStatus s = coordinator_->Status();
   // The training rate, from the first update to the last.
   const double train_seconds =
@@ -351,8 +349,8 @@ absl::StatusOr<std::vector<float>> PsServer::FinalWeights() {
   if (!sharded()) return own.params;
   GatherOptions gather = options_.gather;
   gather.timeout = options_.final_eval_timeout;
-  absl::StatusOr<std::vector<float>> all =
-      GatherShards(gather, layout_, shard_.count, own.step);
+  absl::StatusOr<std::vector<float>> all = GatherShards(
+      gather, layout_, shard_.count, own.step, shard_.index, own.params);
   if (!all.ok()) {
     return absl::Status(
         all.status().code(),

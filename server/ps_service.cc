@@ -338,8 +338,7 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
   const bool in_shm = request.weights_in_shm();
   return AwaitStep(rank, request.step(),
                    [this, response, rank, in_shm](int64_t) -> absl::Status {
-                     const int64_t offset =
-                         coordinator_->shard().range.offset;
+                     const int64_t offset = coordinator_->shard().range.offset;
                      auto weights = coordinator_->Pull(rank, offset, 0);
                      if (!weights.ok()) return weights.status();
                      *response = WeightsResponse(*weights, offset, in_shm);
@@ -397,8 +396,8 @@ ServerUnaryReactor* PsService::Rollback(CallbackServerContext* ctx,
   if (step != before.step) {
     std::vector<int64_t> steps =
         restorable_steps_ ? restorable_steps_() : std::vector<int64_t>{};
-    if (step != 0 && std::find(steps.begin(), steps.end(), step) ==
-                         steps.end()) {
+    if (step != 0 &&
+        std::find(steps.begin(), steps.end(), step) == steps.end()) {
       return Answer(ctx, absl::FailedPreconditionError(absl::StrFormat(
                              "Rollback: %s cannot restore step %d (it is at "
                              "step %d and has no checkpoint of it)",

@@ -2,7 +2,6 @@
 // turns its outcome into the exit code; signals reach it through a watcher
 // thread.
 #include <signal.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -241,8 +240,8 @@ int Run(int argc, char** argv) {
                "which of the --shards this dp-ps is (-1 = the ordinal at "
                "the end of the host name, as in a StatefulSet)");
   flags.AddString("shard_addresses", &f.shard_addresses,
-                  "every shard's host:port, comma-separated (shard 0 "
-                  "collects the model from them at the end)");
+                  "the shards' host:port, comma-separated (shard 0 collects "
+                  "the model from them at the end; its own may be listed)");
   flags.AddBool("exit_when_done", &f.exit_when_done,
                 "exit once training is finished; false keeps serving the "
                 "final weights and status until SIGTERM (Kubernetes)");
@@ -295,7 +294,8 @@ int Run(int argc, char** argv) {
     return kExitConfigError;
   }
   o.shard = *shard;
-  o.gather.addresses = absl::StrSplit(f.shard_addresses, ',', absl::SkipEmpty());
+  o.gather.addresses =
+      absl::StrSplit(f.shard_addresses, ',', absl::SkipEmpty());
 
   // A write beyond a file-size limit must be an error, not a crash.
   signal(SIGXFSZ, SIG_IGN);

@@ -1,6 +1,7 @@
 // Collecting the final weights from every shard.
 #include "server/shard_gather.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -15,12 +16,19 @@ namespace dp {
 
 absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
                                                 const ModelLayout& layout,
-                                                int count, int64_t step) {
+                                                int count, int64_t step,
+                                                int own_index,
+                                                const std::vector<float>& own) {
   const std::vector<ParamRange> ranges = ShardRanges(layout, count);
   std::vector<float> params(layout.num_params());
   std::vector<bool> have(count, false);
-  grpc::ChannelArguments args = ClientChannelArguments(
-      MessageBytesFor(layout.num_params()));
+  if (own.size() != static_cast<size_t>(ranges[own_index].length)) {
+    return absl::InternalError("this shard's weights do not fit its range");
+  }
+  std::copy(own.begin(), own.end(), params.begin() + ranges[own_index].offset);
+  have[own_index] = true;
+  grpc::ChannelArguments args =
+      ClientChannelArguments(MessageBytesFor(layout.num_params()));
   if (!options.server_name.empty()) {
     args.SetSslTargetNameOverride(options.server_name);
   }
@@ -57,9 +65,10 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
           info.length() != ranges[k].length) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "%s is shard %d of %d [%d, +%d); this job has %d shards",
-            options.addresses[a], k, info.count(), info.offset(),
-            info.length(), count));
+            options.addresses[a], k, info.count(), info.offset(), info.length(),
+            count));
       }
+      if (have[k]) continue;  // this shard, or one already collected
       if (response.step() != step) {
         waiting.push_back(absl::StrFormat("%s (shard %d at step %d)",
                                           options.addresses[a], k,

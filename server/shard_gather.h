@@ -19,7 +19,8 @@
 namespace dp {
 
 struct GatherOptions {
-  // Every shard's address (this one's too: it is asked like the others).
+  // The other shards' addresses; this shard's own may be among them (it is
+  // not asked: its range comes from `own`).
   std::vector<std::string> addresses;
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
   std::string server_name;  // TLS name to verify instead of the address's
@@ -28,13 +29,16 @@ struct GatherOptions {
   absl::Duration timeout = absl::Seconds(120);
 };
 
-// The whole vector of version `step`, from `count` shards. Shards that are
-// not there yet (restarting, or a step behind) are asked again until
-// `timeout`; DEADLINE_EXCEEDED naming them then. A shard of another job
-// shape (count, range) is FAILED_PRECONDITION.
+// The whole vector of version `step`: `own` (the range of shard
+// `own_index`) and the other `count` - 1 shards' ranges. Shards that are not
+// there yet (restarting, or a step behind) are asked again until `timeout`;
+// DEADLINE_EXCEEDED naming them then. A shard of another job shape (count,
+// range) is FAILED_PRECONDITION.
 absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
                                                 const ModelLayout& layout,
-                                                int count, int64_t step);
+                                                int count, int64_t step,
+                                                int own_index,
+                                                const std::vector<float>& own);
 
 }  // namespace dp
 

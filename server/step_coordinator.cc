@@ -476,8 +476,7 @@ void StepCoordinator::Fail(const absl::Status& reason) {
   for (WaitCallback& cb : to_fail) cb(reason, step);
 }
 
-absl::Status StepCoordinator::Rewind(uint64_t generation,
-                                     TrainingState state) {
+absl::Status StepCoordinator::Rewind(uint64_t generation, TrainingState state) {
   std::vector<WaitCallback> to_abort;
   int64_t step;
   {
@@ -492,9 +491,9 @@ absl::Status StepCoordinator::Rewind(uint64_t generation,
     if (static_cast<int64_t>(state.params.size()) != n_ ||
         static_cast<int64_t>(state.m.size()) != n_ ||
         static_cast<int64_t>(state.v.size()) != n_) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "rollback state has %d values; %s has %d", state.params.size(),
-          shard_.ToString(), n_));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("rollback state has %d values; %s has %d",
+                          state.params.size(), shard_.ToString(), n_));
     }
     if (state.step == state_.step) return absl::OkStatus();
     Log("%s: rolled back from step %d to step %d", shard_.ToString(),

@@ -109,9 +109,9 @@ class StepCoordinator {
     bool duplicate = false;  // retry of an already received or applied push
   };
   // Receives the gradient (this shard's whole range, at its offset, in the
-  // job's grad_encoding) of `rank` for `step`. The last of the N pushes applies the update. A
-  // retry for the current step or the one just applied is acknowledged and
-  // not counted twice.
+  // job's grad_encoding) of `rank` for `step`. The last of the N pushes applies
+  // the update. A retry for the current step or the one just applied is
+  // acknowledged and not counted twice.
   absl::StatusOr<PushResult> Push(int rank, int64_t step, int64_t offset,
                                   absl::string_view gradient, float loss,
                                   Encoding encoding = Encoding::kF32);

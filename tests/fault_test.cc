@@ -124,10 +124,9 @@ TEST(FaultTest, KilledServerRestartedFromCheckpointGivesByteIdenticalModel) {
 TEST(FaultTest, TruncatedAndCorruptCheckpointsAreSkippedSayingWhy) {
   TempDir dir;
   const std::string ckpt = dir.File("ckpt");
-  std::vector<std::string> flags = {"--max_steps=40", "--batch_size=16",
-                                    "--checkpoint_every=10",
-                                    "--keep_checkpoints=10",
-                                    "--checkpoint_dir=" + ckpt};
+  std::vector<std::string> flags = {
+      "--max_steps=40", "--batch_size=16", "--checkpoint_every=10",
+      "--keep_checkpoints=10", "--checkpoint_dir=" + ckpt};
   JobResult r = RunJob(flags, 2);
   ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
   const std::string newest = ckpt + "/" + CheckpointFileName(40);
@@ -142,8 +141,8 @@ TEST(FaultTest, TruncatedAndCorruptCheckpointsAreSkippedSayingWhy) {
   flags.push_back("--workers=2");
   flags.push_back("--max_steps=60");
   auto ps = StartServer(flags, &port);
-  EXPECT_NE(ps->output().find(absl::StrCat("skipping checkpoint ", newest,
-                                           ": truncated")),
+  EXPECT_NE(ps->output().find(
+                absl::StrCat("skipping checkpoint ", newest, ": truncated")),
             std::string::npos)
       << ps->output();
   EXPECT_NE(ps->output().find(absl::StrCat("skipping checkpoint ", older,
@@ -172,9 +171,8 @@ TEST(FaultTest, CheckpointOfAnotherJobIsRefused) {
 
 TEST(FaultTest, StoppedWorkerIsReportedAndFailPolicyEndsTheJob) {
   int port = 0;
-  auto ps = StartServer({"--workers=2", "--max_steps=100000",
-                         "--batch_size=16", "--worker_timeout_s=1",
-                         "--on_worker_loss=fail"},
+  auto ps = StartServer({"--workers=2", "--max_steps=100000", "--batch_size=16",
+                         "--worker_timeout_s=1", "--on_worker_loss=fail"},
                         &port);
   auto w0 = StartWorker(port, 0);
   auto w1 = StartWorker(port, 1);
@@ -224,9 +222,12 @@ TEST(FaultTest, UnwritableCheckpointsAreReportedAndTrainingGoesOn) {
   const std::string model = dir.File("model.safetensors");
   // A file-size limit below a checkpoint's size (2.8 MB) but above the
   // model's (0.94 MB): every checkpoint write fails as on a full disk.
-  std::vector<std::string> argv = {"/usr/bin/prlimit", "--fsize=1500000",
-                                   DP_PS_BINARY, "--host=127.0.0.1",
-                                   "--port=0", "--checkpoint_every=50",
+  std::vector<std::string> argv = {"/usr/bin/prlimit",
+                                   "--fsize=1500000",
+                                   DP_PS_BINARY,
+                                   "--host=127.0.0.1",
+                                   "--port=0",
+                                   "--checkpoint_every=50",
                                    "--checkpoint_dir=" + dir.File("ckpt")};
   for (const std::string& f : JobFlags(model)) argv.push_back(f);
   Subprocess ps(argv);
@@ -244,46 +245,72 @@ TEST(FaultTest, UnwritableCheckpointsAreReportedAndTrainingGoesOn) {
   EXPECT_TRUE(ReadModel(model) == reference);
 }
 
-TEST(FaultTest, ChaosOfWorkerAndServerKillsGivesByteIdenticalModel) {
+// Random kill -9 of workers and dp-ps shards (`shards` of them, each with
+// its own checkpoint directory), each restarted at once: the job still ends
+// with the model of the uninterrupted unsharded job, byte for byte.
+void Chaos(int shards) {
   TempDir dir;
   const std::string reference = ReferenceModel(dir);
   const std::string model = dir.File("model.safetensors");
   std::vector<std::string> flags = JobFlags(model);
-  flags.push_back("--checkpoint_dir=" + dir.File("ckpt"));
   flags.push_back("--checkpoint_every=20");
-  int port = 0;
-  auto ps = StartServer(flags, &port);
+  std::vector<std::vector<std::string>> shard_flags(shards, flags);
+  for (int k = 0; k < shards; ++k) {
+    shard_flags[k].push_back("--checkpoint_dir=" +
+                             dir.File(absl::StrCat("ckpt", k)));
+  }
+  std::vector<int> ports(shards, 0);
+  std::vector<std::unique_ptr<Subprocess>> ps(shards);
+  for (int k = shards - 1; k >= 0; --k) {
+    ps[k] = StartServer(
+        shards > 1 ? ShardArgs(shard_flags[k], k, ports) : shard_flags[k],
+        &ports[k]);
+  }
+  const std::string addresses = PsList(ports);
   std::vector<std::unique_ptr<Subprocess>> w;
-  w.push_back(StartWorker(port, 0));
-  w.push_back(StartWorker(port, 1));
+  w.push_back(StartWorker(addresses, 0));
+  w.push_back(StartWorker(addresses, 1));
   std::mt19937_64 rng(FaultSeed());
   int64_t at = 0;
   const absl::Time deadline = absl::Now() + absl::Minutes(3);
   for (int round = 0; round < 5 && absl::Now() < deadline; ++round) {
     at += std::uniform_int_distribution<int>(15, 45)(rng);
-    if (at > kSteps - 40 || !WaitForStep(port, at, absl::Minutes(1))) break;
-    const int victim = std::uniform_int_distribution<int>(0, 2)(rng);
-    std::printf("round %d: kill %s at step >= %lld\n", round,
-                victim == 2 ? "dp-ps" : absl::StrCat("worker ", victim).c_str(),
-                static_cast<long long>(at));
-    if (victim == 2) {
-      ps->Signal(SIGKILL);
-      ps->Wait(absl::Seconds(30));
+    if (at > kSteps - 40 || !WaitForStep(ports[0], at, absl::Minutes(1))) {
+      break;
+    }
+    // Victims 0 and 1 are the workers, 2.. the shards.
+    const int victim = std::uniform_int_distribution<int>(0, 1 + shards)(rng);
+    if (victim >= 2) {
+      const int k = victim - 2;
+      std::printf("round %d: kill dp-ps shard %d at step >= %lld\n", round, k,
+                  static_cast<long long>(at));
+      ps[k]->Signal(SIGKILL);
+      ps[k]->Wait(absl::Seconds(30));
       int again = 0;
-      ps = StartServer(flags, &again, port);
-      ASSERT_EQ(again, port) << ps->output();
-      at = std::max<int64_t>(0, CurrentStep(port));
+      ps[k] = StartServer(
+          shards > 1 ? ShardArgs(shard_flags[k], k, ports) : shard_flags[k],
+          &again, ports[k]);
+      ASSERT_EQ(again, ports[k]) << ps[k]->output();
+      at = std::max<int64_t>(0, CurrentStep(ports[k]));
     } else {
+      std::printf("round %d: kill worker %d at step >= %lld\n", round, victim,
+                  static_cast<long long>(at));
       w[victim]->Signal(SIGKILL);
       w[victim]->Wait(absl::Seconds(30));
-      w[victim] = StartWorker(port, victim);
+      w[victim] = StartWorker(addresses, victim);
     }
   }
   EXPECT_EQ(w[0]->Wait(kJobTimeout), 0) << w[0]->output();
   EXPECT_EQ(w[1]->Wait(kJobTimeout), 0) << w[1]->output();
-  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
   EXPECT_TRUE(ReadModel(model) == reference);
 }
+
+TEST(FaultTest, ChaosOfWorkerAndServerKillsGivesByteIdenticalModel) {
+  Chaos(1);
+}
+
+TEST(FaultTest, ChaosOfWorkerAndShardKillsGivesTheUnshardedModel) { Chaos(2); }
 
 }  // namespace
 }  // namespace dp

@@ -3,8 +3,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
@@ -29,29 +32,65 @@ std::unique_ptr<Subprocess> StartServer(std::vector<std::string> args,
 
 std::unique_ptr<Subprocess> StartWorker(int port, int rank,
                                         std::vector<std::string> args) {
-  std::vector<std::string> argv = {
-      DP_WORKER_BINARY, absl::StrCat("--ps=127.0.0.1:", port),
-      absl::StrCat("--rank=", rank), "--backend=cpu"};
+  return StartWorker(absl::StrCat("127.0.0.1:", port), rank, std::move(args));
+}
+
+std::unique_ptr<Subprocess> StartWorker(const std::string& ps, int rank,
+                                        std::vector<std::string> args) {
+  std::vector<std::string> argv = {DP_WORKER_BINARY, absl::StrCat("--ps=", ps),
+                                   absl::StrCat("--rank=", rank),
+                                   "--backend=cpu"};
   argv.insert(argv.end(), args.begin(), args.end());
   return std::make_unique<Subprocess>(argv);
 }
 
+std::string PsList(const std::vector<int>& ports) {
+  std::vector<std::string> list;
+  for (int p : ports) list.push_back(absl::StrCat("127.0.0.1:", p));
+  return absl::StrJoin(list, ",");
+}
+
+std::vector<std::string> ShardArgs(std::vector<std::string> args, int shard,
+                                   const std::vector<int>& ports) {
+  args.push_back(absl::StrCat("--shards=", ports.size()));
+  args.push_back(absl::StrCat("--shard=", shard));
+  if (shard == 0 && ports.size() > 1) {
+    args.push_back(
+        absl::StrCat("--shard_addresses=",
+                     PsList(std::vector<int>(ports.begin() + 1, ports.end()))));
+  }
+  return args;
+}
+
+std::vector<std::unique_ptr<Subprocess>> StartShards(
+    int shards, const std::vector<std::string>& args, std::vector<int>* ports) {
+  ports->assign(shards, 0);
+  std::vector<std::unique_ptr<Subprocess>> ps(shards);
+  for (int k = shards - 1; k >= 0; --k) {
+    ps[k] = StartServer(ShardArgs(args, k, *ports), &(*ports)[k]);
+  }
+  return ps;
+}
+
 JobResult RunJob(std::vector<std::string> ps_args, int workers,
-                 std::vector<std::string> worker_args) {
+                 std::vector<std::string> worker_args, int shards) {
   ps_args.push_back(absl::StrCat("--workers=", workers));
-  int port = 0;
-  auto ps = StartServer(ps_args, &port);
+  std::vector<int> ports;
+  auto ps = StartShards(shards, ps_args, &ports);
   std::vector<std::unique_ptr<Subprocess>> ws;
   for (int r = 0; r < workers; ++r) {
-    ws.push_back(StartWorker(port, r, worker_args));
+    ws.push_back(StartWorker(PsList(ports), r, worker_args));
   }
   JobResult result;
   for (auto& w : ws) {
     result.worker_exits.push_back(w->Wait(kJobTimeout).value_or(-1));
     if (result.worker_exits.back() != 0) ADD_FAILURE() << w->output();
   }
-  result.ps_exit = ps->Wait(kJobTimeout).value_or(-1);
-  result.ps_output = ps->output();
+  for (auto& p : ps) {
+    result.ps_exit =
+        std::max(result.ps_exit, p->Wait(kJobTimeout).value_or(-1));
+  }
+  result.ps_output = ps[0]->output();
   return result;
 }
 

@@ -19,16 +19,30 @@ std::unique_ptr<Subprocess> StartServer(std::vector<std::string> args,
                                         int* port, int fixed_port = 0);
 std::unique_ptr<Subprocess> StartWorker(int port, int rank,
                                         std::vector<std::string> args = {});
+// A worker of the dp-ps (shards) at `ps` ("127.0.0.1:p0,127.0.0.1:p1").
+std::unique_ptr<Subprocess> StartWorker(const std::string& ps, int rank,
+                                        std::vector<std::string> args = {});
+
+// A sharded dp-ps on loopback: `args` plus the flags that make a process
+// shard `shard` of `ports.size()`; shard 0 is told the others' ports.
+std::vector<std::string> ShardArgs(std::vector<std::string> args, int shard,
+                                   const std::vector<int>& ports);
+// Starts `shards` shards of a job: 1..S-1 first on free ports, then shard
+// 0, told their addresses. *ports receives every shard's port.
+std::vector<std::unique_ptr<Subprocess>> StartShards(
+    int shards, const std::vector<std::string>& args, std::vector<int>* ports);
+// "127.0.0.1:p0,127.0.0.1:p1,...": what workers get as --ps.
+std::string PsList(const std::vector<int>& ports);
 
 struct JobResult {
-  int ps_exit = -1;
+  int ps_exit = -1;  // the largest exit code of the shards
   std::vector<int> worker_exits;
-  std::string ps_output;
+  std::string ps_output;  // of shard 0
 };
-// dp-ps with `ps_args` plus --workers, and that many dp-workers; waits for
-// all of them to exit.
+// dp-ps with `ps_args` plus --workers (as `shards` shards), and that many
+// dp-workers; waits for all of them to exit.
 JobResult RunJob(std::vector<std::string> ps_args, int workers,
-                 std::vector<std::string> worker_args = {});
+                 std::vector<std::string> worker_args = {}, int shards = 1);
 
 // The step dp-ps at `port` is at, via GetStatus; -1 when it does not answer.
 int64_t CurrentStep(int port);

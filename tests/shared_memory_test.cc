@@ -76,7 +76,8 @@ TEST(SharedMemoryTest, ReadersSeeWholeVersionsWhileTheWriterPublishes) {
   int reads = 0, torn = 0;
   std::vector<float> out(n);
   while (!done.load() || reads == 0) {
-    absl::StatusOr<int64_t> version = ReadWeights(**region, absl::MakeSpan(out));
+    absl::StatusOr<int64_t> version =
+        ReadWeights(**region, absl::MakeSpan(out));
     if (!version.ok()) continue;  // rewritten throughout: asked again
     ++reads;
     for (float x : out) {

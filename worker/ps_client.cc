@@ -14,6 +14,7 @@
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/model_layout.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
@@ -86,7 +87,11 @@ struct PsClient::Rpc {
 };
 
 PsClient::PsClient(const PsClientOptions& options)
-    : options_(options), rpc_(std::make_unique<Rpc>(MakeChannel(options_))) {}
+    : options_(options), rpc_(std::make_unique<Rpc>(MakeChannel(options_))) {
+  // Until a registration says otherwise: one dp-ps holding the whole model.
+  num_params_ = ModelLayout::SimpleNet().num_params();
+  shard_.range = ParamRange{0, num_params_};
+}
 
 PsClient::~PsClient() = default;
 
@@ -192,13 +197,29 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
   const absl::Time give_up = absl::Now() + options_.retry_for;
   absl::Duration backoff = absl::Milliseconds(50);
   std::minstd_rand jitter(std::random_device{}());
+  absl::Status s;
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    absl::Time deadline = absl::Now() + timeout;
+    if (attempt > 1) {
+      // dp-ps was unavailable: wait for the channel to connect rather than
+      // fail at once. gRPC keeps a channel that failed to connect failing
+      // fast until a connection succeeds, and a call that fails at once
+      // abandons the connection attempt it started: restarted dp-ps shards
+      // were left unreached for seconds.
+      context.set_wait_for_ready(true);
+      deadline = std::min(deadline, give_up);
+    }
+    context.set_deadline(absl::ToChronoTime(deadline));
     AttachToken(options_.auth_token, &context);
-    absl::Status s = FromGrpcStatus(call(&context));
-    if (s.code() != absl::StatusCode::kUnavailable) return s;
-    if (absl::Now() + backoff > give_up) {
+    absl::Status result = FromGrpcStatus(call(&context));
+    const bool gave_up = attempt > 1 &&
+                         result.code() == absl::StatusCode::kDeadlineExceeded &&
+                         absl::Now() >= give_up;
+    // The last UNAVAILABLE says why; a wait cut short by give_up does not.
+    if (!gave_up) s = std::move(result);
+    if (!gave_up && s.code() != absl::StatusCode::kUnavailable) return s;
+    if (gave_up || absl::Now() + backoff > give_up) {
       return absl::UnavailableError(absl::StrFormat(
           "dp-ps at %s is unavailable for %s after %d attempts over %s: %s "
           "(when dp-ps is up, this is also how a TLS mismatch shows: "
@@ -347,9 +368,8 @@ absl::Status PsClient::Barrier(int rank, int64_t step) {
                    });
 }
 
-absl::Status PsClient::PushPull(const Gradient& gradient,
-                                absl::Span<float> all, Received* received,
-                                int64_t* sent_bytes) {
+absl::Status PsClient::PushPull(const Gradient& gradient, absl::Span<float> all,
+                                Received* received, int64_t* sent_bytes) {
   const grpc::ByteBuffer request = PushRequest(gradient);
   *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer response;

@@ -51,7 +51,7 @@ struct PsClientOptions {
 struct ShardState {
   ShardSpec spec;  // one dp-ps: shard 0 of 1, the whole vector
   int64_t step = 0;
-  uint64_t generation = 0;  // new at every start and rollback of the shard
+  uint64_t generation = 0;      // new at every start and rollback of the shard
   bool holds_previous = false;  // it can serve version step - 1 too
   std::vector<int64_t> restorable_steps;  // 0 and its verified checkpoints
 };

@@ -42,9 +42,9 @@ int64_t CommonStep(const std::vector<JobStatus>& shards, int64_t limit) {
     bool everywhere = true;
     for (const JobStatus& s : shards) {
       const auto& r = s.shard.restorable_steps;
-      everywhere = everywhere &&
-                   (s.step == step || step == 0 ||
-                    std::find(r.begin(), r.end(), step) != r.end());
+      everywhere =
+          everywhere && (s.step == step || step == 0 ||
+                         std::find(r.begin(), r.end(), step) != r.end());
     }
     if (everywhere) return step;
   }
@@ -79,9 +79,9 @@ std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
                     NI_NUMERICHOST) != 0) {
       continue;
     }
-    const std::string address =
-        a->ai_family == AF_INET6 ? absl::StrCat("ipv6:[", ip, "]:", port)
-                                 : absl::StrCat("ipv4:", ip, ":", port);
+    const std::string address = a->ai_family == AF_INET6
+                                    ? absl::StrCat("ipv6:[", ip, "]:", port)
+                                    : absl::StrCat("ipv4:", ip, ":", port);
     if (std::find(addresses.begin(), addresses.end(), address) ==
         addresses.end()) {
       addresses.push_back(address);
@@ -157,9 +157,9 @@ absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
   for (int a = 0; a < n; ++a) {
     const ShardSpec& spec = by_address[a].shard.spec;
     if (spec.count != n) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "--ps names %d dp-ps address(es), but %s is %s", n,
-          clients_[a]->address(), spec.ToString()));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("--ps names %d dp-ps address(es), but %s is %s", n,
+                          clients_[a]->address(), spec.ToString()));
     }
     if (order[spec.index] >= 0) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -173,8 +173,7 @@ absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
   for (int k = 0; k < n; ++k) {
     by_shard[k] = std::move(by_address[order[k]]);
     const JobStatus& s = by_shard[k];
-    if (s.shard.spec.range.offset != end ||
-        !(s.config == by_shard[0].config)) {
+    if (s.shard.spec.range.offset != end || !(s.config == by_shard[0].config)) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%s (%s) is not a shard of the job shard 0 (%s) runs",
           clients_[order[k]]->address(), s.shard.spec.ToString(),
@@ -183,9 +182,9 @@ absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
     end = s.shard.spec.range.end();
   }
   if (end != ModelLayout::SimpleNet().num_params()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "the shards hold [0, %d) of the model's %d parameters", end,
-        ModelLayout::SimpleNet().num_params()));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the shards hold [0, %d) of the model's %d parameters",
+                        end, ModelLayout::SimpleNet().num_params()));
   }
   order_ = std::move(order);
   return by_shard;
@@ -247,10 +246,10 @@ std::string PsGroup::why_not_shared_memory() const {
   std::vector<std::string> why;
   for (const auto& c : clients_) {
     if (!c->why_not_shared_memory().empty()) {
-      why.push_back(clients_.size() == 1
-                        ? c->why_not_shared_memory()
-                        : absl::StrCat(c->address(), ": ",
-                                       c->why_not_shared_memory()));
+      why.push_back(
+          clients_.size() == 1
+              ? c->why_not_shared_memory()
+              : absl::StrCat(c->address(), ": ", c->why_not_shared_memory()));
     }
   }
   return absl::StrJoin(why, "; ");
@@ -275,9 +274,9 @@ absl::Status Combine(const std::vector<Received>& received, Weights* weights) {
     steps.push_back(absl::StrCat(r.step));
   }
   if (same) return absl::OkStatus();
-  return absl::AbortedError(absl::StrFormat(
-      "the shards answered with versions %s: re-sync",
-      absl::StrJoin(steps, ",")));
+  return absl::AbortedError(
+      absl::StrFormat("the shards answered with versions %s: re-sync",
+                      absl::StrJoin(steps, ",")));
 }
 
 }  // namespace
@@ -295,8 +294,8 @@ absl::Status PsGroup::Pull(int rank, Weights* weights) {
 
 absl::Status PsGroup::Push(const Gradient& gradient, int64_t* sent_bytes) {
   std::vector<int64_t> sent(clients_.size(), 0);
-  absl::Status s = ForEachShard(
-      [&](int k) { return shard(k).Push(gradient, &sent[k]); });
+  absl::Status s =
+      ForEachShard([&](int k) { return shard(k).Push(gradient, &sent[k]); });
   *sent_bytes = 0;
   for (int64_t b : sent) *sent_bytes += b;
   return s;

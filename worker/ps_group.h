@@ -56,8 +56,7 @@ class PsGroup {
  private:
   // Runs call(shard) for every shard, concurrently; the first error, if
   // any (by shard order).
-  absl::Status ForEachShard(
-      absl::FunctionRef<absl::Status(int shard)> call);
+  absl::Status ForEachShard(absl::FunctionRef<absl::Status(int shard)> call);
   // One round of Register: the statuses by shard index.
   absl::StatusOr<std::vector<JobStatus>> RegisterAll(
       const Registration& registration);

@@ -1,0 +1,144 @@
+// Sharded jobs with real processes: S dp-ps shards compute bitwise the model
+// one dp-ps computes, and a shard that restarts from an older checkpoint
+// rolls the job back to a step every shard holds, again to the same model.
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "tests/job_runner.h"
+
+namespace dp {
+namespace {
+
+std::string ReadModel(const std::string& path) {
+  auto bytes = ReadFile(path);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.value_or("");
+}
+
+// The model of a job of 2 workers with `flags` on `shards` shards.
+std::string TrainedModel(const TempDir& dir, std::vector<std::string> flags,
+                         int shards) {
+  const std::string path = dir.File(absl::StrCat("model-", shards, ".st"));
+  flags.push_back("--save_model=" + path);
+  JobResult r = RunJob(flags, 2, {}, shards);
+  EXPECT_EQ(r.ps_exit, 0) << r.ps_output;
+  if (shards > 1) {
+    EXPECT_NE(r.ps_output.find(absl::StrCat("from ", shards, " shards")),
+              std::string::npos)
+        << r.ps_output;
+  }
+  return ReadModel(path);
+}
+
+TEST(ShardTest, OneTwoAndThreeShardsTrainTheSameModelToTheBit) {
+  TempDir dir;
+  const std::vector<std::string> flags = {
+      "--dataset=synthetic", "--max_steps=40", "--batch_size=32", "--seed=11"};
+  const std::string one = TrainedModel(dir, flags, 1);
+  ASSERT_FALSE(one.empty());
+  EXPECT_TRUE(TrainedModel(dir, flags, 2) == one) << "2 shards differ";
+  EXPECT_TRUE(TrainedModel(dir, flags, 3) == one) << "3 shards differ";
+}
+
+TEST(ShardTest, Bf16ShardsTrainTheSameModelAsOneDpPs) {
+  TempDir dir;
+  const std::vector<std::string> flags = {
+      "--dataset=synthetic",  "--max_steps=30",
+      "--batch_size=16",      "--seed=3",
+      "--grad_encoding=bf16", "--weight_encoding=bf16"};
+  const std::string one = TrainedModel(dir, flags, 1);
+  ASSERT_FALSE(one.empty());
+  EXPECT_TRUE(TrainedModel(dir, flags, 2) == one);
+}
+
+TEST(ShardTest, TwoShardsTrainFashionMnistToTheModelOfOneDpPs) {
+  TempDir dir;
+  const std::vector<std::string> flags = {"--max_steps=300", "--batch_size=64",
+                                          "--seed=2"};
+  const std::string one = TrainedModel(dir, flags, 1);
+  ASSERT_FALSE(one.empty());
+  EXPECT_TRUE(TrainedModel(dir, flags, 2) == one);
+}
+
+// Both workers paused at step >= 35 of a job checkpointed every 10 steps;
+// shard 1 killed and restarted: it resumes at step 30 (or 20, if the
+// checkpoint of 30 was not written yet) while shard 0 is past 35. The
+// workers' next join rolls shard 0 back, they redo the steps, and the model
+// is the one of the job without the kill.
+TEST(ShardTest, AShardRestartedFromAnOlderCheckpointRollsTheJobBack) {
+  TempDir dir;
+  std::vector<std::string> flags = {"--dataset=synthetic", "--max_steps=80",
+                                    "--batch_size=16", "--seed=8"};
+  const std::string reference = TrainedModel(dir, flags, 1);
+  const std::string model = dir.File("model.st");
+  flags.push_back("--workers=2");
+  flags.push_back("--checkpoint_every=10");
+  flags.push_back("--save_model=" + model);
+  std::vector<std::string> shard_flags[2] = {flags, flags};
+  shard_flags[0].push_back("--checkpoint_dir=" + dir.File("ckpt0"));
+  shard_flags[1].push_back("--checkpoint_dir=" + dir.File("ckpt1"));
+  std::vector<int> ports = {0, 0};
+  auto s1 = StartServer(ShardArgs(shard_flags[1], 1, ports), &ports[1]);
+  auto s0 = StartServer(ShardArgs(shard_flags[0], 0, ports), &ports[0]);
+  auto w0 = StartWorker(PsList(ports), 0);
+  auto w1 = StartWorker(PsList(ports), 1);
+  ASSERT_TRUE(WaitForStep(ports[0], 35, absl::Minutes(2)));
+  w0->Signal(SIGSTOP);
+  w1->Signal(SIGSTOP);
+  s1->Signal(SIGKILL);
+  EXPECT_EQ(s1->Wait(absl::Seconds(30)), 128 + SIGKILL);
+  int again = 0;
+  s1 = StartServer(ShardArgs(shard_flags[1], 1, ports), &again, ports[1]);
+  ASSERT_EQ(again, ports[1]) << s1->output();
+  const int64_t ahead = CurrentStep(ports[0]);
+  int64_t resumed = -1;
+  const auto field = s1->Field("resuming from the checkpoint of step ");
+  ASSERT_TRUE(field.has_value()) << s1->output();
+  ASSERT_TRUE(absl::SimpleAtoi(field->substr(0, field->find(' ')), &resumed));
+  EXPECT_LT(resumed, ahead);
+  w0->Signal(SIGCONT);
+  w1->Signal(SIGCONT);
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+  EXPECT_EQ(s1->Wait(kJobTimeout), 0) << s1->output();
+  EXPECT_EQ(s0->Wait(kJobTimeout), 0) << s0->output();
+  EXPECT_NE(s0->output().find(absl::StrCat("rolled back from step ", ahead,
+                                           " to step ", resumed)),
+            std::string::npos)
+      << s0->output();
+  EXPECT_TRUE(ReadModel(model) == reference);
+}
+
+TEST(ShardTest, ShardsOfDifferentJobsAreRefusedNamingBoth) {
+  TempDir dir;
+  std::vector<int> ports = {0, 0};
+  auto s1 = StartServer(
+      ShardArgs({"--dataset=synthetic", "--workers=1", "--seed=1"}, 1, ports),
+      &ports[1]);
+  auto s0 = StartServer(
+      ShardArgs({"--dataset=synthetic", "--workers=1", "--seed=2"}, 0, ports),
+      &ports[0]);
+  auto w = StartWorker(PsList(ports), 0, {"--retry_for_s=5"});
+  EXPECT_EQ(w->Wait(absl::Minutes(1)), 2) << w->output();
+  EXPECT_NE(w->output().find("is not a shard of the job shard 0"),
+            std::string::npos)
+      << w->output();
+  // A worker told of one shard only learns that the job has two.
+  auto lone =
+      StartWorker(absl::StrCat("127.0.0.1:", ports[0]), 0, {"--retry_for_s=5"});
+  EXPECT_EQ(lone->Wait(absl::Minutes(1)), 2) << lone->output();
+  EXPECT_NE(lone->output().find("names 1 dp-ps address(es), but"),
+            std::string::npos)
+      << lone->output();
+  s0->Signal(SIGTERM);
+  s1->Signal(SIGTERM);
+}
+
+}  // namespace
+}  // namespace dp
