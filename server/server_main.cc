@@ -255,6 +255,17 @@ int Run(int argc, char** argv) {
     Log("configuration error: %s", s.message());
     return kExitConfigError;
   }
+  absl::StatusOr<int> shard = ShardIndex(f);
+  if (shard.ok() && *shard == 0 && f.shards > 1 &&
+      f.shard_addresses.empty()) {
+    shard = absl::InvalidArgumentError(
+        "shard 0 of a sharded job needs --shard_addresses (the other "
+        "shards' host:port) to collect the model at the end");
+  }
+  if (!shard.ok()) {
+    Log("configuration error: %s", shard.status().message());
+    return kExitConfigError;
+  }
   if (f.dry_run) return FinishDryRun(flags);
   WarnUnknownEnvironment(flags);
   Log("dp-ps %s starting: %s", DP_VERSION, flags.Effective());
@@ -288,11 +299,6 @@ int Run(int argc, char** argv) {
   o.exit_when_done = f.exit_when_done;
   o.shared_memory = f.shared_memory;
   o.shards = f.shards;
-  absl::StatusOr<int> shard = ShardIndex(f);
-  if (!shard.ok()) {
-    Log("configuration error: %s", shard.status().message());
-    return kExitConfigError;
-  }
   o.shard = *shard;
   o.gather.addresses =
       absl::StrSplit(f.shard_addresses, ',', absl::SkipEmpty());

@@ -496,3 +496,152 @@ TEST(StepCoordinatorTest, DataTooSmallForOneGlobalBatchIsRefusedAtRegister) {
 
 }  // namespace
 }  // namespace dp
+
+namespace dp {
+namespace {
+
+// Coordinators of `shards` shards of `layout`, each with its range of the
+// same initial state, registered like MakeCoordinator's.
+std::vector<std::unique_ptr<StepCoordinator>> MakeShards(
+    const ModelLayout& layout, int shards) {
+  const std::vector<float> all = InitParams(layout, 1);
+  std::vector<std::unique_ptr<StepCoordinator>> out;
+  for (int k = 0; k < shards; ++k) {
+    ShardSpec spec;
+    EXPECT_TRUE(MakeShardSpec(layout, shards, k, &spec).ok());
+    TrainingState s;
+    s.params.assign(all.begin() + spec.range.offset,
+                    all.begin() + spec.range.end());
+    out.push_back(std::make_unique<StepCoordinator>(layout, SmallJob(), s, 1,
+                                                    spec));
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_TRUE(out.back()->Register(r, layout.Fingerprint(), kData).ok());
+    }
+  }
+  return out;
+}
+
+// Every rank's gradient of `step`, cut to `range`, pushed to `c`.
+void PushStep(StepCoordinator& c, const ModelLayout& layout, int step,
+              ParamRange range) {
+  for (int r = 0; r < kWorld; ++r) {
+    const std::vector<float> g = Gradient(layout, r, step);
+    const std::string bytes = Bytes(std::vector<float>(
+        g.begin() + range.offset, g.begin() + range.end()));
+    ASSERT_TRUE(c.Push(r, step, range.offset, bytes, 1.0f).ok());
+  }
+}
+
+TEST(ShardedCoordinatorTest, ShardsComputeTheWholeVectorsUpdateToTheBit) {
+  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
+  auto whole = MakeCoordinator(layout);
+  auto shards = MakeShards(layout, 3);
+  for (int step = 0; step < 5; ++step) {
+    PushStep(*whole, layout, step, ParamRange{0, layout.num_params()});
+    for (auto& s : shards) PushStep(*s, layout, step, s->shard().range);
+  }
+  const TrainingState w = whole->Snapshot();
+  std::vector<float> params, m, v;
+  for (auto& s : shards) {
+    const TrainingState t = s->Snapshot();
+    EXPECT_EQ(t.step, w.step);
+    params.insert(params.end(), t.params.begin(), t.params.end());
+    m.insert(m.end(), t.m.begin(), t.m.end());
+    v.insert(v.end(), t.v.begin(), t.v.end());
+  }
+  EXPECT_TRUE(SameBytes(params, w.params));
+  EXPECT_TRUE(SameBytes(m, w.m));
+  EXPECT_TRUE(SameBytes(v, w.v));
+}
+
+TEST(ShardedCoordinatorTest, RangesOutsideTheShardAreRefusedChangingNothing) {
+  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
+  auto shards = MakeShards(layout, 2);
+  StepCoordinator& second = *shards[1];
+  const ParamRange mine = second.shard().range;
+  const auto before = second.Observe();
+  // The whole vector, the first shard's range, a range across the cut.
+  const std::vector<float> g = Gradient(layout, 0, 0);
+  EXPECT_EQ(second.Push(0, 0, 0, Bytes(g), 1.0f).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(second.Push(0, 0, 0, Bytes(std::vector<float>(mine.length)), 1.0f)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(second.Pull(0, mine.offset - 1, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(second.Pull(0, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A pull of the range: its values, length 0 meaning to its end.
+  auto pulled = second.Pull(0, mine.offset, 0);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(Values(*pulled).size(), static_cast<size_t>(mine.length));
+  auto observed = second.Observe();
+  observed.last_seen = before.last_seen;  // the accepted pull renewed it
+  EXPECT_EQ(ObservableDifferences(before, observed), "");
+}
+
+TEST(ShardedCoordinatorTest, TheVersionBeforeIsServedAfterAnUpdate) {
+  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
+  auto shards = MakeShards(layout, 2);
+  StepCoordinator& c = *shards[0];
+  const ParamRange range = c.shard().range;
+  EXPECT_FALSE(c.Status().holds_previous);
+  EXPECT_EQ(c.Pull(0, range.offset, 0, int64_t{-1}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const std::vector<float> v0 = Values(*c.Pull(0, range.offset, 0));
+  PushStep(c, layout, 0, range);
+  ASSERT_TRUE(c.Status().holds_previous);
+  auto old = c.Pull(0, range.offset, 0, int64_t{0});
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->step, 0);
+  EXPECT_TRUE(SameBytes(Values(*old), v0));
+  auto now = c.Pull(0, range.offset, 0, int64_t{1});
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(now->step, 1);
+  EXPECT_FALSE(SameBytes(Values(*now), v0));
+  EXPECT_EQ(c.Pull(0, range.offset, 0, int64_t{2}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ShardedCoordinatorTest, RewindRestoresAStateAndEndsTheWaits) {
+  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
+  auto shards = MakeShards(layout, 2);
+  StepCoordinator& c = *shards[1];
+  const ParamRange range = c.shard().range;
+  const TrainingState at0 = c.Snapshot();
+  PushStep(c, layout, 0, range);
+  PushStep(c, layout, 1, range);
+  // Rank 0 pushed step 2 and waits.
+  const std::vector<float> g = Gradient(layout, 0, 2);
+  ASSERT_TRUE(c.Push(0, 2, range.offset,
+                     Bytes(std::vector<float>(g.begin() + range.offset,
+                                              g.begin() + range.end())),
+                     1.0f)
+                  .ok());
+  absl::Status waited;
+  auto ticket = c.WaitForStep(0, 2, [&](const absl::Status& s, int64_t) {
+    waited = s;
+  });
+  ASSERT_TRUE(ticket.ok() && !ticket->ready);
+
+  // A rollback decided on another generation changes nothing.
+  const uint64_t generation = c.Status().generation;
+  const auto before = c.Observe();
+  EXPECT_EQ(c.Rewind(generation + 1, at0).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(ObservableDifferences(before, c.Observe()), "");
+
+  ASSERT_TRUE(c.Rewind(generation, at0).ok());
+  EXPECT_EQ(waited.code(), absl::StatusCode::kAborted) << waited;
+  EXPECT_TRUE(SameState(c.Snapshot(), at0));
+  const CoordinatorStatus after = c.Status();
+  EXPECT_NE(after.generation, generation);
+  EXPECT_FALSE(after.holds_previous);
+  EXPECT_TRUE(after.pushed_ranks.empty());
+  // The steps again give the same state as the first time.
+  PushStep(c, layout, 0, range);
+  EXPECT_EQ(c.Status().step, 1);
+}
+
+}  // namespace
+}  // namespace dp

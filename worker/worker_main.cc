@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <algorithm>
 #include <string>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/flags.h"
 #include "common/grpc_server.h"
@@ -154,8 +156,13 @@ int Run(int argc, char** argv) {
     Log("configuration error: %s", s.message());
     return kExitConfigError;
   }
-  if (!IsHostPort(ps)) {
-    Log("configuration error: --ps must be host:port, got '%s'", ps);
+  const std::vector<std::string> entries =
+      absl::StrSplit(ps, ',', absl::SkipWhitespace());
+  if (entries.empty() ||
+      !std::all_of(entries.begin(), entries.end(), IsHostPort)) {
+    Log("configuration error: --ps must be host:port or a comma-separated "
+        "list of them, got '%s'",
+        ps);
     return kExitConfigError;
   }
   if (health_port < -1 || health_port > 65535) {

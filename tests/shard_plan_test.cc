@@ -1,0 +1,77 @@
+// The split of the parameter vector over shards: contiguous, covering,
+// balanced by bytes, on tensor boundaries only where that keeps the balance.
+#include "common/shard_plan.h"
+
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+bool IsTensorBoundary(const ModelLayout& layout, int64_t at) {
+  if (at == 0 || at == layout.num_params()) return true;
+  for (const TensorInfo& t : layout.tensors()) {
+    if (t.offset == at) return true;
+  }
+  return false;
+}
+
+void ExpectAGoodSplit(const ModelLayout& layout, int shards) {
+  SCOPED_TRACE(::testing::Message() << shards << " shards");
+  const std::vector<ParamRange> r = ShardRanges(layout, shards);
+  ASSERT_EQ(static_cast<int>(r.size()), shards);
+  const int64_t n = layout.num_params();
+  EXPECT_EQ(r.front().offset, 0);
+  EXPECT_EQ(r.back().end(), n);
+  for (int k = 0; k < shards; ++k) {
+    EXPECT_GT(r[k].length, 0);
+    if (k > 0) EXPECT_EQ(r[k].offset, r[k - 1].end());
+    if (k == 0) continue;
+    // Each cut: a 64-byte multiple next to k*n/S, or a tensor boundary
+    // within 2% of a shard's share of it.
+    const int64_t cut = r[k].offset;
+    const int64_t ideal = n * k / shards;
+    const bool aligned = cut % 16 == 0 && std::llabs(cut - ideal) < 16;
+    const bool boundary = IsTensorBoundary(layout, cut) &&
+                          std::llabs(cut - ideal) * 50 <= n / shards;
+    EXPECT_TRUE(aligned || boundary) << "cut " << cut << ", ideal " << ideal;
+  }
+}
+
+TEST(ShardPlanTest, SimpleNetSplitsEvenlyForEveryShardCount) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  for (int s = 1; s <= kMaxShards; ++s) ExpectAGoodSplit(layout, s);
+  // 2 shards: fc1.weight alone is 85% of the bytes, so the cut is inside it.
+  const std::vector<ParamRange> two = ShardRanges(layout, 2);
+  EXPECT_EQ(two[0].offset, 0);
+  EXPECT_EQ(two[0].length, 117568);
+  EXPECT_EQ(two[1].length, 117578);
+}
+
+TEST(ShardPlanTest, ACutNearATensorBoundaryMovesOntoIt) {
+  // 100-100-100: weights of 10,000 values, biases of 100; the middle of the
+  // 20,200 values (10,100) is exactly the start of layer 2's weight.
+  const ModelLayout layout = ModelLayout::Mlp({100, 100, 100});
+  const std::vector<ParamRange> two = ShardRanges(layout, 2);
+  EXPECT_EQ(two[1].offset, layout.weight(1).offset);
+  ExpectAGoodSplit(layout, 2);
+  for (int s = 3; s <= 8; ++s) ExpectAGoodSplit(layout, s);
+}
+
+TEST(ShardPlanTest, OutOfRangeShardsAreInvalidArgumentNamingTheFlags) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  ShardSpec spec;
+  for (auto [count, index] : std::vector<std::pair<int, int>>{
+           {0, 0}, {kMaxShards + 1, 0}, {2, 2}, {2, -1}}) {
+    const absl::Status s = MakeShardSpec(layout, count, index, &spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("--shard"), std::string::npos) << s;
+  }
+  ASSERT_TRUE(MakeShardSpec(layout, 3, 2, &spec).ok());
+  EXPECT_EQ(spec.range.end(), layout.num_params());
+  EXPECT_EQ(spec.ToString(), "shard 2 of 3 [156752, 235146)");
+}
+
+}  // namespace
+}  // namespace dp
