@@ -133,11 +133,12 @@ MetricsEndpoint::MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer,
 
 MetricsEndpoint::~MetricsEndpoint() = default;
 
-Metrics::Metrics(const std::string& role, int rank)
+Metrics::Metrics(const std::string& role, int rank, int shard)
     : registry_(std::make_shared<Registry>()),
       hook_(std::make_shared<ScrapeHook>(this, registry_)) {
   labels_["role"] = role;
   if (rank >= 0) labels_["rank"] = absl::StrCat(rank);
+  if (shard >= 0) labels_["shard"] = absl::StrCat(shard);
   prometheus::BuildGauge()
       .Name("dp_build_info")
       .Help("Always 1; labels say which version of dp-ps this process runs.")

@@ -2,10 +2,12 @@
 // server/server_metrics.h, WorkerMetrics in worker/worker_metrics.h), and its
 // HTTP exposition; the README's "Monitoring" table lists every name.
 // Conventions: prefix dp_, base units (seconds, bytes), counters end in _total,
-// and the only labels are role ("ps" | "worker") and rank, plus reason on
-// rejected requests (a status code name), version on dp_build_info and the
-// backend's on dp_worker_backend_info, so the number of series is bounded by
-// the number of workers. Never a step or job id as a label.
+// and the only labels are role ("ps" | "worker"), rank (workers, and dp-ps's
+// per-rank series) and shard (every dp-ps series: which range of the
+// parameters that process owns), plus reason on rejected requests (a status
+// code name), version on dp_build_info and the backend's on
+// dp_worker_backend_info, so the number of series is bounded by the number
+// of workers and shards. Never a step or job id as a label.
 //
 // No gRPC types and no training math here: callers hand in durations, byte
 // counts and values they already have. Recording is lock-free (atomics in
@@ -88,12 +90,14 @@ class Metrics {
   std::string Text();
 
  protected:
-  // role "ps" or "worker"; rank < 0 means no rank label.
-  Metrics(const std::string& role, int rank);
+  // role "ps" or "worker"; rank < 0 means no rank label, shard < 0 no shard
+  // label.
+  Metrics(const std::string& role, int rank, int shard = -1);
   // Refreshes derived gauges before every scrape.
   virtual void BeforeScrape() {}
   prometheus::Registry& registry() { return *registry_; }
-  // The labels every family carries: role, and rank for workers.
+  // The labels every family carries: role, rank for workers, shard for
+  // dp-ps.
   const std::map<std::string, std::string>& constant_labels() const;
   // One series with the constant labels, in a family of its own. Seconds
   // histograms have buckets from 100 us to 60 s.

@@ -124,7 +124,8 @@ absl::Status PsServer::Build() {
     if (!o.init_model.empty()) Log("initial weights from %s", o.init_model);
   }
 
-  metrics_ = std::make_unique<ServerMetrics>(o.config.schedule.world_size);
+  metrics_ = std::make_unique<ServerMetrics>(o.config.schedule.world_size,
+                                             shard_.index);
   const int threads = UpdateThreads(o.update_threads);
   coordinator_ = std::make_unique<StepCoordinator>(
       layout_, o.config, std::move(state), threads, shard_);

@@ -30,9 +30,10 @@ int64_t UnixNanos(absl::Time t) { return absl::ToUnixNanos(t); }
 
 }  // namespace
 
-ServerMetrics::ServerMetrics(int world_size, absl::Duration active_window,
+ServerMetrics::ServerMetrics(int world_size, int shard,
+                             absl::Duration active_window,
                              std::function<absl::Time()> now)
-    : Metrics("ps", -1),
+    : Metrics("ps", -1, std::max(shard, 0)),
       world_size_(world_size),
       active_window_(active_window),
       now_(std::move(now)),

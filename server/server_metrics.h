@@ -18,11 +18,13 @@ namespace dp {
 
 class ServerMetrics final : public Metrics {
  public:
-  // world_size fixes the rank labels (0..world_size-1). A rank counts as
-  // active while it made a request within `active_window`: a worker waiting
-  // at the barrier re-asks every --wait_timeout_s (30 s by default), so the
-  // window must be longer than that.
-  explicit ServerMetrics(int world_size,
+  // world_size fixes the rank labels (0..world_size-1). Every series carries
+  // shard="<shard>" (0 for a dp-ps of one shard), so that the shards of one
+  // job, scraped under one job name, stay apart. A rank counts as active
+  // while it made a request within `active_window`: a worker waiting at the
+  // barrier re-asks every --wait_timeout_s (30 s by default), so the window
+  // must be longer than that.
+  explicit ServerMetrics(int world_size, int shard = 0,
                          absl::Duration active_window = absl::Seconds(60),
                          std::function<absl::Time()> now = absl::Now);
 

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
@@ -103,10 +104,36 @@ TEST(MetricsJobTest, MetricsAreOffByDefaultAndAnyFreePortServesThem) {
   auto body = HttpGet("127.0.0.1", port, "/metrics");
   ASSERT_TRUE(body.ok()) << body.status();
   auto s = ParseExposition(*body);
-  EXPECT_EQ(Sample(s, "dp_ps_expected_workers", {{"role", "ps"}}), 3);
-  EXPECT_EQ(Sample(s, "dp_ps_registered_workers", {{"role", "ps"}}), 0);
+  EXPECT_EQ(
+      Sample(s, "dp_ps_expected_workers", {{"role", "ps"}, {"shard", "0"}}), 3);
+  EXPECT_EQ(
+      Sample(s, "dp_ps_registered_workers", {{"role", "ps"}, {"shard", "0"}}),
+      0);
   on.Signal(SIGTERM);
   EXPECT_EQ(on.Wait(kTimeout), kExitInterrupted);
+}
+
+TEST(MetricsJobTest, EverySeriesOfAShardCarriesItsIndex) {
+  // Shard 1 needs no --shard_addresses (only shard 0 collects the model).
+  Subprocess ps({DP_PS_BINARY, "--host=127.0.0.1", "--port=0",
+                 "--metrics_port=-1", "--metrics_host=127.0.0.1", "--workers=2",
+                 "--shards=2", "--shard=1"});
+  ASSERT_TRUE(ps.WaitForOutput("listening on", kTimeout)) << ps.output();
+  const int port = MetricsPort(ps, "127.0.0.1");
+  ASSERT_GT(port, 0) << ps.output();
+  auto body = HttpGet("127.0.0.1", port, "/metrics");
+  ASSERT_TRUE(body.ok()) << body.status();
+  auto s = ParseExposition(*body);
+  ASSERT_FALSE(s.empty()) << *body;
+  for (const auto& [series, value] : s) {
+    // prometheus-cpp's own exposer_* series describe the endpoint, not dp-ps.
+    if (!absl::StartsWith(series, "dp_")) continue;
+    EXPECT_NE(series.find("shard=\"1\""), std::string::npos) << series;
+  }
+  EXPECT_EQ(
+      Sample(s, "dp_ps_expected_workers", {{"role", "ps"}, {"shard", "1"}}), 2);
+  ps.Signal(SIGTERM);
+  EXPECT_EQ(ps.Wait(kTimeout), kExitInterrupted);
 }
 
 }  // namespace

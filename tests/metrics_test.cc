@@ -52,8 +52,8 @@ void ExpectPrometheusNaming(const std::string& text) {
       EXPECT_TRUE(absl::EndsWith(name, "_seconds")) << name;
     }
   }
-  const std::set<std::string> allowed = {"role", "rank", "reason", "version",
-                                         "le"};
+  const std::set<std::string> allowed = {"role",   "rank",    "shard",
+                                         "reason", "version", "le"};
   for (const auto& [series, value] : ParseExposition(text)) {
     ASSERT_FALSE(absl::StartsWith(series, "!malformed")) << series;
     const size_t open = series.find('{');
@@ -112,13 +112,45 @@ TEST(MetricsTest, WorkerSeriesCarryRoleAndRankAndCountWhatHappened) {
   EXPECT_EQ(Sample(s, "dp_worker_compute_duration_seconds_bucket", le), 0);
 }
 
+TEST(MetricsTest, EveryServerSeriesCarriesItsShardAndWorkerSeriesNone) {
+  // The shards of a job are scraped under one job name: only this label
+  // tells their update times and traffic apart.
+  ServerMetrics server(2, /*shard=*/3);
+  ServerMetrics::Progress p = AtStep(4, 10);
+  p.has_loss = true;
+  p.has_eval = true;
+  server.SetProgress(p);
+  server.ObserveUpdate(absl::Milliseconds(2));
+  server.ObserveBarrierWait(1, absl::Milliseconds(3));
+  server.AddReceivedBytes(100);
+  server.AddSentBytes(200);
+  const auto s = ParseExposition(server.Text());
+  ASSERT_FALSE(s.empty());
+  for (const auto& [series, value] : s) {
+    EXPECT_NE(series.find("shard=\"3\""), std::string::npos) << series;
+  }
+  const Labels shard3 = {{"role", "ps"}, {"shard", "3"}};
+  EXPECT_EQ(Sample(s, "dp_ps_update_duration_seconds_count", shard3), 1);
+  EXPECT_EQ(Sample(s, "dp_received_bytes_total", shard3), 100);
+  EXPECT_EQ(Sample(s, "dp_sent_bytes_total", shard3), 200);
+  EXPECT_EQ(Sample(s, "dp_training_step", shard3), 4);
+  EXPECT_EQ(Sample(s, "dp_build_info",
+                   {{"role", "ps"}, {"shard", "3"}, {"version", DP_VERSION}}),
+            1);
+  // A dp-ps of one shard is shard 0.
+  EXPECT_NE(ServerMetrics(2).Text().find("shard=\"0\""), std::string::npos);
+  WorkerMetrics worker(1);
+  worker.ObserveStep(absl::Milliseconds(10), 64);
+  EXPECT_EQ(worker.Text().find("shard="), std::string::npos);
+}
+
 TEST(MetricsTest, LossAndTestAccuracyAppearOnlyOnceKnown) {
   // A 0 before the first value would read as "loss 0" or "0% accuracy".
   WorkerMetrics worker(0);
   EXPECT_FALSE(Sample(ParseExposition(worker.Text()), "dp_training_loss",
                       {{"role", "worker"}, {"rank", "0"}}));
   ServerMetrics server(2);
-  const Labels ps = {{"role", "ps"}};
+  const Labels ps = {{"role", "ps"}, {"shard", "0"}};
   server.SetProgress(AtStep(0, 10));
   auto s = ParseExposition(server.Text());
   EXPECT_FALSE(Sample(s, "dp_training_loss", ps));
@@ -153,7 +185,7 @@ TEST(MetricsTest,
   auto s = ParseExposition(m.Text());
   auto rejected = [&](const std::string& reason) {
     return Sample(s, "dp_ps_rejected_requests_total",
-                  {{"role", "ps"}, {"reason", reason}});
+                  {{"role", "ps"}, {"shard", "0"}, {"reason", reason}});
   };
   EXPECT_EQ(rejected("aborted"), 2);
   EXPECT_EQ(rejected("invalid_argument"), 1);
@@ -180,17 +212,17 @@ TEST(MetricsTest, RanksOutsideTheJobCreateNoSeries) {
   EXPECT_EQ(text.find("rank=\"-1\""), std::string::npos) << text;
   auto s = ParseExposition(text);
   EXPECT_EQ(Sample(s, "dp_ps_barrier_wait_duration_seconds_count",
-                   {{"role", "ps"}, {"rank", "1"}}),
+                   {{"role", "ps"}, {"shard", "0"}, {"rank", "1"}}),
             1);
   EXPECT_EQ(Sample(s, "dp_ps_barrier_wait_duration_seconds_count",
-                   {{"role", "ps"}, {"rank", "0"}}),
+                   {{"role", "ps"}, {"shard", "0"}, {"rank", "0"}}),
             0);
   EXPECT_EQ(m.ActiveWorkers(), 0);
 }
 
 TEST(MetricsTest, ActiveWorkersAreRanksSeenWithinTheWindow) {
   absl::Time now = absl::FromUnixSeconds(1000);
-  ServerMetrics m(3, absl::Seconds(60), [&now] { return now; });
+  ServerMetrics m(3, /*shard=*/0, absl::Seconds(60), [&now] { return now; });
   EXPECT_EQ(m.ActiveWorkers(), 0);
   m.SawRank(0);
   now += absl::Seconds(30);
@@ -199,7 +231,7 @@ TEST(MetricsTest, ActiveWorkersAreRanksSeenWithinTheWindow) {
   now += absl::Seconds(31);  // rank 0 last seen 61 s ago
   EXPECT_EQ(m.ActiveWorkers(), 1);
   EXPECT_EQ(Sample(ParseExposition(m.Text()), "dp_ps_active_workers",
-                   {{"role", "ps"}}),
+                   {{"role", "ps"}, {"shard", "0"}}),
             1);
   now += absl::Seconds(30);
   EXPECT_EQ(m.ActiveWorkers(), 0);
@@ -219,9 +251,10 @@ TEST(MetricsTest, AnyFreePortServesMetricsOverHttpAndRunsTheScrapeHook) {
   ASSERT_TRUE(body.ok()) << body.status();
   EXPECT_GE(hooks.load(), 1);
   auto s = ParseExposition(*body);
-  EXPECT_EQ(Sample(s, "dp_training_step", {{"role", "ps"}}), 7);
-  EXPECT_EQ(
-      Sample(s, "dp_build_info", {{"role", "ps"}, {"version", DP_VERSION}}), 1);
+  EXPECT_EQ(Sample(s, "dp_training_step", {{"role", "ps"}, {"shard", "0"}}), 7);
+  EXPECT_EQ(Sample(s, "dp_build_info",
+                   {{"role", "ps"}, {"shard", "0"}, {"version", DP_VERSION}}),
+            1);
   // Destroying the endpoint closes the port.
   endpoint->reset();
   EXPECT_FALSE(HttpGet("127.0.0.1", port, "/metrics").ok());

@@ -17,7 +17,7 @@ namespace dp {
 namespace {
 
 constexpr int kWorld = 2;
-const std::map<std::string, std::string> kPs = {{"role", "ps"}};
+const std::map<std::string, std::string> kPs = {{"role", "ps"}, {"shard", "0"}};
 
 class PsMetricsTest : public ::testing::Test {
  protected:
@@ -78,7 +78,7 @@ class PsMetricsTest : public ::testing::Test {
   std::optional<double> Rejected(const std::map<std::string, double>& s,
                                  const std::string& reason) {
     return Sample(s, "dp_ps_rejected_requests_total",
-                  {{"role", "ps"}, {"reason", reason}});
+                  {{"role", "ps"}, {"shard", "0"}, {"reason", reason}});
   }
 
   const ModelLayout layout_ = ModelLayout::SimpleNet();
@@ -153,7 +153,7 @@ TEST_F(PsMetricsTest, AStepRecordsUpdateTimeBarrierWaitPerRankAndBytes) {
   EXPECT_GT(*Sample(s, "dp_ps_update_duration_seconds_sum", kPs), 0);
   for (const char* rank : {"0", "1"}) {
     EXPECT_EQ(Sample(s, "dp_ps_barrier_wait_duration_seconds_count",
-                     {{"role", "ps"}, {"rank", rank}}),
+                     {{"role", "ps"}, {"shard", "0"}, {"rank", rank}}),
               1)
         << "rank " << rank;
   }
@@ -165,6 +165,8 @@ TEST_F(PsMetricsTest, AStepRecordsUpdateTimeBarrierWaitPerRankAndBytes) {
     if (series.find("rejected") != std::string::npos) {
       EXPECT_EQ(value, 0) << series;
     }
+    // A dp-ps of one shard is shard 0, like the first shard of many.
+    EXPECT_NE(series.find("shard=\"0\""), std::string::npos) << series;
   }
 }
 

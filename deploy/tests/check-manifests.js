@@ -11,9 +11,10 @@
 //  3. drift between the manifests and the binaries: each container's
 //     arguments and environment (ConfigMaps and $(VAR) references resolved
 //     as the kubelet does) are run through `dp-ps`/`dp-worker --dry_run`,
-//     and the ports, probes, Service, NetworkPolicy, worker count, run id,
-//     failure policies, grace periods, volumes, TLS mounts and monitoring
-//     objects are compared with the effective configuration;
+//     and the ports, probes, Service, NetworkPolicy, worker count, shard
+//     count and addresses, run id, failure policies, grace periods,
+//     volumes, TLS mounts and monitoring objects are compared with the
+//     effective configuration (dp-ps once per shard);
 //  4. a self-test: broken copies of the manifests must fail the checks.
 //
 // Usage: node check-manifests.js --dp-ps BIN --dp-worker BIN
@@ -34,7 +35,8 @@ const K8S = path.join(REPO, "deploy/k8s");
 // Kubernetes"); its API is the kubernetes-types package of that version.
 const MIN_KUBERNETES = "1.29";
 // Rendered variants: a kustomize directory, or a kustomization written for
-// the test (the JobSet variant with TLS, which no overlay ships).
+// the test (the JobSet variant with TLS, and a sharded job, which no overlay
+// ships).
 const TARGETS = {
   "base": "base",
   "overlays/cpu": "overlays/cpu",
@@ -45,6 +47,20 @@ const TARGETS = {
   "overlays/jobset + tls": {
     resources: ["overlays/jobset"],
     components: ["components/tls", "components/cert-manager", "components/workers"],
+  },
+  // S = 3 as README tells: DP_SHARDS and its list of pods, then the
+  // component that copies S (the shipped overlays run one shard).
+  "overlays/tls, 3 shards": {
+    resources: ["overlays/tls"],
+    configMapGenerator: [{
+      name: "dp-ps-config",
+      behavior: "merge",
+      literals: [
+        "DP_SHARDS=3",
+        "DP_SHARD_ADDRESSES=dp-ps-0.dp-ps:5000,dp-ps-1.dp-ps:5000,dp-ps-2.dp-ps:5000",
+      ],
+    }],
+    components: ["components/workers"],
   },
 };
 const GRAFANA_DASHBOARD = path.join(REPO, "deploy/grafana/dashboards/dp-ps.json");
@@ -80,6 +96,7 @@ function render(target) {
       apiVersion: "kustomize.config.k8s.io/v1beta1",
       kind: "Kustomization",
       resources: target.resources.map(rel),
+      ...(target.configMapGenerator ? {configMapGenerator: target.configMapGenerator} : {}),
       components: target.components.map(rel),
     }));
     dir = tmp;
@@ -280,10 +297,11 @@ function expandEnv(value, env) {
 }
 
 // Runs `binary --dry_run` with the container's arguments and environment,
-// as the kubelet would start it: ConfigMaps of envFrom resolved from the
-// rendered objects, $(VAR) expanded, JOB_COMPLETION_INDEX set for an
+// as the kubelet would start it: ConfigMaps of envFrom and configMapKeyRef
+// resolved from the rendered objects, fieldRef from `fields` (fieldPath ->
+// the value on the pod), $(VAR) expanded, JOB_COMPLETION_INDEX set for an
 // Indexed Job. Returns {code, config (flag -> value), env, output}.
-function dryRun(binary, container, objects, extraEnv) {
+function dryRun(binary, container, objects, extraEnv, fields = {}) {
   const env = {PATH: process.env.PATH, ...extraEnv};
   const problems = [];
   for (const from of container.envFrom || []) {
@@ -299,13 +317,26 @@ function dryRun(binary, container, objects, extraEnv) {
     Object.assign(env, cm.data || {});
   }
   for (const e of container.env || []) {
+    const keyRef = e.valueFrom?.configMapKeyRef;
+    const fieldRef = e.valueFrom?.fieldRef;
     if (e.value !== undefined) {
       env[e.name] = expandEnv(e.value, env);
       if (/\$\(/.test(env[e.name])) {
         problems.push(`env ${e.name}=${e.value} refers to an undefined variable`);
       }
+    } else if (keyRef) {
+      const value = find(objects, "ConfigMap", keyRef.name)?.data?.[keyRef.key];
+      if (value === undefined) {
+        problems.push(`env ${e.name}: ConfigMap ${keyRef.name} has no key ${keyRef.key}`);
+      } else {
+        env[e.name] = value;
+      }
+    } else if (fieldRef && fields[fieldRef.fieldPath] !== undefined) {
+      env[e.name] = fields[fieldRef.fieldPath];
+    } else if (fieldRef) {
+      problems.push(`env ${e.name}: the pod has no ${fieldRef.fieldPath}`);
     } else {
-      problems.push(`env ${e.name} has no literal value`);
+      problems.push(`env ${e.name} has neither a value nor a ConfigMap key or pod field`);
     }
   }
   const argv = [...(container.command || []).slice(1), ...(container.args || []),
@@ -352,6 +383,30 @@ function workloads(objects) {
                      rj: workers}};
   }
   return null;
+}
+
+// The fields a pod of dp-ps's workload has for the downward API: its
+// template's labels, and for the StatefulSet's pod K its name and the
+// ordinal label the controller adds (Kubernetes 1.28 or newer).
+function psPodFields(w, k) {
+  const fields = {};
+  for (const [key, value] of Object.entries(w.ps.pod.metadata?.labels || {})) {
+    fields[`metadata.labels['${key}']`] = value;
+  }
+  if (w.kind === "plain") {
+    fields["metadata.name"] = `${w.ps.sts.metadata.name}-${k}`;
+    fields["metadata.labels['apps.kubernetes.io/pod-index']"] = String(k);
+  }
+  return fields;
+}
+
+// "a:1,b:2" as ["a:1", "b:2"].
+function addressList(value) {
+  return (value || "").split(",").map((a) => a.trim()).filter(Boolean);
+}
+
+function hostOf(address) {
+  return address.slice(0, address.lastIndexOf(":"));
 }
 
 // The volume of `pod` mounted in `container` at a path that holds `file`.
@@ -412,8 +467,9 @@ function driftErrors(objects, bins, target) {
   check(/(^|\/)dp-worker(:|@)/.test(worker.image),
         `dp-worker image ${worker.image} has no tag`);
 
-  // Every argument and DP_* variable is accepted by the binary.
-  const psRun = dryRun(bins["dp-ps"], ps, objects, {});
+  // Every argument and DP_* variable is accepted by the binary (dp-ps as
+  // shard 0 here; every shard below).
+  const psRun = dryRun(bins["dp-ps"], ps, objects, {}, psPodFields(w, 0));
   const wRun = dryRun(bins["dp-worker"], worker, objects, {JOB_COMPLETION_INDEX: "0"});
   for (const [name, run] of [["dp-ps", psRun], ["dp-worker", wRun]]) {
     for (const p of run.problems) errors.push(`${name}: ${p}`);
@@ -441,6 +497,9 @@ function driftErrors(objects, bins, target) {
   check(pc.host === "0.0.0.0" || pc.host === "::",
         `dp-ps --host=${pc.host} is not reachable from other pods`);
   check(svc.spec.clusterIP === "None", "the dp-ps Service is not headless");
+  check(svc.spec.publishNotReadyAddresses === true,
+        "the dp-ps Service must publish not-ready addresses, so that a shard's " +
+        "name resolves while it starts (publishNotReadyAddresses)");
   check(labelsMatch(svc.spec.selector, w.ps.pod.metadata.labels),
         "the Service does not select the dp-ps pod");
   check(!labelsMatch(svc.spec.selector, w.worker.pod.metadata.labels),
@@ -496,11 +555,50 @@ function driftErrors(objects, bins, target) {
             worker.securityContext?.readOnlyRootFilesystem === true,
         "root filesystems must be read-only");
 
+  // Shards: one pod each, which knows its index, and every shard's stable
+  // DNS name under the headless Service in dp-ps's --shard_addresses
+  // (shard 0 collects the model from them) and in the workers' --ps.
+  const shards = Number(pc.shards);
+  if (w.kind === "plain") {
+    check(w.ps.sts.spec.replicas === shards,
+          `StatefulSet replicas ${w.ps.sts.spec.replicas} != dp-ps --shards ${pc.shards} ` +
+          "(one pod per shard; components/workers copies DP_SHARDS)");
+    check(w.ps.sts.spec.podManagementPolicy === "Parallel",
+          "the shards must start together (podManagementPolicy Parallel), not each " +
+          "after the one before is ready");
+    check(shards === 1 ? ["-1", "0"].includes(pc.shard) : pc.shard === "0",
+          `dp-ps pod 0 runs as --shard=${pc.shard}`);
+    for (let k = 1; k < shards; ++k) {
+      const run = dryRun(bins["dp-ps"], ps, objects, {}, psPodFields(w, k));
+      check(run.code === 0 && run.config.shard === String(k),
+            `dp-ps pod ${k} runs as --shard=${run.config.shard} (exit ${run.code}), ` +
+            `not ${k}: DP_SHARD must come from the pod's index\n${run.output}`);
+    }
+  } else {
+    check(shards === 1,
+          `the JobSet runs one dp-ps shard, not --shards=${pc.shards}: a shard needs a ` +
+          "volume of its own that outlives its pod, which a Job's pods cannot each " +
+          "have; shard dp-ps with the plain variant");
+    check(w.ps.pod.spec.hostname && w.ps.pod.spec.subdomain === svc.metadata.name,
+          "the JobSet's dp-ps pod needs a hostname and the Service as its subdomain, " +
+          "for a stable DNS name");
+  }
+  const grpcServicePort = (svc.spec.ports || []).find((p) => p.name === "grpc")?.port;
+  const shardNames = w.kind === "plain"
+      ? Array.from({length: shards}, (_, k) =>
+            `${w.ps.sts.metadata.name}-${k}.${w.ps.sts.spec.serviceName}:${grpcServicePort}`)
+      : [`${w.ps.pod.spec.hostname}.${w.ps.pod.spec.subdomain}:${grpcServicePort}`];
+  const sameSet = (a, b) => a.length === b.length && [...a].sort().join() === [...b].sort().join();
+  check(sameSet(addressList(pc.shard_addresses), shardNames),
+        `dp-ps --shard_addresses=${pc.shard_addresses} does not name exactly the ` +
+        `${shardNames.length} shard pod(s) ${shardNames.join(",")}`);
+  check(sameSet(addressList(wc.ps), shardNames),
+        `worker --ps=${wc.ps} does not name exactly the shard pod(s) ${shardNames.join(",")}`);
+
   // The workload's lifecycle.
   if (w.kind === "plain") {
     check(w.ps.sts.spec.serviceName === svc.metadata.name,
           "StatefulSet serviceName is not the Service");
-    check(w.ps.sts.spec.replicas === 1, "dp-ps must have exactly 1 replica");
     check(pc.exit_when_done === "false",
           "dp-ps must keep running after training (--exit_when_done=false): " +
           "a StatefulSet restarts a container that exits");
@@ -536,13 +634,7 @@ function driftErrors(objects, bins, target) {
           "(node drains would wait for ever)");
   }
 
-  // Workers: the address of dp-ps, the rank, the count.
-  const [psHost, psPort] = [wc.ps.slice(0, wc.ps.lastIndexOf(":")),
-                            Number(wc.ps.slice(wc.ps.lastIndexOf(":") + 1))];
-  check(psHost === svc.metadata.name || psHost.startsWith(`${svc.metadata.name}.`),
-        `worker --ps=${wc.ps} does not name the Service ${svc.metadata.name}`);
-  check(svcPort("grpc") && psPort === svcPort("grpc").port,
-        `worker --ps port ${psPort} is not the Service's grpc port`);
+  // Workers: the rank, the count (their addresses of dp-ps: above).
   check(wc.rank === "0", `worker rank from JOB_COMPLETION_INDEX: ${wc.rank}`);
   check(w.worker.job.completionMode === "Indexed", "the workers' Job is not Indexed");
   check(w.worker.job.completions === Number(pc.workers) &&
@@ -585,8 +677,9 @@ function driftErrors(objects, bins, target) {
     }
   }
 
-  // NetworkPolicy: dp-ps's gRPC port only from the workers, its metrics
-  // port only from Prometheus.
+  // NetworkPolicy: dp-ps's gRPC port only from the workers and, with
+  // several shards, from dp-ps's pods (shard 0 collects the model), its
+  // metrics port only from Prometheus.
   const policies = objects.filter(
       (o) => o.kind === "NetworkPolicy" &&
              labelsMatch(o.spec.podSelector?.matchLabels, w.ps.pod.metadata.labels));
@@ -601,12 +694,20 @@ function driftErrors(objects, bins, target) {
                   (f) => !f.namespaceSelector &&
                          labelsMatch(f.podSelector?.matchLabels, w.worker.pod.metadata.labels))),
           `NetworkPolicy ${np.metadata.name} does not admit the workers to port grpc`);
+    if (shards > 1) {
+      check(grpcRules.some((r) => (r.from || []).some(
+                (f) => !f.namespaceSelector &&
+                       labelsMatch(f.podSelector?.matchLabels, w.ps.pod.metadata.labels))),
+            `NetworkPolicy ${np.metadata.name} does not admit dp-ps's shards to port ` +
+            "grpc (shard 0 collects the model from the others)");
+    }
     for (const r of grpcRules) {
       const open = !r.from || r.from.length === 0 || r.from.some(
           (f) => f.ipBlock || f.namespaceSelector ||
-                 !labelsMatch(f.podSelector?.matchLabels, w.worker.pod.metadata.labels));
-      check(!open, `NetworkPolicy ${np.metadata.name} admits more than the workers ` +
-                   `to port grpc: ${JSON.stringify(r)}`);
+                 !(labelsMatch(f.podSelector?.matchLabels, w.worker.pod.metadata.labels) ||
+                   labelsMatch(f.podSelector?.matchLabels, w.ps.pod.metadata.labels)));
+      check(!open, `NetworkPolicy ${np.metadata.name} admits more than the workers and ` +
+                   `dp-ps's shards to port grpc: ${JSON.stringify(r)}`);
     }
     check(rules.some((r) => rulePortAdmits(r, "metrics", metricsPort) &&
                             (r.from || []).some((f) => f.podSelector?.matchLabels?.[
@@ -646,11 +747,26 @@ function driftErrors(objects, bins, target) {
               `no Certificate writes Secret ${secretOf[who]} of ${who}`);
       }
       const server = certs.find((c) => c.spec.secretName === secretOf["dp-ps"]);
-      const name = wc.tls_server_name || psHost;
-      check(server && (server.spec.dnsNames || []).includes(name),
-            `dp-ps's Certificate does not name ${name}, the host workers verify`);
+      const names = wc.tls_server_name ? [wc.tls_server_name] : addressList(wc.ps).map(hostOf);
+      for (const name of names) {
+        check(server && (server.spec.dnsNames || []).includes(name),
+              `dp-ps's Certificate does not name ${name}, a host workers verify`);
+      }
       check(server && (server.spec.usages || []).includes("server auth"),
             "dp-ps's Certificate lacks the usage server auth");
+      if (shards > 1) {
+        // Shard 0 dials the others by --shard_addresses, verifying those
+        // names, and presents dp-ps's certificate as its client certificate.
+        for (const name of addressList(pc.shard_addresses).map(hostOf)) {
+          check(server && (server.spec.dnsNames || []).includes(name),
+                `dp-ps's Certificate does not name ${name}, which shard 0 verifies`);
+        }
+        if (pc.tls_ca) {
+          check(server && (server.spec.usages || []).includes("client auth"),
+                "dp-ps's Certificate lacks the usage client auth, which shard 0 needs " +
+                "to collect the model from the other shards");
+        }
+      }
       const client = certs.find((c) => c.spec.secretName === secretOf["dp-worker"]);
       check(client && (client.spec.usages || []).includes("client auth"),
             "the workers' Certificate lacks the usage client auth");
@@ -715,7 +831,9 @@ function driftErrors(objects, bins, target) {
 }
 
 // The plain and JobSet variants run the same pods: their containers agree
-// except for dp-ps's DP_EXIT_WHEN_DONE (a Job's pod ends when done).
+// except for dp-ps's DP_EXIT_WHEN_DONE (a Job's pod ends when done) and
+// where its shard index and DNS name come from (the StatefulSet's ordinal;
+// the JobSet's one shard, by hostname and subdomain).
 function variantsAgree(plain, jobset) {
   const a = workloads(plain);
   const b = workloads(jobset);
@@ -724,8 +842,10 @@ function variantsAgree(plain, jobset) {
   const strip = (pod) => {
     const spec = JSON.parse(JSON.stringify(pod.spec));
     for (const c of spec.containers) {
-      c.env = (c.env || []).filter((e) => e.name !== "DP_EXIT_WHEN_DONE");
+      c.env = (c.env || []).filter((e) => !["DP_EXIT_WHEN_DONE", "DP_SHARD"].includes(e.name));
     }
+    delete spec.hostname;
+    delete spec.subdomain;
     // The state volume: a claim template or a PersistentVolumeClaim.
     spec.volumes = (spec.volumes || []).filter((v) => !v.persistentVolumeClaim);
     delete spec.restartPolicy;
@@ -805,7 +925,46 @@ const MUTATIONS = [
     cm(objs, "dp-worker-config").DP_BACKEND = "tpu";
   }],
   ["worker pointed at another host", "overlays/gpu", (objs) => {
-    cm(objs, "dp-worker-config").DP_PS = "parameter-server:5000";
+    workerContainer(objs).env = [{name: "DP_PS", value: "parameter-server:5000"}];
+  }],
+  ["workers dialing the Service name instead of each shard", "overlays/tls, 3 shards",
+   (objs) => {
+     workerContainer(objs).env = [{name: "DP_PS", value: "dp-ps:5000"}];
+   }],
+  ["a shard missing from DP_SHARD_ADDRESSES", "overlays/tls, 3 shards", (objs) => {
+    cm(objs, "dp-ps-config").DP_SHARD_ADDRESSES = "dp-ps-0.dp-ps:5000,dp-ps-1.dp-ps:5000";
+  }],
+  ["StatefulSet replicas differ from DP_SHARDS", "overlays/tls, 3 shards", (objs) => {
+    find(objs, "StatefulSet", "dp-ps").spec.replicas = 2;
+  }],
+  ["shard index not from the pod", "overlays/tls, 3 shards", (objs) => {
+    const env = psContainer(objs).env.find((e) => e.name === "DP_SHARD");
+    delete env.valueFrom;
+    env.value = "0";
+  }],
+  ["shards started one after another", "overlays/gpu", (objs) => {
+    delete find(objs, "StatefulSet", "dp-ps").spec.podManagementPolicy;
+  }],
+  ["Service hiding starting shards", "overlays/gpu", (objs) => {
+    delete find(objs, "Service", "dp-ps").spec.publishNotReadyAddresses;
+  }],
+  ["NetworkPolicy keeping shard 0 from the other shards", "overlays/tls, 3 shards",
+   (objs) => {
+     const rule = find(objs, "NetworkPolicy").spec.ingress[0];
+     rule.from = rule.from.filter(
+         (f) => f.podSelector?.matchLabels?.["app.kubernetes.io/name"] !== "dp-ps");
+   }],
+  ["a shard's name missing from dp-ps's certificate", "overlays/tls, 3 shards", (objs) => {
+    const cert = find(objs, "Certificate", "dp-ps-tls");
+    cert.spec.dnsNames = cert.spec.dnsNames.filter((n) => n !== "dp-ps-2.dp-ps");
+  }],
+  ["dp-ps's certificate without client auth for shard 0", "overlays/tls, 3 shards",
+   (objs) => {
+     const cert = find(objs, "Certificate", "dp-ps-tls");
+     cert.spec.usages = cert.spec.usages.filter((u) => u !== "client auth");
+   }],
+  ["JobSet with two dp-ps shards", "overlays/jobset", (objs) => {
+    cm(objs, "dp-ps-config").DP_SHARDS = "2";
   }],
   ["unknown container argument", "overlays/gpu", (objs) => {
     psContainer(objs).args = ["--bogus=1"];

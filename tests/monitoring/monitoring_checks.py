@@ -68,6 +68,22 @@ def dashboard_expressions(dashboard):
     return out
 
 
+def dashboard_legends(dashboard):
+    """[(panel title, refId, PromQL, legendFormat)] of every query."""
+    out = []
+    for p in all_panels(dashboard):
+        for t in p.get("targets", []):
+            out.append((p.get("title", "?"), t.get("refId", "?"),
+                        to_promql(t.get("expr", "")), t.get("legendFormat", "")))
+    return out
+
+
+def render_legend(legend, labels):
+    """A series' name in the panel, as Grafana draws it from legendFormat."""
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}",
+                  lambda m: labels.get(m.group(1), ""), legend)
+
+
 def static_problems(dashboard):
     """What makes the dashboard unusable or unprovisionable, as sentences."""
     problems = []

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""End to end: a real Prometheus on loopback scrapes a real dp-ps and two
-real dp-workers while they train on Fashion-MNIST, with our recording and
-alert rules loaded. Asserts, through Prometheus's HTTP API:
+"""End to end: a real Prometheus on loopback scrapes a real dp-ps of two
+shards and two real dp-workers while they train on Fashion-MNIST, with our
+recording and alert rules loaded. Asserts, through Prometheus's HTTP API:
   - samples/s (the recording rule) is > 0 for every rank during the run;
   - the loss series exists, has several scrapes and decreases;
   - no outage alert (down, missing, stalled, NaN) is pending or firing;
   - every rule evaluates without error;
-  - every dashboard expression returns data;
+  - every dashboard expression returns data, its series told apart by the
+    panel's legend (a job panel that forgot shard="0" shows two lines of
+    one name), and the per-shard panels show both shards;
 and, on the daemons' own /metrics answers: `promtool check metrics` passes,
 and the dashboard and the rules name only metrics the daemons export.
 
@@ -213,20 +215,40 @@ def run(args, tmp, processes):
             print(f"retrying Prometheus: {e}")
     print(f"[{time.monotonic() - start:5.1f}s] Prometheus ready on {api.base}")
 
-    # 2. dp-ps and two workers, every metrics port picked by the process.
+    # 2. dp-ps as two shards and two workers, every metrics port picked by
+    #    the process. Shard 1 first, on any port; shard 0 needs every
+    #    shard's address, its own included, so it gets a port picked here.
     deadline = time.monotonic() + 60
-    ps = Process("dp-ps", [
-        args.ps, "--host=127.0.0.1", "--port=0", "--metrics_port=-1",
-        "--metrics_host=127.0.0.1", "--workers=2", "--batch_size=256",
-        "--epochs=3", "--seed=1", "--dataset=fashion-mnist"], tmp)
-    processes.append(ps)
-    grpc_port = ps.wait_for_line(r"listening on 127\.0\.0\.1:(\d+)", deadline)[1]
-    ps_metrics = int(ps.wait_for_line(r"metrics on 127\.0\.0\.1:(\d+)", deadline)[1])
-    write_targets(ps_targets, [f"127.0.0.1:{ps_metrics}"])
+    job = ["--host=127.0.0.1", "--metrics_port=-1", "--metrics_host=127.0.0.1",
+           "--workers=2", "--batch_size=256", "--epochs=3", "--seed=1",
+           "--dataset=fashion-mnist", "--shards=2"]
+    shard1 = Process("dp-ps shard 1", [args.ps, *job, "--port=0", "--shard=1"],
+                     tmp)
+    processes.append(shard1)
+    port1 = shard1.wait_for_line(r"listening on 127\.0\.0\.1:(\d+)", deadline)[1]
+    for attempt in range(3):  # the free port may be taken before it binds
+        port0 = free_port()
+        shard0 = Process(f"dp-ps shard 0-{attempt}", [
+            args.ps, *job, f"--port={port0}", "--shard=0",
+            f"--shard_addresses=127.0.0.1:{port0},127.0.0.1:{port1}"], tmp)
+        processes.append(shard0)
+        try:
+            shard0.wait_for_line(r"listening on 127\.0\.0\.1:(\d+)", deadline)
+            break
+        except Failure as e:
+            shard0.stop()
+            if attempt == 2:
+                raise
+            print(f"retrying shard 0: {e}")
+    shards = [shard0, shard1]
+    ps_metrics = [int(p.wait_for_line(r"metrics on 127\.0\.0\.1:(\d+)",
+                                      deadline)[1]) for p in shards]
+    write_targets(ps_targets, [f"127.0.0.1:{p}" for p in ps_metrics])
     workers, worker_metrics = [], []
     for rank, protocol in [(0, "fused"), (1, "plain")]:
         w = Process(f"worker {rank}", [
-            args.worker, f"--ps=127.0.0.1:{grpc_port}", f"--rank={rank}",
+            args.worker, f"--ps=127.0.0.1:{port0},127.0.0.1:{port1}",
+            f"--rank={rank}",
             # auto: where the CUDA module is built, the workers load it (and
             # fall back to the CPU without a GPU) before serving metrics.
             "--backend=auto", f"--protocol={protocol}", "--metrics_port=-1",
@@ -239,19 +261,20 @@ def run(args, tmp, processes):
             r"metrics on 127\.0\.0\.1:(\d+)", deadline)[1]))
     workers[1].proc.send_signal(signal.SIGSTOP)  # holds the job at step 0
     write_targets(worker_targets, [f"127.0.0.1:{p}" for p in worker_metrics])
-    daemons = [ps] + workers
-    print(f"[{time.monotonic() - start:5.1f}s] dp-ps metrics :{ps_metrics}, "
-          f"workers :{worker_metrics[0]} :{worker_metrics[1]}; rank 1 paused")
+    daemons = shards + workers
+    print(f"[{time.monotonic() - start:5.1f}s] dp-ps metrics :{ps_metrics[0]} "
+          f":{ps_metrics[1]}, workers :{worker_metrics[0]} :{worker_metrics[1]}; "
+          "rank 1 paused")
 
     def scraping():
         active = api.get("/api/v1/targets", state="active")["activeTargets"]
         health = {int(t["scrapeUrl"].split(":")[2].split("/")[0]): t["health"]
                   for t in active}
-        return (set(health) == {ps_metrics, *worker_metrics} and
-                health[ps_metrics] == "up" and
+        return (set(health) == {*ps_metrics, *worker_metrics} and
+                all(health[p] == "up" for p in ps_metrics) and
                 health[worker_metrics[0]] == "up")
 
-    poll("Prometheus to scrape dp-ps and rank 0", time.monotonic() + 60,
+    poll("Prometheus to scrape both dp-ps shards and rank 0", time.monotonic() + 60,
          scraping, daemons)
     workers[1].proc.send_signal(signal.SIGCONT)
     print(f"[{time.monotonic() - start:5.1f}s] all targets discovered; "
@@ -275,7 +298,9 @@ def run(args, tmp, processes):
 
     # 4. The daemons' own answers, mid-run: promtool's lint, and the names.
     families = {}
-    for name, port in [("dp-ps", ps_metrics), ("worker 0", worker_metrics[0]),
+    for name, port in [("dp-ps shard 0", ps_metrics[0]),
+                       ("dp-ps shard 1", ps_metrics[1]),
+                       ("worker 0", worker_metrics[0]),
                        ("worker 1", worker_metrics[1])]:
         text = http_get(f"http://127.0.0.1:{port}/metrics")
         with open(os.path.join(tmp, f"{name.replace(' ', '-')}.metrics"), "w") as f:
@@ -289,7 +314,7 @@ def run(args, tmp, processes):
         if name.startswith("worker") and "dp_worker_backend_info{" not in text:
             raise Failure(f"{name}'s /metrics has no dp_worker_backend_info")
     print(f"[{time.monotonic() - start:5.1f}s] promtool check metrics: "
-          f"dp-ps and both workers clean; {len(families)} families")
+          f"both dp-ps shards and both workers clean; {len(families)} families")
     rules = mc.load_rules(rule_files)
     recorded = mc.recorded_names(rules)
     named = [(f"dashboard '{t}' {ref}", e) for t, ref, e in
@@ -331,11 +356,11 @@ def run(args, tmp, processes):
         if code != 0:
             raise Failure(f"{p.name} exited with {code}\n{p.tail()}")
     print(f"[{time.monotonic() - start:5.1f}s] job finished: "
-          + ps.wait_for_line(r"final test accuracy: .*", deadline)[0])
+          + shard0.wait_for_line(r"final test accuracy: .*", deadline)[0])
 
     # 8. The loss as scraped: several samples, falling.
     def loss_samples():
-        r = api.query('dp_training_loss{role="ps"}[10m]')
+        r = api.query('dp_training_loss{role="ps",shard="0"}[10m]')
         return r[0]["values"] if len(r) == 1 else None
 
     values = poll("the loss series", time.monotonic() + 10, loss_samples)
@@ -356,14 +381,28 @@ def run(args, tmp, processes):
     #    every daemon was still being scraped (later, its series are stale).
     last_scrapes = [float(s["values"][-1][0])
                     for s in api.query("dp_build_info[10m]")]
-    if len(last_scrapes) != 3:
-        raise Failure(f"dp_build_info of {len(last_scrapes)} targets, not 3")
+    if len(last_scrapes) != 4:
+        raise Failure(f"dp_build_info of {len(last_scrapes)} targets, not 4")
     at = min(last_scrapes) - 0.001
-    empty = [f"'{t}' {ref}: {e}" for t, ref, e in mc.dashboard_expressions(dashboard)
-             if not api.query(e, at=at)]
+    empty, merged = [], []
+    for title, ref, expr, legend in mc.dashboard_legends(dashboard):
+        result = api.query(expr, at=at)
+        if not result:
+            empty.append(f"'{title}' {ref}: {expr}")
+            continue
+        names = [mc.render_legend(legend, s["metric"]) for s in result]
+        if len(set(names)) != len(names):
+            merged.append(f"'{title}' {ref} ({legend!r}: {sorted(names)}): {expr}")
+        if "{{shard}}" in legend and \
+                {s["metric"].get("shard") for s in result} != {"0", "1"}:
+            merged.append(f"'{title}' {ref} does not show shards 0 and 1: "
+                          f"{[s['metric'] for s in result]}")
     if empty:
         raise Failure("dashboard expressions without data at the end of the "
                       "run:\n  " + "\n  ".join(empty))
+    if merged:
+        raise Failure("dashboard series a legend cannot tell apart (or "
+                      "missing shards):\n  " + "\n  ".join(merged))
     print(f"[{time.monotonic() - start:5.1f}s] all "
           f"{len(mc.dashboard_expressions(dashboard))} dashboard expressions "
           "return data")
