@@ -364,23 +364,34 @@ absl::StatusOr<std::vector<float>> PsServer::FinalWeights() {
 
 absl::StatusOr<PsServer::Outcome> PsServer::Run() {
   const absl::Time start = absl::Now();
-  if (absl::Status failure = Watch(); !failure.ok()) {
-    Log("error: %s", failure.message());
-    coordinator_->Fail(failure);
-    (void)FinalCheckpoint();  // logged; the failure is the result
-    // Serve the failure to workers already in a call before going away.
-    ShutdownServers(absl::Seconds(3));
-    return failure;
-  }
-  if (const int sig = stop_signal_.load(); sig != 0 && !coordinator_->done()) {
-    Log("stopped by signal %d at step %d; draining", sig,
+  absl::Status finished;
+  for (;;) {
+    if (absl::Status failure = Watch(); !failure.ok()) {
+      Log("error: %s", failure.message());
+      coordinator_->Fail(failure);
+      (void)FinalCheckpoint();  // logged; the failure is the result
+      // Serve the failure to workers already in a call before going away.
+      ShutdownServers(absl::Seconds(3));
+      return failure;
+    }
+    if (const int sig = stop_signal_.load();
+        sig != 0 && !coordinator_->done()) {
+      Log("stopped by signal %d at step %d; draining", sig,
+          coordinator_->Status().step);
+      const absl::Status written = FinalCheckpoint();
+      ShutdownServers(absl::Seconds(2));
+      if (!written.ok()) return written;
+      return Outcome::kStopped;
+    }
+    finished = Finish(start);
+    // A shard that finished can still be rolled back, when another shard
+    // restarts from an older checkpoint before the end: it trains on.
+    if (!finished.ok() || coordinator_->done() || stop_signal_.load() != 0) {
+      break;
+    }
+    Log("rolled back to step %d after the end; training on",
         coordinator_->Status().step);
-    const absl::Status written = FinalCheckpoint();
-    ShutdownServers(absl::Seconds(2));
-    if (!written.ok()) return written;
-    return Outcome::kStopped;
   }
-  const absl::Status finished = Finish(start);
   if (finished.ok() && !options_.exit_when_done) {
     Log("serving the final weights and status until SIGTERM");
     stopped_.WaitForNotification();

@@ -256,8 +256,7 @@ int Run(int argc, char** argv) {
     return kExitConfigError;
   }
   absl::StatusOr<int> shard = ShardIndex(f);
-  if (shard.ok() && *shard == 0 && f.shards > 1 &&
-      f.shard_addresses.empty()) {
+  if (shard.ok() && *shard == 0 && f.shards > 1 && f.shard_addresses.empty()) {
     shard = absl::InvalidArgumentError(
         "shard 0 of a sharded job needs --shard_addresses (the other "
         "shards' host:port) to collect the model at the end");

@@ -512,8 +512,8 @@ std::vector<std::unique_ptr<StepCoordinator>> MakeShards(
     TrainingState s;
     s.params.assign(all.begin() + spec.range.offset,
                     all.begin() + spec.range.end());
-    out.push_back(std::make_unique<StepCoordinator>(layout, SmallJob(), s, 1,
-                                                    spec));
+    out.push_back(
+        std::make_unique<StepCoordinator>(layout, SmallJob(), s, 1, spec));
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_TRUE(out.back()->Register(r, layout.Fingerprint(), kData).ok());
     }
@@ -526,8 +526,8 @@ void PushStep(StepCoordinator& c, const ModelLayout& layout, int step,
               ParamRange range) {
   for (int r = 0; r < kWorld; ++r) {
     const std::vector<float> g = Gradient(layout, r, step);
-    const std::string bytes = Bytes(std::vector<float>(
-        g.begin() + range.offset, g.begin() + range.end()));
+    const std::string bytes = Bytes(
+        std::vector<float>(g.begin() + range.offset, g.begin() + range.end()));
     ASSERT_TRUE(c.Push(r, step, range.offset, bytes, 1.0f).ok());
   }
 }
@@ -620,9 +620,8 @@ TEST(ShardedCoordinatorTest, RewindRestoresAStateAndEndsTheWaits) {
                      1.0f)
                   .ok());
   absl::Status waited;
-  auto ticket = c.WaitForStep(0, 2, [&](const absl::Status& s, int64_t) {
-    waited = s;
-  });
+  auto ticket =
+      c.WaitForStep(0, 2, [&](const absl::Status& s, int64_t) { waited = s; });
   ASSERT_TRUE(ticket.ok() && !ticket->ready);
 
   // A rollback decided on another generation changes nothing.
