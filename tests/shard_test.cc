@@ -60,7 +60,7 @@ TEST(ShardTest, Bf16ShardsTrainTheSameModelAsOneDpPs) {
 
 TEST(ShardTest, TwoShardsTrainFashionMnistToTheModelOfOneDpPs) {
   TempDir dir;
-  const std::vector<std::string> flags = {"--max_steps=300", "--batch_size=64",
+  const std::vector<std::string> flags = {"--epochs=1", "--batch_size=64",
                                           "--seed=2"};
   const std::string one = TrainedModel(dir, flags, 1);
   ASSERT_FALSE(one.empty());

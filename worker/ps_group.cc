@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/model_layout.h"
@@ -54,8 +55,11 @@ int64_t CommonStep(const std::vector<JobStatus>& shards, int64_t limit) {
 }  // namespace
 
 std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
-  std::vector<std::string> list =
-      absl::StrSplit(flag, ',', absl::SkipWhitespace());
+  std::vector<std::string> list;
+  for (absl::string_view entry :
+       absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
+    list.emplace_back(absl::StripAsciiWhitespace(entry));
+  }
   if (list.size() != 1) return list;
   const std::string& entry = list[0];
   const size_t colon = entry.rfind(':');
@@ -72,23 +76,26 @@ std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
   if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) {
     return list;  // the channel reports what is wrong, with retries
   }
-  std::vector<std::string> addresses;
+  // One list per family: "localhost" is 127.0.0.1 and ::1, one dp-ps.
+  std::vector<std::string> v4, v6;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     char ip[NI_MAXHOST];
     if (getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), nullptr, 0,
                     NI_NUMERICHOST) != 0) {
       continue;
     }
+    std::vector<std::string>& family = a->ai_family == AF_INET6 ? v6 : v4;
     const std::string address = a->ai_family == AF_INET6
                                     ? absl::StrCat("ipv6:[", ip, "]:", port)
                                     : absl::StrCat("ipv4:", ip, ":", port);
-    if (std::find(addresses.begin(), addresses.end(), address) ==
-        addresses.end()) {
-      addresses.push_back(address);
+    if (std::find(family.begin(), family.end(), address) == family.end()) {
+      family.push_back(address);
     }
   }
   freeaddrinfo(found);
-  return addresses.size() > 1 ? addresses : list;
+  if (v4.size() > 1) return v4;
+  if (v6.size() > 1) return v6;
+  return list;
 }
 
 PsGroup::PsGroup(std::vector<std::string> addresses,

@@ -22,8 +22,9 @@
 namespace dp {
 
 // --ps as a list: "a:1,b:2"; or one host:port whose name resolves to
-// several addresses (a headless Service): one entry per address. A name
-// that resolves to one address stays a name.
+// several addresses of one family (a headless Service): one entry per
+// address. A name with one address per family (localhost: 127.0.0.1 and
+// ::1) stays a name.
 std::vector<std::string> ExpandPsAddresses(const std::string& flag);
 
 class PsGroup {
