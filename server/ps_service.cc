@@ -398,13 +398,18 @@ ServerUnaryReactor* PsService::Rollback(CallbackServerContext* ctx,
         restorable_steps_ ? restorable_steps_() : std::vector<int64_t>{};
     if (step != 0 &&
         std::find(steps.begin(), steps.end(), step) == steps.end()) {
-      return Answer(ctx, absl::FailedPreconditionError(absl::StrFormat(
+      // ABORTED: the checkpoint may have gone since the caller looked
+      // (retention); it decides again on what the shard says now.
+      return Answer(ctx, absl::AbortedError(absl::StrFormat(
                              "Rollback: %s cannot restore step %d (it is at "
                              "step %d and has no checkpoint of it)",
                              before.shard.ToString(), step, before.step)));
     }
     absl::StatusOr<TrainingState> state = restore_(step);
-    if (!state.ok()) return Answer(ctx, state.status());
+    if (!state.ok()) {
+      return Answer(ctx, absl::AbortedError(absl::StrCat(
+                             "Rollback: ", state.status().message())));
+    }
     if (absl::Status s =
             coordinator_->Rewind(request->generation(), *std::move(state));
         !s.ok()) {

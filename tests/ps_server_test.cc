@@ -15,6 +15,7 @@
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "gtest/gtest.h"
+#include "proto/dp.grpc.pb.h"
 #include "tests/subprocess.h"
 #include "worker/ps_group.h"
 #include "worker/trainer.h"
@@ -156,6 +157,82 @@ TEST(PsServerTest, ABusyPortIsUnavailableAndACheckpointOfAnotherJobIsRefused) {
   EXPECT_NE(other.status().message().find("--batch_size=16 (saved: 8)"),
             std::string::npos)
       << other.status();
+}
+
+TEST(PsServerTest, ACheckpointOfAnotherShardIsRefusedNamingBoth) {
+  TempDir dir;
+  PsServerOptions o = SyntheticJob(1, 3);
+  o.checkpoint_dir = dir.File("ckpt");
+  o.shards = 2;
+  o.shard = 1;
+  {
+    auto server = PsServer::Start(o);
+    ASSERT_TRUE(server.ok()) << server.status();
+    (*server)->Stop(SIGTERM);
+    ASSERT_TRUE((*server)->Run().ok());  // writes the checkpoint of step 0
+  }
+  for (auto [shards, shard] :
+       std::vector<std::pair<int, int>>{{2, 0}, {1, 0}}) {
+    o.shards = shards;
+    o.shard = shard;
+    o.gather.addresses = {"127.0.0.1:1"};
+    auto other = PsServer::Start(o);
+    ASSERT_FALSE(other.ok());
+    EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(
+        other.status().message().find(absl::StrCat(
+            "holds shard 1 of 2; this dp-ps is shard ", shard, " of ", shards)),
+        std::string::npos)
+        << other.status();
+  }
+}
+
+// Rollback over gRPC: refused without a change when decided on another
+// generation or towards a step the shard cannot restore; UNIMPLEMENTED on
+// a dp-ps that is not a shard.
+TEST(PsServerTest, RollbackIsRefusedUnlessTheShardCanDoItAsDecided) {
+  PsServerOptions o = SyntheticJob(1, 3);
+  o.shards = 2;
+  o.shard = 1;
+  auto shard = PsServer::Start(o);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  auto stub = dp::v1::ParameterServer::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*shard)->port()),
+                          grpc::InsecureChannelCredentials()));
+  auto rollback = [&](int64_t step, uint64_t generation,
+                      dp::v1::RollbackResponse* response) {
+    grpc::ClientContext ctx;
+    dp::v1::RollbackRequest request;
+    request.set_step(step);
+    request.set_generation(generation);
+    return FromGrpcStatus(stub->Rollback(&ctx, request, response));
+  };
+  grpc::ClientContext ctx;
+  dp::v1::GetStatusResponse status;
+  ASSERT_TRUE(stub->GetStatus(&ctx, {}, &status).ok());
+  EXPECT_EQ(status.shard().index(), 1);
+  EXPECT_EQ(status.shard().count(), 2);
+  EXPECT_EQ(status.shard().offset() + status.shard().length(),
+            ModelLayout::SimpleNet().num_params());
+  const uint64_t generation = status.shard().generation();
+  dp::v1::RollbackResponse response;
+  EXPECT_EQ(rollback(7, generation, &response).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(rollback(-1, generation, &response).code(),
+            absl::StatusCode::kInvalidArgument);
+  // At step 0 already: nothing to do, whatever the generation.
+  ASSERT_TRUE(rollback(0, generation, &response).ok());
+  EXPECT_EQ(response.step(), 0);
+  EXPECT_EQ(response.shard().generation(), generation);
+  (*shard)->Stop(SIGTERM);
+  EXPECT_TRUE((*shard)->Run().ok());
+
+  auto single = PsServer::Start(SyntheticJob(1, 3));
+  ASSERT_TRUE(single.ok()) << single.status();
+  stub = dp::v1::ParameterServer::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*single)->port()),
+                          grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(rollback(0, 1, &response).code(), absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/model_layout.h"
@@ -200,6 +201,8 @@ absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
 absl::StatusOr<JobStatus> PsGroup::Register(const Registration& registration) {
   join_version_.reset();
   for (int round = 0; round < kMaxJoinRounds; ++round) {
+    // Backoff: another worker may be rolling the same shards back.
+    absl::SleepFor(absl::Milliseconds(10) * round);
     ASSIGN_OR_RETURN(std::vector<JobStatus> all, RegisterAll(registration));
     int64_t lo = all[0].step, hi = all[0].step;
     bool ahead_hold_previous = true;
@@ -233,7 +236,8 @@ absl::StatusOr<JobStatus> PsGroup::Register(const Registration& registration) {
       if (all[k].step == target) return absl::OkStatus();
       return shard(k).Rollback(target, all[k].shard.generation).status();
     });
-    // ABORTED: another worker rolled a shard back first; look again.
+    // ABORTED: another worker rolled a shard back first, or the step is no
+    // longer restorable there; look again.
     if (!rolled.ok() && rolled.code() != absl::StatusCode::kAborted) {
       return rolled;
     }
