@@ -60,7 +60,11 @@ def main():
         if not ok:
             failed.append(what)
 
-    flags = ["--dataset=synthetic", f"--max_steps={STEPS}", "--batch_size=32", "--seed=7"]
+    # --final_eval_timeout_s also bounds shard 0's gather of the other
+    # shards' weights: a shard that is gone before shard 0 has its part
+    # fails the job in 30 s rather than 120.
+    flags = ["--dataset=synthetic", f"--max_steps={STEPS}", "--batch_size=32", "--seed=7",
+             "--final_eval_timeout_s=30"]
     with tempfile.TemporaryDirectory(prefix="netsim-shards-") as tmp, \
             netsim.Net(args.netsim, "netsim-shards", SHARDS + WORKERS, args.rate) as net:
         jobs = {}
