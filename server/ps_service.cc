@@ -378,7 +378,10 @@ ServerUnaryReactor* PsService::GetStatus(
     response->set_step(state.step);
     response->set_params(state.params.data(),
                          state.params.size() * sizeof(float));
-    if (on_weights_collected_) on_weights_collected_(state.step);
+  }
+  // Only once shard 0 has the weights: the reply above may still be lost.
+  if (request->has_collected() && on_weights_collected_) {
+    on_weights_collected_(request->collected());
   }
   return Answer(ctx, absl::OkStatus());
 }

@@ -27,8 +27,8 @@ struct PsServiceOptions {
   // restorable, and Rollback is UNIMPLEMENTED.
   std::function<std::vector<int64_t>()> restorable_steps;
   std::function<absl::StatusOr<TrainingState>(int64_t step)> restore;
-  // Called when GetStatus handed out this shard's weights of `step` (shard
-  // 0 collecting the model).
+  // Called when shard 0 says it has collected this shard's weights of
+  // `step` (GetStatus with `collected`).
   std::function<void(int64_t step)> on_weights_collected;
 };
 

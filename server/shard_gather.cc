@@ -41,18 +41,24 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
         args)));
   }
   const absl::Time deadline = absl::Now() + options.timeout;
+  auto call = [&](size_t a, dp::v1::GetStatusRequest request,
+                  dp::v1::GetStatusResponse* response) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    AttachToken(options.auth_token, &ctx);
+    return FromGrpcStatus(stubs[a]->GetStatus(&ctx, request, response));
+  };
+  // Which shard each address turned out to be (-1: not known yet).
+  std::vector<int> shard_of(stubs.size(), -1);
   std::vector<std::string> waiting;
   for (;;) {
     waiting.clear();
     for (size_t a = 0; a < stubs.size(); ++a) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-      AttachToken(options.auth_token, &ctx);
+      if (shard_of[a] >= 0 && have[shard_of[a]]) continue;
       dp::v1::GetStatusRequest request;
       request.set_with_params(true);
       dp::v1::GetStatusResponse response;
-      const absl::Status s =
-          FromGrpcStatus(stubs[a]->GetStatus(&ctx, request, &response));
+      const absl::Status s = call(a, request, &response);
       if (!s.ok()) {
         waiting.push_back(
             absl::StrFormat("%s (%s)", options.addresses[a], s.message()));
@@ -68,6 +74,7 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
             options.addresses[a], k, info.count(), info.offset(), info.length(),
             count));
       }
+      shard_of[a] = k;
       if (have[k]) continue;  // this shard, or one already collected
       if (response.step() != step) {
         waiting.push_back(absl::StrFormat("%s (shard %d at step %d)",
@@ -88,7 +95,7 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
     for (int k = 0; k < count; ++k) {
       if (!have[k]) missing.push_back(k);
     }
-    if (missing.empty()) return params;
+    if (missing.empty()) break;
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(absl::StrFormat(
           "the weights of step %d are missing shard(s) %s after %s; not "
@@ -98,6 +105,16 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
     }
     absl::SleepFor(absl::Milliseconds(100));  // a shard still catching up
   }
+  // Now the other shards may go. Best effort: one that does not hear it
+  // exits after its --final_eval_timeout_s.
+  for (size_t a = 0; a < stubs.size(); ++a) {
+    if (shard_of[a] < 0 || shard_of[a] == own_index) continue;
+    dp::v1::GetStatusRequest request;
+    request.set_collected(step);
+    dp::v1::GetStatusResponse response;
+    (void)call(a, request, &response);
+  }
+  return params;
 }
 
 }  // namespace dp
