@@ -78,10 +78,9 @@ def one_job(net, args, shards, encoding, worker_base):
     """Runs a job; {samples_s, steps, links: {host: (tx, rx)}} or None."""
     # --epochs: enough that --max_steps ends the job (1,000 synthetic
     # samples make 7 steps an epoch at 4 x 32).
-    # --final_eval_timeout_s also bounds shard 0's gather of the other
-    # shards' weights, which now and then misses a shard that has already
-    # exited (it counts as served once its reply is built, not delivered):
-    # such a run then fails in 30 s instead of 120, and is run again.
+    # --final_eval_timeout_s also bounds shard 0's collection of the other
+    # shards' weights: a run that fails (a shaped link dropping a job's
+    # connection, say) does so in 30 s instead of 120, and is run again.
     flags = ["--dataset=synthetic", "--epochs=1000", f"--max_steps={args.steps}",
              f"--batch_size={args.batch}", "--final_eval_timeout_s=30"] + ENCODINGS[encoding]
     job = netsim.run_job(net, args.ps, args.worker, list(range(shards)),
