@@ -4,7 +4,12 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace dp {
 
@@ -63,6 +68,30 @@ absl::Status MakeShardSpec(const ModelLayout& layout, int count, int index,
   spec->count = count;
   spec->range = ranges[index];
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> ExpandShardTemplate(
+    absl::string_view list, int shards) {
+  constexpr absl::string_view kShard = "{shard}";
+  std::vector<std::string> out;
+  for (absl::string_view entry :
+       absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (!absl::StrContains(entry, kShard)) {
+      out.emplace_back(entry);
+      continue;
+    }
+    if (shards < 1 || shards > kMaxShards) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "'%s' names each shard by {shard}: it needs the shard count "
+          "(--shards, DP_SHARDS) in 1..%d, got %d",
+          entry, kMaxShards, shards));
+    }
+    for (int k = 0; k < shards; ++k) {
+      out.push_back(absl::StrReplaceAll(entry, {{kShard, absl::StrCat(k)}}));
+    }
+  }
+  return out;
 }
 
 }  // namespace dp

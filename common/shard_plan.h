@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/model_layout.h"
 
 namespace dp {
@@ -45,6 +47,14 @@ std::vector<ParamRange> ShardRanges(const ModelLayout& layout, int shards);
 // when the pair is out of range.
 absl::Status MakeShardSpec(const ModelLayout& layout, int count, int index,
                            ShardSpec* spec);
+
+// A comma-separated list of addresses in which an entry holding "{shard}"
+// stands for `shards` entries, with 0..shards-1 in its place:
+// "dp-ps-{shard}.dp-ps:5000" and 3 shards name the 3 pods of a StatefulSet,
+// so that the shard count is written in one place. INVALID_ARGUMENT for a
+// template without a shard count (shards < 1).
+absl::StatusOr<std::vector<std::string>> ExpandShardTemplate(
+    absl::string_view list, int shards);
 
 }  // namespace dp
 

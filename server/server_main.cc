@@ -241,7 +241,8 @@ int Run(int argc, char** argv) {
                "the end of the host name, as in a StatefulSet)");
   flags.AddString("shard_addresses", &f.shard_addresses,
                   "the shards' host:port, comma-separated (shard 0 collects "
-                  "the model from them at the end; its own may be listed)");
+                  "the model from them at the end; its own may be listed); "
+                  "an entry with {shard} stands for one per shard");
   flags.AddBool("exit_when_done", &f.exit_when_done,
                 "exit once training is finished; false keeps serving the "
                 "final weights and status until SIGTERM (Kubernetes)");
@@ -256,6 +257,12 @@ int Run(int argc, char** argv) {
     return kExitConfigError;
   }
   absl::StatusOr<int> shard = ShardIndex(f);
+  if (absl::Status s =
+          ExpandShardTemplate(f.shard_addresses, f.shards).status();
+      shard.ok() && !s.ok()) {
+    shard = absl::InvalidArgumentError(
+        absl::StrCat("--shard_addresses: ", s.message()));
+  }
   if (shard.ok() && *shard == 0 && f.shards > 1 && f.shard_addresses.empty()) {
     shard = absl::InvalidArgumentError(
         "shard 0 of a sharded job needs --shard_addresses (the other "
@@ -299,8 +306,7 @@ int Run(int argc, char** argv) {
   o.shared_memory = f.shared_memory;
   o.shards = f.shards;
   o.shard = *shard;
-  o.gather.addresses =
-      absl::StrSplit(f.shard_addresses, ',', absl::SkipEmpty());
+  o.gather.addresses = *ExpandShardTemplate(f.shard_addresses, f.shards);
 
   // A write beyond a file-size limit must be an error, not a crash.
   signal(SIGXFSZ, SIG_IGN);

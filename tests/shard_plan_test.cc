@@ -73,5 +73,17 @@ TEST(ShardPlanTest, OutOfRangeShardsAreInvalidArgumentNamingTheFlags) {
   EXPECT_EQ(spec.ToString(), "shard 2 of 3 [156752, 235146)");
 }
 
+TEST(ShardPlanTest, AShardTemplateNamesEveryShard) {
+  using List = std::vector<std::string>;
+  EXPECT_EQ(
+      *ExpandShardTemplate("dp-ps-{shard}.dp-ps:5000", 3),
+      (List{"dp-ps-0.dp-ps:5000", "dp-ps-1.dp-ps:5000", "dp-ps-2.dp-ps:5000"}));
+  EXPECT_EQ(*ExpandShardTemplate("a:1, b:2", 0), (List{"a:1", "b:2"}));
+  EXPECT_EQ(*ExpandShardTemplate("", 2), List{});
+  const auto no_count = ExpandShardTemplate("ps-{shard}:5000", 0);
+  EXPECT_EQ(no_count.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_count.status().message().find("DP_SHARDS"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dp

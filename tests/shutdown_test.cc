@@ -210,6 +210,7 @@ TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
       {DP_PS_BINARY, "--dry_run", "--shards=2", "--shard=0"},  // no peers
       {DP_PS_BINARY, "--dry_run", "--shards=65", "--shard=1"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=a:1,b"},
+      {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=ps-{shard}:1"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=no-port"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--backend=tpu"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--health_port=-2"},

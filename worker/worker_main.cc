@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/flags.h"
@@ -25,6 +26,7 @@
 #include "common/metrics.h"
 #include "common/model_layout.h"
 #include "common/security.h"
+#include "common/shard_plan.h"
 #include "worker/backend_choice.h"
 #include "worker/worker.h"
 
@@ -61,6 +63,7 @@ bool IsHostPort(const std::string& address) {
 int Run(int argc, char** argv) {
   std::string ps = "localhost:5000";
   int rank = -1;
+  int shards = 0;
   std::string data_dir;
   std::string backend = "auto";
   int device = -1;
@@ -81,7 +84,11 @@ int Run(int argc, char** argv) {
   flags.AddString("ps", &ps,
                   "dp-ps address host:port; a sharded job's shards as a "
                   "comma-separated list, or one name that resolves to all "
-                  "of them");
+                  "of them; an entry with {shard} stands for one per shard "
+                  "(--shards of them)");
+  flags.AddInt("shards", &shards,
+               "how many dp-ps shards an entry of --ps with {shard} names "
+               "(0 = none has it)");
   flags.AddInt("rank", &rank, "this worker's rank, 0..N-1",
                {"RANK", "JOB_COMPLETION_INDEX"});
   flags.AddString("data_dir", &data_dir,
@@ -156,8 +163,13 @@ int Run(int argc, char** argv) {
     Log("configuration error: %s", s.message());
     return kExitConfigError;
   }
-  const std::vector<std::string> entries =
-      absl::StrSplit(ps, ',', absl::SkipWhitespace());
+  absl::StatusOr<std::vector<std::string>> expanded =
+      ExpandShardTemplate(ps, shards);
+  if (!expanded.ok()) {
+    Log("configuration error: --ps: %s", expanded.status().message());
+    return kExitConfigError;
+  }
+  const std::vector<std::string>& entries = *expanded;
   if (entries.empty() ||
       !std::all_of(entries.begin(), entries.end(), IsHostPort)) {
     Log("configuration error: --ps must be host:port or a comma-separated "
@@ -200,7 +212,7 @@ int Run(int argc, char** argv) {
   o.metrics_port = metrics_port;
   o.metrics_host = metrics_host;
   o.client.address = ps;
-  o.ps_addresses = ExpandPsAddresses(ps);
+  o.ps_addresses = ExpandPsAddresses(absl::StrJoin(entries, ","));
   o.client.wait_timeout = absl::Seconds(wait_timeout_s);
   o.client.retry_for = absl::Seconds(retry_for_s);
   o.client.max_message_bytes =
