@@ -118,6 +118,24 @@ TEST(ShardTest, AShardRestartedFromAnOlderCheckpointRollsTheJobBack) {
   EXPECT_TRUE(ReadModel(model) == reference);
 }
 
+// A worker alone at the barrier of a sharded job says whom it waits for,
+// from every shard's status, and carries on when the rank comes.
+TEST(ShardTest, AWaitingWorkerNamesTheRanksTheShardsLack) {
+  std::vector<int> ports;
+  auto ps = StartShards(
+      2,
+      {"--dataset=synthetic", "--workers=2", "--max_steps=5", "--batch_size=8"},
+      &ports);
+  auto w0 = StartWorker(PsList(ports), 0, {"--wait_timeout_s=1"});
+  EXPECT_TRUE(w0->WaitForOutput("still waiting at step 0 for rank(s) 1\n",
+                                absl::Seconds(60)))
+      << w0->output();
+  auto w1 = StartWorker(PsList(ports), 1);
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+}
+
 TEST(ShardTest, ShardsOfDifferentJobsAreRefusedNamingBoth) {
   TempDir dir;
   std::vector<int> ports = {0, 0};

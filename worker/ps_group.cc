@@ -331,6 +331,29 @@ absl::Status PsGroup::PushPull(const Gradient& gradient, Weights* weights,
   return Combine(received, weights);
 }
 
+absl::StatusOr<std::vector<int>> PsGroup::Unpushed(int64_t step,
+                                                   int world_size) {
+  std::vector<bool> lacking(world_size, false);
+  for (int k = 0; k < shards(); ++k) {
+    ASSIGN_OR_RETURN(const JobStatus s, shard(k).GetStatus());
+    if (s.step > step) continue;
+    if (s.step < step) {
+      return absl::NotFoundError(
+          absl::StrFormat("shard %d is at step %d", k, s.step));
+    }
+    std::vector<bool> pushed(world_size, false);
+    for (int r : s.pushed_ranks) {
+      if (r >= 0 && r < world_size) pushed[r] = true;
+    }
+    for (int r = 0; r < world_size; ++r) lacking[r] = lacking[r] || !pushed[r];
+  }
+  std::vector<int> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    if (lacking[r]) ranks.push_back(r);
+  }
+  return ranks;
+}
+
 absl::Status PsGroup::ReportEval(int rank, const EvalReport& report) {
   return shard(0).ReportEval(rank, report);
 }

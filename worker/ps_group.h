@@ -51,6 +51,9 @@ class PsGroup {
   absl::Status PushPull(const Gradient& gradient, Weights* weights,
                         int64_t* sent_bytes);
   absl::Status ReportEval(int rank, const EvalReport& report);
+  // The ranks whose push for `step` some shard still lacks (a shard past
+  // `step` lacks none); NOT_FOUND when a shard is at an earlier step.
+  absl::StatusOr<std::vector<int>> Unpushed(int64_t step, int world_size);
   int shards() const { return static_cast<int>(clients_.size()); }
   std::string address() const;
 

@@ -228,17 +228,9 @@ absl::Status Trainer::Exchange(const Gradient& gradient) {
 }
 
 std::string Trainer::MissingRanks() {
-  absl::StatusOr<JobStatus> status = client_->GetStatus();
-  if (!status.ok() || status->step != step_) return "?";
-  std::vector<bool> pushed(schedule_.world_size, false);
-  for (int r : status->pushed_ranks) {
-    if (r >= 0 && r < schedule_.world_size) pushed[r] = true;
-  }
-  std::vector<int> missing;
-  for (int r = 0; r < schedule_.world_size; ++r) {
-    if (!pushed[r]) missing.push_back(r);
-  }
-  return absl::StrJoin(missing, ",");
+  absl::StatusOr<std::vector<int>> missing =
+      client_->Unpushed(step_, schedule_.world_size);
+  return missing.ok() ? absl::StrJoin(*missing, ",") : "?";
 }
 
 absl::Status Trainer::Evaluate(int64_t finished) {

@@ -78,7 +78,8 @@ class Trainer {
   absl::Status Exchange(const Gradient& gradient);
   // Rank 0: the test set on the weights after `finished`, reported to dp-ps.
   absl::Status Evaluate(int64_t finished);
-  // Whom step_ waits for, from dp-ps's status ("?" when it cannot say).
+  // Whom step_ waits for, from every shard's status ("?" when they cannot
+  // say).
   std::string MissingRanks();
 
   PsGroup* const client_;
