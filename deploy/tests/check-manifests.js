@@ -12,9 +12,10 @@
 //     arguments and environment (ConfigMaps and $(VAR) references resolved
 //     as the kubelet does) are run through `dp-ps`/`dp-worker --dry_run`,
 //     and the ports, probes, Service, NetworkPolicy, worker count, shard
-//     count and addresses, run id, failure policies, grace periods,
-//     volumes, TLS mounts and monitoring objects are compared with the
-//     effective configuration (dp-ps once per shard);
+//     count and addresses ({shard} expanded as the binaries do), run id,
+//     failure policies, grace periods, volumes, TLS mounts and monitoring
+//     objects are compared with the effective configuration (dp-ps once
+//     per shard);
 //  4. a self-test: broken copies of the manifests must fail the checks.
 //
 // Usage: node check-manifests.js --dp-ps BIN --dp-worker BIN
@@ -405,6 +406,29 @@ function addressList(value) {
   return (value || "").split(",").map((a) => a.trim()).filter(Boolean);
 }
 
+// The most shards a job may have (common/shard_plan.h kMaxShards).
+const MAX_SHARDS = 64;
+
+// The addresses a --ps or --shard_addresses value names, as the binaries
+// expand it (common/shard_plan.h ExpandShardTemplate): an entry holding
+// "{shard}" stands for `shards` entries, with 0..shards-1 in its place.
+// {addresses} or, for a template without a shard count, {error}.
+function expandShardTemplate(value, shards) {
+  const addresses = [];
+  for (const entry of addressList(value)) {
+    if (!entry.includes("{shard}")) {
+      addresses.push(entry);
+      continue;
+    }
+    if (!(Number.isInteger(shards) && shards >= 1 && shards <= MAX_SHARDS)) {
+      return {error: `'${entry}' names each shard by {shard} but the shard count is ` +
+                     `${shards}, not in 1..${MAX_SHARDS}`};
+    }
+    for (let k = 0; k < shards; ++k) addresses.push(entry.split("{shard}").join(String(k)));
+  }
+  return {addresses};
+}
+
 function hostOf(address) {
   return address.slice(0, address.lastIndexOf(":"));
 }
@@ -589,11 +613,20 @@ function driftErrors(objects, bins, target) {
             `${w.ps.sts.metadata.name}-${k}.${w.ps.sts.spec.serviceName}:${grpcServicePort}`)
       : [`${w.ps.pod.spec.hostname}.${w.ps.pod.spec.subdomain}:${grpcServicePort}`];
   const sameSet = (a, b) => a.length === b.length && [...a].sort().join() === [...b].sort().join();
-  check(sameSet(addressList(pc.shard_addresses), shardNames),
-        `dp-ps --shard_addresses=${pc.shard_addresses} does not name exactly the ` +
+  // What each binary dials, its {shard} entries expanded with its own
+  // --shards (the workers' must be dp-ps's S for them to agree).
+  const shardAddresses = expandShardTemplate(pc.shard_addresses, shards);
+  const workerAddresses = expandShardTemplate(wc.ps, Number(wc.shards));
+  check(!shardAddresses.error, `dp-ps --shard_addresses: ${shardAddresses.error}`);
+  check(!workerAddresses.error, `worker --ps: ${workerAddresses.error}`);
+  check(sameSet(shardAddresses.addresses || [], shardNames),
+        `dp-ps --shard_addresses=${pc.shard_addresses} (--shards=${pc.shards}) names ` +
+        `${(shardAddresses.addresses || []).join(",")}, not exactly the ` +
         `${shardNames.length} shard pod(s) ${shardNames.join(",")}`);
-  check(sameSet(addressList(wc.ps), shardNames),
-        `worker --ps=${wc.ps} does not name exactly the shard pod(s) ${shardNames.join(",")}`);
+  check(sameSet(workerAddresses.addresses || [], shardNames),
+        `worker --ps=${wc.ps} (--shards=${wc.shards}) names ` +
+        `${(workerAddresses.addresses || []).join(",")}, not exactly the shard pod(s) ` +
+        `${shardNames.join(",")}`);
 
   // The workload's lifecycle.
   if (w.kind === "plain") {
@@ -747,7 +780,8 @@ function driftErrors(objects, bins, target) {
               `no Certificate writes Secret ${secretOf[who]} of ${who}`);
       }
       const server = certs.find((c) => c.spec.secretName === secretOf["dp-ps"]);
-      const names = wc.tls_server_name ? [wc.tls_server_name] : addressList(wc.ps).map(hostOf);
+      const names = wc.tls_server_name ? [wc.tls_server_name]
+                                       : (workerAddresses.addresses || []).map(hostOf);
       for (const name of names) {
         check(server && (server.spec.dnsNames || []).includes(name),
               `dp-ps's Certificate does not name ${name}, a host workers verify`);
@@ -757,7 +791,7 @@ function driftErrors(objects, bins, target) {
       if (shards > 1) {
         // Shard 0 dials the others by --shard_addresses, verifying those
         // names, and presents dp-ps's certificate as its client certificate.
-        for (const name of addressList(pc.shard_addresses).map(hostOf)) {
+        for (const name of (shardAddresses.addresses || []).map(hostOf)) {
           check(server && (server.spec.dnsNames || []).includes(name),
                 `dp-ps's Certificate does not name ${name}, which shard 0 verifies`);
         }
