@@ -12,9 +12,10 @@
 //     arguments and environment (ConfigMaps and $(VAR) references resolved
 //     as the kubelet does) are run through `dp-ps`/`dp-worker --dry_run`,
 //     and the ports, probes, Service, NetworkPolicy, worker count, shard
-//     count and addresses, run id, failure policies, grace periods,
-//     volumes, TLS mounts and monitoring objects are compared with the
-//     effective configuration (dp-ps once per shard);
+//     count and addresses ({shard} expanded as the binaries do), run id,
+//     failure policies, grace periods, volumes, TLS mounts and monitoring
+//     objects are compared with the effective configuration (dp-ps once
+//     per shard);
 //  4. a self-test: broken copies of the manifests must fail the checks.
 //
 // Usage: node check-manifests.js --dp-ps BIN --dp-worker BIN
@@ -48,23 +49,23 @@ const TARGETS = {
     resources: ["overlays/jobset"],
     components: ["components/tls", "components/cert-manager", "components/workers"],
   },
-  // S = 3 as README tells: DP_SHARDS and its list of pods, then the
-  // component that copies S (the shipped overlays run one shard).
+  // S = 3 as README tells: DP_SHARDS alone (DP_SHARD_ADDRESSES names the
+  // pods by {shard}), then the component that copies S (the shipped
+  // overlays run one shard).
   "overlays/tls, 3 shards": {
     resources: ["overlays/tls"],
     configMapGenerator: [{
       name: "dp-ps-config",
       behavior: "merge",
-      literals: [
-        "DP_SHARDS=3",
-        "DP_SHARD_ADDRESSES=dp-ps-0.dp-ps:5000,dp-ps-1.dp-ps:5000,dp-ps-2.dp-ps:5000",
-      ],
+      literals: ["DP_SHARDS=3"],
     }],
     components: ["components/workers"],
   },
 };
 const GRAFANA_DASHBOARD = path.join(REPO, "deploy/grafana/dashboards/dp-ps.json");
 const JOBSET_CRD = path.join(HERE, "schemas/jobset.x-k8s.io_jobsets.yaml");
+// The component that copies DP_SHARDS into the StatefulSet's replicas.
+const WORKERS_COMPONENT = path.join(K8S, "components/workers/kustomization.yaml");
 // Exit code of a configuration error (common/flags.h kExitConfigError).
 const EXIT_CONFIG_ERROR = 2;
 // The label whose value the monitors make the series' job label.
@@ -300,9 +301,12 @@ function expandEnv(value, env) {
 // as the kubelet would start it: ConfigMaps of envFrom and configMapKeyRef
 // resolved from the rendered objects, fieldRef from `fields` (fieldPath ->
 // the value on the pod), $(VAR) expanded, JOB_COMPLETION_INDEX set for an
-// Indexed Job. Returns {code, config (flag -> value), env, output}.
+// Indexed Job. Returns {code, config (flag -> value), env, sources, output}:
+// sources[name] says where variable `name` came from, {configMap, key},
+// {value} or {fieldPath}.
 function dryRun(binary, container, objects, extraEnv, fields = {}) {
   const env = {PATH: process.env.PATH, ...extraEnv};
+  const sources = {};
   const problems = [];
   for (const from of container.envFrom || []) {
     if (!from.configMapRef) {
@@ -315,12 +319,16 @@ function dryRun(binary, container, objects, extraEnv, fields = {}) {
       continue;
     }
     Object.assign(env, cm.data || {});
+    for (const key of Object.keys(cm.data || {})) {
+      sources[key] = {configMap: cm.metadata.name, key};
+    }
   }
   for (const e of container.env || []) {
     const keyRef = e.valueFrom?.configMapKeyRef;
     const fieldRef = e.valueFrom?.fieldRef;
     if (e.value !== undefined) {
       env[e.name] = expandEnv(e.value, env);
+      sources[e.name] = {value: e.value};
       if (/\$\(/.test(env[e.name])) {
         problems.push(`env ${e.name}=${e.value} refers to an undefined variable`);
       }
@@ -330,9 +338,11 @@ function dryRun(binary, container, objects, extraEnv, fields = {}) {
         problems.push(`env ${e.name}: ConfigMap ${keyRef.name} has no key ${keyRef.key}`);
       } else {
         env[e.name] = value;
+        sources[e.name] = {configMap: keyRef.name, key: keyRef.key};
       }
     } else if (fieldRef && fields[fieldRef.fieldPath] !== undefined) {
       env[e.name] = fields[fieldRef.fieldPath];
+      sources[e.name] = {fieldPath: fieldRef.fieldPath};
     } else if (fieldRef) {
       problems.push(`env ${e.name}: the pod has no ${fieldRef.fieldPath}`);
     } else {
@@ -347,8 +357,8 @@ function dryRun(binary, container, objects, extraEnv, fields = {}) {
     const m = /^--([a-z_]+)=(.*)$/.exec(line);
     if (m) config[m[1]] = m[2];
   }
-  return {code: r.status, config, env, output: (r.stdout || "") + (r.stderr || ""),
-          problems};
+  return {code: r.status, config, env, sources,
+          output: (r.stdout || "") + (r.stderr || ""), problems};
 }
 
 // JSON with sorted keys: kustomize reorders them.
@@ -405,8 +415,62 @@ function addressList(value) {
   return (value || "").split(",").map((a) => a.trim()).filter(Boolean);
 }
 
+// The most shards a job may have (common/shard_plan.h kMaxShards).
+const MAX_SHARDS = 64;
+
+// The addresses a --ps or --shard_addresses value names, as the binaries
+// expand it (common/shard_plan.h ExpandShardTemplate): an entry holding
+// "{shard}" stands for `shards` entries, with 0..shards-1 in its place.
+// {addresses} or, for a template without a shard count, {error}.
+function expandShardTemplate(value, shards) {
+  const addresses = [];
+  for (const entry of addressList(value)) {
+    if (!entry.includes("{shard}")) {
+      addresses.push(entry);
+      continue;
+    }
+    if (!(Number.isInteger(shards) && shards >= 1 && shards <= MAX_SHARDS)) {
+      return {error: `'${entry}' names each shard by {shard} but the shard count is ` +
+                     `${shards}, not in 1..${MAX_SHARDS}`};
+    }
+    for (let k = 0; k < shards; ++k) addresses.push(entry.split("{shard}").join(String(k)));
+  }
+  return {addresses};
+}
+
 function hostOf(address) {
   return address.slice(0, address.lastIndexOf(":"));
+}
+
+let replicasSourceCache;
+// Where components/workers takes the StatefulSet's replicas from:
+// {configMap (the generator's name, before its hash suffix), key}, or
+// undefined when no replacement sets them.
+function replicasSource() {
+  if (replicasSourceCache !== undefined) return replicasSourceCache || undefined;
+  const component = YAML.parse(fs.readFileSync(WORKERS_COMPONENT, "utf8"));
+  const r = (component.replacements || []).find((x) =>
+      x.source?.kind === "ConfigMap" &&
+      /^data\.[A-Za-z_][A-Za-z0-9_]*$/.test(x.source.fieldPath || "") &&
+      (x.targets || []).some((t) => t.select?.kind === "StatefulSet" &&
+                                    t.select?.name === "dp-ps" &&
+                                    (t.fieldPaths || []).includes("spec.replicas")));
+  replicasSourceCache = r ? {configMap: r.source.name, key: r.source.fieldPath.slice(5)} : null;
+  return replicasSourceCache || undefined;
+}
+
+// Whether the rendered ConfigMap `rendered` is generator `name`'s (which
+// kustomize suffixes with a hash).
+function isGenerated(rendered, name) {
+  return rendered === name || (rendered || "").startsWith(`${name}-`);
+}
+
+// A source of dryRun's `sources`, in words.
+function describeSource(source) {
+  if (!source) return "nowhere";
+  if (source.configMap) return `ConfigMap ${source.configMap} key ${source.key}`;
+  if (source.fieldPath) return `the pod's ${source.fieldPath}`;
+  return `the literal '${source.value}'`;
 }
 
 // The volume of `pod` mounted in `container` at a path that holds `file`.
@@ -589,11 +653,41 @@ function driftErrors(objects, bins, target) {
             `${w.ps.sts.metadata.name}-${k}.${w.ps.sts.spec.serviceName}:${grpcServicePort}`)
       : [`${w.ps.pod.spec.hostname}.${w.ps.pod.spec.subdomain}:${grpcServicePort}`];
   const sameSet = (a, b) => a.length === b.length && [...a].sort().join() === [...b].sort().join();
-  check(sameSet(addressList(pc.shard_addresses), shardNames),
-        `dp-ps --shard_addresses=${pc.shard_addresses} does not name exactly the ` +
+  // What each binary dials, its {shard} entries expanded with its own
+  // --shards (the workers' must be dp-ps's S for them to agree).
+  const shardAddresses = expandShardTemplate(pc.shard_addresses, shards);
+  const workerAddresses = expandShardTemplate(wc.ps, Number(wc.shards));
+  check(!shardAddresses.error, `dp-ps --shard_addresses: ${shardAddresses.error}`);
+  check(!workerAddresses.error, `worker --ps: ${workerAddresses.error}`);
+  check(sameSet(shardAddresses.addresses || [], shardNames),
+        `dp-ps --shard_addresses=${pc.shard_addresses} (--shards=${pc.shards}) names ` +
+        `${(shardAddresses.addresses || []).join(",")}, not exactly the ` +
         `${shardNames.length} shard pod(s) ${shardNames.join(",")}`);
-  check(sameSet(addressList(wc.ps), shardNames),
-        `worker --ps=${wc.ps} does not name exactly the shard pod(s) ${shardNames.join(",")}`);
+  check(sameSet(workerAddresses.addresses || [], shardNames),
+        `worker --ps=${wc.ps} (--shards=${wc.shards}) names ` +
+        `${(workerAddresses.addresses || []).join(",")}, not exactly the shard pod(s) ` +
+        `${shardNames.join(",")}`);
+  // S is written once: dp-ps and the workers read DP_SHARDS from the
+  // ConfigMap key that components/workers copies into the StatefulSet's
+  // replicas, so a new S changes all three (a copy of S elsewhere would
+  // pass here and drift at the next change).
+  const src = replicasSource();
+  const fromReplicasSource = (s) => Boolean(src && s?.configMap &&
+      isGenerated(s.configMap, src.configMap) && s.key === src.key);
+  check(src, `${path.relative(REPO, WORKERS_COMPONENT)} does not copy a ConfigMap key ` +
+             "into the dp-ps StatefulSet's spec.replicas");
+  if (src) {
+    const where = `ConfigMap ${src.configMap} key ${src.key}, which components/workers ` +
+                  "copies into the StatefulSet's replicas";
+    check(fromReplicasSource(psRun.sources.DP_SHARDS),
+          `dp-ps gets DP_SHARDS from ${describeSource(psRun.sources.DP_SHARDS)}, ` +
+          `not from ${where}`);
+    check(fromReplicasSource(wRun.sources.DP_SHARDS),
+          `the workers get DP_SHARDS from ${describeSource(wRun.sources.DP_SHARDS)}, ` +
+          `not from ${where} (their --ps's {shard} entry stands for --shards pods)`);
+  }
+  check(Number(wc.shards) === shards,
+        `worker --shards=${wc.shards} != dp-ps --shards=${pc.shards}`);
 
   // The workload's lifecycle.
   if (w.kind === "plain") {
@@ -747,7 +841,8 @@ function driftErrors(objects, bins, target) {
               `no Certificate writes Secret ${secretOf[who]} of ${who}`);
       }
       const server = certs.find((c) => c.spec.secretName === secretOf["dp-ps"]);
-      const names = wc.tls_server_name ? [wc.tls_server_name] : addressList(wc.ps).map(hostOf);
+      const names = wc.tls_server_name ? [wc.tls_server_name]
+                                       : (workerAddresses.addresses || []).map(hostOf);
       for (const name of names) {
         check(server && (server.spec.dnsNames || []).includes(name),
               `dp-ps's Certificate does not name ${name}, a host workers verify`);
@@ -757,7 +852,7 @@ function driftErrors(objects, bins, target) {
       if (shards > 1) {
         // Shard 0 dials the others by --shard_addresses, verifying those
         // names, and presents dp-ps's certificate as its client certificate.
-        for (const name of addressList(pc.shard_addresses).map(hostOf)) {
+        for (const name of (shardAddresses.addresses || []).map(hostOf)) {
           check(server && (server.spec.dnsNames || []).includes(name),
                 `dp-ps's Certificate does not name ${name}, which shard 0 verifies`);
         }
@@ -891,7 +986,8 @@ const workerContainer = (objs) => workloads(objs).worker.pod.spec.containers[0];
 const cm = (objs, prefix) => configMap(objs, prefix).data;
 
 // Broken copies of a rendered variant that the checks must reject:
-// [name, variant, mutation, strict (also run the TypeScript check)].
+// [name, variant, mutation, strict (also run the TypeScript check),
+// expect (optional: a new error must match it, the intended reason)].
 const MUTATIONS = [
   ["unknown field in a container", "overlays/gpu", (objs) => {
     workerContainer(objs).imagePullPolicyy = "Always";
@@ -931,9 +1027,25 @@ const MUTATIONS = [
    (objs) => {
      workerContainer(objs).env = [{name: "DP_PS", value: "dp-ps:5000"}];
    }],
-  ["a shard missing from DP_SHARD_ADDRESSES", "overlays/tls, 3 shards", (objs) => {
+  ["a DP_SHARD_ADDRESSES template on another port", "overlays/tls, 3 shards", (objs) => {
+    cm(objs, "dp-ps-config").DP_SHARD_ADDRESSES = "dp-ps-{shard}.dp-ps:5050";
+  }, false, /^dp-ps --shard_addresses=dp-ps-\{shard\}\.dp-ps:5050 .*not exactly the 3 shard/],
+  ["an explicit DP_SHARD_ADDRESSES missing a pod", "overlays/tls, 3 shards", (objs) => {
     cm(objs, "dp-ps-config").DP_SHARD_ADDRESSES = "dp-ps-0.dp-ps:5000,dp-ps-1.dp-ps:5000";
-  }],
+  }, false, /^dp-ps --shard_addresses=dp-ps-0\.dp-ps:5000,dp-ps-1\.dp-ps:5000 .*not exactly/],
+  ["workers without DP_SHARDS", "overlays/tls, 3 shards", (objs) => {
+    const c = workerContainer(objs);
+    c.env = c.env.filter((e) => e.name !== "DP_SHARDS");
+  }, false, /^dp-worker --dry_run .* exited 2:[\s\S]*\{shard\}.*shard count/],
+  ["workers with a copy of S (DP_SHARDS as a literal)", "overlays/tls, 3 shards", (objs) => {
+    const e = workerContainer(objs).env.find((x) => x.name === "DP_SHARDS");
+    delete e.valueFrom;
+    e.value = "3";
+  }, false, /^the workers get DP_SHARDS from the literal '3'/],
+  ["JobSet workers' DP_SHARDS from another key", "overlays/jobset", (objs) => {
+    workerContainer(objs).env.find((x) => x.name === "DP_SHARDS")
+        .valueFrom.configMapKeyRef.key = "DP_WORKERS";
+  }, false, /^the workers get DP_SHARDS from ConfigMap dp-ps-config-\S+ key DP_WORKERS/],
   ["StatefulSet replicas differ from DP_SHARDS", "overlays/tls, 3 shards", (objs) => {
     find(objs, "StatefulSet", "dp-ps").spec.replicas = 2;
   }],
@@ -1049,7 +1161,7 @@ function main() {
   // Self-test: every check above can fail. A mutation must add an error
   // that the intact variant does not have.
   const baselines = {};
-  for (const [name, target, mutate, strict] of MUTATIONS) {
+  for (const [name, target, mutate, strict, expect] of MUTATIONS) {
     if (!rendered[target]) continue;
     const errorsOf = (objs) => [
       ...objs.flatMap((o) => schemaErrors(o)),
@@ -1061,8 +1173,13 @@ function main() {
     const objs = JSON.parse(JSON.stringify(rendered[target]));
     mutate(objs);
     const added = errorsOf(objs).filter((e) => !baselines[key].has(e));
-    report(`self-test: rejects ${name} (${target})`,
-           added.length > 0 ? [] : ["the broken manifest passed every check"]);
+    let problems = [];
+    if (added.length === 0) {
+      problems = ["the broken manifest passed every check"];
+    } else if (expect && !added.some((e) => expect.test(e))) {
+      problems = [`no error matches ${expect}; the errors:`, ...added];
+    }
+    report(`self-test: rejects ${name} (${target})`, problems);
   }
 
   console.log(`${passed} passed, ${failed} failed`);
