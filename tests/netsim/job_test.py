@@ -13,7 +13,6 @@ Every wait has a deadline.
 Usage: job_test.py --netsim scripts/netsim.sh --ps BIN --worker BIN [--rate 100mbit]
 """
 
-import argparse
 import os
 import sys
 
@@ -26,24 +25,11 @@ JOB_TIMEOUT_S = 180
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--netsim", required=True)
-    p.add_argument("--ps", required=True)
-    p.add_argument("--worker", required=True)
-    p.add_argument("--rate", default="100mbit")
-    args = p.parse_args()
-    try:
-        netsim.require_netns()
-    except netsim.Unavailable as e:
-        print(f"FAIL  cannot make the simulated network: {e}", flush=True)
+    args = netsim.job_test_args("100mbit")
+    if args is None:
         return 1
-
-    failed = []
-
-    def check(ok, what):
-        print(("ok    " if ok else "FAIL  ") + what, flush=True)
-        if not ok:
-            failed.append(what)
+    checks = netsim.Checks()
+    check = checks.check
 
     with netsim.Net(args.netsim, "netsim-job", 1 + WORKERS, args.rate) as net:
         job = netsim.run_job(
@@ -73,11 +59,7 @@ def main():
               f"dp-ps's link sent and received >= {WORKERS} x {STEPS} x {netsim.MODEL_BYTES} B")
 
     check(netsim.namespaces(net.name) == [], "the net is gone afterwards")
-    if failed:
-        print(f"{len(failed)} check(s) failed", flush=True)
-        return 1
-    print("all checks passed", flush=True)
-    return 0
+    return checks.result()
 
 
 if __name__ == "__main__":

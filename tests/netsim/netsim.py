@@ -10,6 +10,7 @@ The name gets the PID, so parallel tests never share a net. SIGTERM and
 SIGINT (ctest's timeout, Ctrl-C) raise SystemExit, so `with` removes the net.
 """
 
+import argparse
 import os
 import re
 import signal
@@ -23,6 +24,42 @@ PORT = 5000  # each dp-ps has its host's namespace to itself
 MODEL_BYTES = 4 * (784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10)
 # netsim.sh answers at once; a deadline all the same, for a wedged `ip`.
 SCRIPT_TIMEOUT_S = 60
+
+
+class Checks:
+    """Named checks, each printed as it is made; result() is the exit code."""
+
+    def __init__(self):
+        self.failed = []
+
+    def check(self, ok, what):
+        print(("ok    " if ok else "FAIL  ") + what, flush=True)
+        if not ok:
+            self.failed.append(what)
+
+    def result(self):
+        if self.failed:
+            print(f"{len(self.failed)} check(s) failed", flush=True)
+            return 1
+        print("all checks passed", flush=True)
+        return 0
+
+
+def job_test_args(default_rate):
+    """The command line of a job test (--netsim, --ps, --worker, --rate),
+    or None, said why, when this machine cannot make the net."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--netsim", required=True)
+    p.add_argument("--ps", required=True)
+    p.add_argument("--worker", required=True)
+    p.add_argument("--rate", default=default_rate)
+    args = p.parse_args()
+    try:
+        require_netns()
+    except Unavailable as e:
+        print(f"FAIL  cannot make the simulated network: {e}", flush=True)
+        return None
+    return args
 
 
 class Unavailable(Exception):

@@ -34,16 +34,6 @@ TRANSFER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transfer.py
 PORT = 5201
 
 
-class Checks:
-    def __init__(self):
-        self.failed = []
-
-    def check(self, ok, what):
-        print(("ok    " if ok else "FAIL  ") + what, flush=True)
-        if not ok:
-            self.failed.append(what)
-
-
 def read_line(proc, timeout):
     """The next stdout line of proc, or '' at the deadline or EOF."""
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
@@ -216,18 +206,14 @@ def main():
     except netsim.Unavailable as e:
         print(f"FAIL  cannot make the simulated network: {e}", flush=True)
         return 1
-    c = Checks()
+    c = netsim.Checks()
     links_before = netsim.root_links()
     check_net(args, c, links_before)
     for sig in (signal.SIGINT, signal.SIGTERM):
         check_interrupted_caller(args, c, sig)
         check_interrupted_up(args, c, sig)
     c.check(netsim.root_links() == links_before, "the root namespace's links are as before")
-    if c.failed:
-        print(f"{len(c.failed)} check(s) failed", flush=True)
-        return 1
-    print("all checks passed", flush=True)
-    return 0
+    return c.result()
 
 
 if __name__ == "__main__":

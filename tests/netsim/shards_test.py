@@ -24,7 +24,6 @@ Every wait has a deadline, and the net is removed however the test ends.
 Usage: shards_test.py --netsim scripts/netsim.sh --ps BIN --worker BIN [--rate 200mbit]
 """
 
-import argparse
 import filecmp
 import os
 import sys
@@ -41,26 +40,13 @@ JOB_TIMEOUT_S = 180
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--netsim", required=True)
-    p.add_argument("--ps", required=True)
-    p.add_argument("--worker", required=True)
-    p.add_argument("--rate", default="200mbit")
-    args = p.parse_args()
-    try:
-        netsim.require_netns()
-    except netsim.Unavailable as e:
-        print(f"FAIL  cannot make the simulated network: {e}", flush=True)
+    args = netsim.job_test_args("200mbit")
+    if args is None:
         return 1
+    checks = netsim.Checks()
+    check = checks.check
 
-    failed = []
-
-    def check(ok, what):
-        print(("ok    " if ok else "FAIL  ") + what, flush=True)
-        if not ok:
-            failed.append(what)
-
-    # --final_eval_timeout_s also bounds shard 0's gather of the other
+    # --final_eval_timeout_s also bounds shard 0's collection of the other
     # shards' weights: a shard that is gone before shard 0 has its part
     # fails the job in 30 s rather than 120.
     flags = ["--dataset=synthetic", f"--max_steps={STEPS}", "--batch_size=32", "--seed=7",
@@ -122,11 +108,7 @@ def main():
               f"{WORKERS} x {STEPS} x {netsim.MODEL_BYTES} B")
 
     check(netsim.namespaces(net.name) == [], "the net is gone afterwards")
-    if failed:
-        print(f"{len(failed)} check(s) failed", flush=True)
-        return 1
-    print("all checks passed", flush=True)
-    return 0
+    return checks.result()
 
 
 if __name__ == "__main__":
