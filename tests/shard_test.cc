@@ -2,6 +2,7 @@
 // one dp-ps computes, and a shard that restarts from an older checkpoint
 // rolls the job back to a step every shard holds, again to the same model.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -134,6 +135,63 @@ TEST(ShardTest, AWaitingWorkerNamesTheRanksTheShardsLack) {
   EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
   EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
   for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+}
+
+// --ps as one name that resolves to every shard (as a headless Service's
+// does): each worker runs with a private /etc/hosts (a mount namespace;
+// root, as CI is) in which "dp-ps-multi" is 127.0.0.1 and 127.0.0.2, where
+// the two shards listen on one port. The job finishes with the model of
+// one dp-ps.
+TEST(ShardTest, ANameThatResolvesToEveryShardReachesThemAll) {
+  ASSERT_EQ(geteuid(), 0u) << "needs root for a mount namespace (CI is root)";
+  TempDir dir;
+  const std::vector<std::string> job = {"--dataset=synthetic", "--max_steps=20",
+                                        "--batch_size=16", "--seed=6"};
+  const std::string reference = TrainedModel(dir, job, 1);
+  std::vector<std::string> flags = job;
+  flags.push_back("--workers=2");
+  const std::string model = dir.File("model.st");
+  // Shard 1 on 127.0.0.2 (a free port), then shard 0 on 127.0.0.1, same port.
+  std::vector<std::string> argv1 = {DP_PS_BINARY, "--host=127.0.0.2",
+                                    "--port=0", "--shards=2", "--shard=1"};
+  argv1.insert(argv1.end(), flags.begin(), flags.end());
+  Subprocess s1(argv1);
+  ASSERT_TRUE(s1.WaitForOutput(" workers\n", absl::Seconds(30))) << s1.output();
+  const auto field = s1.Field("listening on 127.0.0.2:");
+  ASSERT_TRUE(field.has_value()) << s1.output();
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(field->substr(0, field->find(' ')), &port));
+  flags.push_back("--save_model=" + model);
+  int port0 = 0;
+  flags.insert(flags.end(),
+               {"--shards=2", "--shard=0",
+                absl::StrCat("--shard_addresses=127.0.0.2:", port)});
+  auto s0 = StartServer(flags, &port0, port);
+  ASSERT_EQ(port0, port) << s0->output();
+  const std::string hosts = dir.File("hosts");
+  ASSERT_TRUE(WriteFileAtomic(hosts,
+                              "127.0.0.1 localhost\n"
+                              "127.0.0.1 dp-ps-multi\n"
+                              "127.0.0.2 dp-ps-multi\n")
+                  .ok());
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    workers.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
+        "/usr/bin/unshare", "-m", "/bin/sh", "-c",
+        absl::StrCat("mount --bind ", hosts, " /etc/hosts && exec ",
+                     DP_WORKER_BINARY, " --ps=dp-ps-multi:", port,
+                     " --rank=", rank, " --backend=cpu")}));
+  }
+  for (auto& w : workers) {
+    EXPECT_EQ(w->Wait(kJobTimeout), 0) << w->output();
+    EXPECT_NE(w->output().find(absl::StrCat("dp-ps shards: ipv4:127.0.0.1:",
+                                            port, ",ipv4:127.0.0.2:", port)),
+              std::string::npos)
+        << w->output();
+  }
+  EXPECT_EQ(s1.Wait(kJobTimeout), 0) << s1.output();
+  EXPECT_EQ(s0->Wait(kJobTimeout), 0) << s0->output();
+  EXPECT_TRUE(ReadModel(model) == reference);
 }
 
 TEST(ShardTest, ShardsOfDifferentJobsAreRefusedNamingBoth) {
