@@ -70,6 +70,15 @@ absl::Status MakeShardSpec(const ModelLayout& layout, int count, int index,
   return absl::OkStatus();
 }
 
+absl::Status CheckShardAddresses(int count, int index, size_t addresses) {
+  if (count > 1 && index == 0 && addresses == 0) {
+    return absl::InvalidArgumentError(
+        "shard 0 of a sharded job needs --shard_addresses (the other "
+        "shards' host:port) to collect the model at the end");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::string>> ExpandShardTemplate(
     absl::string_view list, int shards) {
   constexpr absl::string_view kShard = "{shard}";

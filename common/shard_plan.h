@@ -48,6 +48,10 @@ std::vector<ParamRange> ShardRanges(const ModelLayout& layout, int shards);
 absl::Status MakeShardSpec(const ModelLayout& layout, int count, int index,
                            ShardSpec* spec);
 
+// INVALID_ARGUMENT when shard `index` of `count` has no other shards'
+// addresses but needs them: shard 0 of a sharded job collects the model.
+absl::Status CheckShardAddresses(int count, int index, size_t addresses);
+
 // A comma-separated list of addresses in which an entry holding "{shard}"
 // stands for `shards` entries, with 0..shards-1 in its place:
 // "dp-ps-{shard}.dp-ps:5000" and 3 shards name the 3 pods of a StatefulSet,

@@ -86,12 +86,9 @@ absl::Status PsServer::Build() {
   if (sharded()) {
     Log("%s: %d of %d parameters", shard_.ToString(), shard_.range.length,
         layout_.num_params());
-    if (shard_.index == 0 && o.gather.addresses.empty()) {
-      return absl::InvalidArgumentError(
-          "shard 0 of a sharded job needs --shard_addresses (the other "
-          "shards' addresses) to collect the model at the end");
-    }
   }
+  RETURN_IF_ERROR(CheckShardAddresses(shard_.count, shard_.index,
+                                      o.gather.addresses.size()));
   std::optional<Checkpoint> resumed;
   if (!o.checkpoint_dir.empty()) {
     store_ = std::make_unique<CheckpointStore>(o.checkpoint_dir, layout_,

@@ -257,16 +257,17 @@ int Run(int argc, char** argv) {
     return kExitConfigError;
   }
   absl::StatusOr<int> shard = ShardIndex(f);
-  if (absl::Status s =
-          ExpandShardTemplate(f.shard_addresses, f.shards).status();
-      shard.ok() && !s.ok()) {
+  const absl::StatusOr<std::vector<std::string>> peers =
+      ExpandShardTemplate(f.shard_addresses, f.shards);
+  if (shard.ok() && !peers.ok()) {
     shard = absl::InvalidArgumentError(
-        absl::StrCat("--shard_addresses: ", s.message()));
+        absl::StrCat("--shard_addresses: ", peers.status().message()));
   }
-  if (shard.ok() && *shard == 0 && f.shards > 1 && f.shard_addresses.empty()) {
-    shard = absl::InvalidArgumentError(
-        "shard 0 of a sharded job needs --shard_addresses (the other "
-        "shards' host:port) to collect the model at the end");
+  if (shard.ok()) {
+    if (absl::Status s = CheckShardAddresses(f.shards, *shard, peers->size());
+        !s.ok()) {
+      shard = s;
+    }
   }
   if (!shard.ok()) {
     Log("configuration error: %s", shard.status().message());
@@ -306,7 +307,7 @@ int Run(int argc, char** argv) {
   o.shared_memory = f.shared_memory;
   o.shards = f.shards;
   o.shard = *shard;
-  o.gather.addresses = *ExpandShardTemplate(f.shard_addresses, f.shards);
+  o.gather.addresses = *peers;
 
   // A write beyond a file-size limit must be an error, not a crash.
   signal(SIGXFSZ, SIG_IGN);

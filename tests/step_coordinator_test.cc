@@ -521,14 +521,21 @@ std::vector<std::unique_ptr<StepCoordinator>> MakeShards(
   return out;
 }
 
+// The bytes of rank's gradient of `step`, cut to `range`.
+std::string GradientBytes(const ModelLayout& layout, int rank, int step,
+                          ParamRange range) {
+  const std::vector<float> g = Gradient(layout, rank, step);
+  return Bytes(
+      std::vector<float>(g.begin() + range.offset, g.begin() + range.end()));
+}
+
 // Every rank's gradient of `step`, cut to `range`, pushed to `c`.
 void PushStep(StepCoordinator& c, const ModelLayout& layout, int step,
               ParamRange range) {
   for (int r = 0; r < kWorld; ++r) {
-    const std::vector<float> g = Gradient(layout, r, step);
-    const std::string bytes = Bytes(
-        std::vector<float>(g.begin() + range.offset, g.begin() + range.end()));
-    ASSERT_TRUE(c.Push(r, step, range.offset, bytes, 1.0f).ok());
+    ASSERT_TRUE(c.Push(r, step, range.offset,
+                       GradientBytes(layout, r, step, range), 1.0f)
+                    .ok());
   }
 }
 
@@ -613,12 +620,9 @@ TEST(ShardedCoordinatorTest, RewindRestoresAStateAndEndsTheWaits) {
   PushStep(c, layout, 0, range);
   PushStep(c, layout, 1, range);
   // Rank 0 pushed step 2 and waits.
-  const std::vector<float> g = Gradient(layout, 0, 2);
-  ASSERT_TRUE(c.Push(0, 2, range.offset,
-                     Bytes(std::vector<float>(g.begin() + range.offset,
-                                              g.begin() + range.end())),
-                     1.0f)
-                  .ok());
+  ASSERT_TRUE(
+      c.Push(0, 2, range.offset, GradientBytes(layout, 0, 2, range), 1.0f)
+          .ok());
   absl::Status waited;
   auto ticket =
       c.WaitForStep(0, 2, [&](const absl::Status& s, int64_t) { waited = s; });

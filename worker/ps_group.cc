@@ -101,7 +101,8 @@ std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
 
 PsGroup::PsGroup(std::vector<std::string> addresses,
                  const PsClientOptions& options)
-    : pool_(static_cast<int>(addresses.size())) {
+    : num_params_(ModelLayout::SimpleNet().num_params()),
+      pool_(static_cast<int>(addresses.size())) {
   for (const std::string& address : addresses) {
     PsClientOptions o = options;
     o.address = address;
@@ -189,10 +190,10 @@ absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
     }
     end = s.shard.spec.range.end();
   }
-  if (end != ModelLayout::SimpleNet().num_params()) {
+  if (end != num_params_) {
     return absl::FailedPreconditionError(
         absl::StrFormat("the shards hold [0, %d) of the model's %d parameters",
-                        end, ModelLayout::SimpleNet().num_params()));
+                        end, num_params_));
   }
   order_ = std::move(order);
   return by_shard;
@@ -293,7 +294,7 @@ absl::Status Combine(const std::vector<Received>& received, Weights* weights) {
 }  // namespace
 
 absl::Status PsGroup::Pull(int rank, Weights* weights) {
-  weights->params.resize(ModelLayout::SimpleNet().num_params());
+  weights->params.resize(num_params_);
   std::vector<Received> received(clients_.size());
   const absl::Span<float> all = absl::MakeSpan(weights->params);
   RETURN_IF_ERROR(ForEachShard([&](int k) {
@@ -318,7 +319,7 @@ absl::Status PsGroup::Barrier(int rank, int64_t step) {
 
 absl::Status PsGroup::PushPull(const Gradient& gradient, Weights* weights,
                                int64_t* sent_bytes) {
-  weights->params.resize(ModelLayout::SimpleNet().num_params());
+  weights->params.resize(num_params_);
   std::vector<Received> received(clients_.size());
   std::vector<int64_t> sent(clients_.size(), 0);
   const absl::Span<float> all = absl::MakeSpan(weights->params);

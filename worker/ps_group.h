@@ -66,6 +66,7 @@ class PsGroup {
       const Registration& registration);
   PsClient& shard(int k) { return *clients_[order_[k]]; }
 
+  const int64_t num_params_;                        // of the whole model
   std::vector<std::unique_ptr<PsClient>> clients_;  // by address
   std::vector<int> order_;  // client of shard k, as of the last Register
   WorkerPool pool_;
