@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -117,6 +118,15 @@ bool WaitForStep(int port, int64_t step, absl::Duration timeout) {
     absl::SleepFor(absl::Milliseconds(5));  // polling interval, not a sync
   }
   return false;
+}
+
+bool WaitForFile(const std::string& path, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (std::filesystem::exists(path)) return true;
+    absl::SleepFor(absl::Milliseconds(5));  // polling interval, not a sync
+  }
+  return std::filesystem::exists(path);
 }
 
 }  // namespace dp

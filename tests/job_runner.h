@@ -48,6 +48,10 @@ JobResult RunJob(std::vector<std::string> ps_args, int workers,
 int64_t CurrentStep(int port);
 // Polls GetStatus until the step is >= `step`; false at the deadline.
 bool WaitForStep(int port, int64_t step, absl::Duration timeout);
+// Polls until `path` exists; false at the deadline. dp-ps writes checkpoints
+// in the background and renames them into place, so a checkpoint's name
+// appears only once it is whole.
+bool WaitForFile(const std::string& path, absl::Duration timeout);
 
 }  // namespace dp
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint.h"
 #include "tests/job_runner.h"
 
 namespace dp {
@@ -93,6 +94,10 @@ TEST(ShardTest, AShardRestartedFromAnOlderCheckpointRollsTheJobBack) {
   ASSERT_TRUE(WaitForStep(ports[0], 35, absl::Minutes(2)));
   w0->Signal(SIGSTOP);
   w1->Signal(SIGSTOP);
+  // Checkpoints are written in the background: shard 1 must have one to
+  // restart from.
+  ASSERT_TRUE(WaitForFile(dir.File("ckpt1/" + CheckpointFileName(10)),
+                          absl::Minutes(1)));
   s1->Signal(SIGKILL);
   EXPECT_EQ(s1->Wait(absl::Seconds(30)), 128 + SIGKILL);
   int again = 0;
