@@ -304,3 +304,12 @@ def root_links():
     out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
                          text=True, check=True).stdout
     return sorted(line.split(":")[1].strip().split("@")[0] for line in out.splitlines())
+
+
+def new_net_links(before):
+    """The root namespace's interfaces that were not in `before` and carry a
+    name netsim.sh gives (br0, pI, eth0): a net's link that leaked out. Other
+    new interfaces are not ours (a container host adds and removes its own)
+    and are ignored."""
+    ours = re.compile(r"^(br0|p[0-9]+|eth0)$")
+    return sorted(set(n for n in root_links() if ours.match(n)) - set(before))
