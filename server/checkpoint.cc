@@ -188,6 +188,10 @@ absl::Status CheckpointStore::Write(const Checkpoint& c) {
 
 void CheckpointStore::WriteAsync(Checkpoint c) {
   absl::MutexLock lock(&mu_);
+  auto slot_free = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !queued_.has_value();
+  };
+  mu_.Await(absl::Condition(&slot_free));
   queued_ = std::move(c);
 }
 

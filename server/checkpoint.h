@@ -63,7 +63,10 @@ class CheckpointStore {
   [[nodiscard]] absl::Status Write(const Checkpoint& c);
 
   // Hands the checkpoint to a background writer so training does not wait
-  // for the disk; a newer checkpoint replaces one still waiting. Errors are
+  // for the disk. One may wait while another is written; a third blocks the
+  // caller until the writer takes the waiting one, so that every step handed
+  // in is written: the shards of a job then hold checkpoints of the same
+  // steps, which a rollback needs, however slow each one's disk. Errors are
   // logged, and counted in failures().
   void WriteAsync(Checkpoint c);
   // Blocks until the background writer is idle.

@@ -35,9 +35,11 @@ Checkpoint Make(int64_t step) {
 
 bool SameState(const TrainingState& a, const TrainingState& b) {
   auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+    return x.size() == y.size() &&
+           std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
   };
-  return a.step == b.step && eq(a.params, b.params) && eq(a.m, b.m) && eq(a.v, b.v);
+  return a.step == b.step && eq(a.params, b.params) && eq(a.m, b.m) &&
+         eq(a.v, b.v);
 }
 
 TEST(CheckpointTest, RoundTripIsBitExact) {
@@ -60,8 +62,10 @@ TEST(CheckpointTest, EveryTruncationAndEveryFlippedByteIsDetected) {
     std::string bad = bytes;
     bad[i] ^= 0x10;
     auto d = DecodeCheckpoint(kLayout, bad);
-    if (d.ok()) ++undetected;
-    else EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << i;
+    if (d.ok())
+      ++undetected;
+    else
+      EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << i;
   }
   EXPECT_EQ(undetected, 0);
 }
@@ -106,6 +110,20 @@ TEST(CheckpointStoreTest, OnlyTheNewestKAreKept) {
   std::sort(names.begin(), names.end());
   ASSERT_EQ(names.size(), 2u);
   EXPECT_EQ(names.back(), CheckpointFileName(60));
+  EXPECT_EQ(store.failures(), 0);
+}
+
+// Checkpoints handed in faster than the disk writes them are all written:
+// none is replaced while it waits, so that every shard of a job holds the
+// same steps.
+TEST(CheckpointStoreTest, EveryCheckpointHandedInIsWritten) {
+  TempDir dir;
+  CheckpointStore store(dir.path(), kLayout, 10);
+  ASSERT_TRUE(store.Open().ok());
+  for (int step = 1; step <= 8; ++step) store.WriteAsync(Make(step * 10));
+  store.Flush();
+  EXPECT_EQ(store.RestorableSteps(),
+            (std::vector<int64_t>{10, 20, 30, 40, 50, 60, 70, 80}));
   EXPECT_EQ(store.failures(), 0);
 }
 
@@ -234,7 +252,8 @@ TEST(JobConfigTest, ResumeRefusesOtherHyperParametersButAllowsMoreEpochs) {
   b.weight_encoding = Encoding::kBf16;
   absl::Status s = CheckResumable(a, b);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("--batch_size=16 (saved: 8)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--batch_size=16 (saved: 8)"), std::string::npos)
+      << s;
   EXPECT_NE(s.message().find("--lr=0.5"), std::string::npos) << s;
   EXPECT_NE(s.message().find("--weight_encoding=bf16 (saved: f32)"),
             std::string::npos)
