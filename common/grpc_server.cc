@@ -1,6 +1,7 @@
 // gRPC server start-up and matching client channel arguments.
 #include "common/grpc_server.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <sys/resource.h>
@@ -8,6 +9,10 @@
 #include "absl/strings/str_format.h"
 
 namespace dp {
+
+// Never released: see the header.
+void KeepGrpcForTheProcess() { grpc_init(); }
+
 namespace {
 
 // gRPC 1.51 stops accepting connections for good once accept() fails with

@@ -53,6 +53,15 @@ struct GrpcServerOptions {
 // - kLivenessService is SERVING from start until the server shuts down.
 inline constexpr char kLivenessService[] = "liveness";
 
+// gRPC tears its threads down when its last user goes (grpc_shutdown), and
+// joins them. A TCP write that found the socket buffer full leaves a backup
+// poller on gRPC's executor waiting in epoll for up to 10 s, so a process
+// whose connections had filled a slow link (a dp-ps shard whose link is
+// shaped, say) took up to 10 s to exit after its work was done. dp-ps and
+// dp-worker call this first in main: one reference held for the life of the
+// process, so that no grpc_shutdown waits; the threads end with the process.
+void KeepGrpcForTheProcess();
+
 struct RunningServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;

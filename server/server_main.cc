@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
@@ -371,5 +372,6 @@ int Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   dp::KeepLargeBuffersInHeap();
+  dp::KeepGrpcForTheProcess();
   return dp::Run(argc, argv);
 }

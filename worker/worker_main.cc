@@ -285,5 +285,6 @@ int Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   dp::KeepLargeBuffersInHeap();
+  dp::KeepGrpcForTheProcess();
   return dp::Run(argc, argv);
 }

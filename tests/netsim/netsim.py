@@ -151,6 +151,8 @@ class Proc:
         self.name = name
         self.host = host
         self.lines = []
+        self.last_line_at = None  # time.monotonic() of the last line
+        self.eof_at = None  # ... of the end of its output: its exit
         self.eof = False
         self.cond = threading.Condition()
         self.proc = net.popen(host, argv, stdout=subprocess.PIPE,
@@ -162,10 +164,19 @@ class Proc:
         for line in self.proc.stdout:
             with self.cond:
                 self.lines.append(line.rstrip("\n"))
+                self.last_line_at = time.monotonic()
                 self.cond.notify_all()
         with self.cond:
             self.eof = True
+            self.eof_at = time.monotonic()
             self.cond.notify_all()
+
+    def quiet_before_exit(self):
+        """Seconds from its last line to its exit (None: no line, or running)."""
+        with self.cond:
+            if self.eof_at is None or self.last_line_at is None:
+                return None
+            return self.eof_at - self.last_line_at
 
     def output(self):
         return "\n".join(self.lines)

@@ -7,7 +7,8 @@ process in its own host, each host's link shaped to --rate.
   2. two shards in hosts 0 and 1, workers in hosts 2 and 3 (each worker
      lists the shards in a different order).
 
-Asserts that every process exits 0, that shard 0 (and the lone dp-ps) says
+Asserts that every process exits 0 (every dp-ps within 6 s of its last
+line), that shard 0 (and the lone dp-ps) says
 "done: 30 steps", that the models the two jobs saved (--save_model on
 shard 0) are byte-identical, and, from the links' byte counters, that the
 shards split dp-ps's traffic: each shard's link carried 40-60% of what
@@ -37,6 +38,7 @@ WORKERS = 2
 SHARDS = 2
 WORKER_HOSTS = [2, 3]  # the same in both jobs
 JOB_TIMEOUT_S = 180
+EXIT_WITHIN_S = 6
 
 
 def main():
@@ -66,6 +68,14 @@ def main():
                       f"(got {job.codes.get(pr.name)})")
                 if not ok:
                     print(f"----- {pr.name} output -----\n{pr.output()}\n-----", flush=True)
+            # A process whose links had filled once took 10 s to exit after
+            # its last word (gRPC's shutdown joining a backup poller); an
+            # exit takes well under a second, the servers' grace is 2 s.
+            for pr in job.ps:
+                quiet = pr.quiet_before_exit()
+                check(quiet is not None and quiet < EXIT_WITHIN_S,
+                      f"{label}: {pr.name} exits within {EXIT_WITHIN_S} s of its last line "
+                      f"({'-' if quiet is None else f'{quiet:.2f} s'})")
             done = job.steps_done() if job.ps else None
             check(done is not None and done[0] == STEPS,
                   f'{label}: {job.ps[0].name if job.ps else "dp-ps"} says "done: {STEPS} steps"')
