@@ -58,8 +58,9 @@ inline constexpr char kLivenessService[] = "liveness";
 // poller on gRPC's executor waiting in epoll for up to 10 s, so a process
 // whose connections had filled a slow link (a dp-ps shard whose link is
 // shaped, say) took up to 10 s to exit after its work was done. dp-ps and
-// dp-worker call this first in main: one reference held for the life of the
+// dp-worker call this once at start: one reference held for the life of the
 // process, so that no grpc_shutdown waits; the threads end with the process.
+// It starts gRPC's threads, so it must come after a signal mask is set.
 void KeepGrpcForTheProcess();
 
 struct RunningServer {

@@ -315,6 +315,7 @@ int Run(int argc, char** argv) {
   // Before any thread starts, so that every thread inherits the mask.
   sigset_t signals;
   BlockStopSignals(&signals);
+  KeepGrpcForTheProcess();  // starts gRPC's threads: after the mask
 
   // After the signal mask: building credentials starts gRPC's threads.
   absl::StatusOr<ServerSecurity> security = LoadServerSecurity(security_flags);
@@ -372,6 +373,5 @@ int Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   dp::KeepLargeBuffersInHeap();
-  dp::KeepGrpcForTheProcess();
   return dp::Run(argc, argv);
 }
