@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -111,22 +112,26 @@ int64_t CurrentStep(int port) {
   return resp.step();
 }
 
-bool WaitForStep(int port, int64_t step, absl::Duration timeout) {
+namespace {
+
+// Polls `done` until it holds (true) or the deadline passes (false).
+bool PollUntil(const std::function<bool()>& done, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    if (CurrentStep(port) >= step) return true;
+    if (done()) return true;
     absl::SleepFor(absl::Milliseconds(5));  // polling interval, not a sync
   }
   return false;
 }
 
+}  // namespace
+
+bool WaitForStep(int port, int64_t step, absl::Duration timeout) {
+  return PollUntil([&] { return CurrentStep(port) >= step; }, timeout);
+}
+
 bool WaitForFile(const std::string& path, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (std::filesystem::exists(path)) return true;
-    absl::SleepFor(absl::Milliseconds(5));  // polling interval, not a sync
-  }
-  return std::filesystem::exists(path);
+  return PollUntil([&] { return std::filesystem::exists(path); }, timeout);
 }
 
 }  // namespace dp
