@@ -231,7 +231,26 @@ class StepCoordinator {
   // rank whose every request is refused is not taking part, and must be
   // reported missing.
   void Touch(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckRank(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRank(const char* rpc, int rank) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The steps of Push. Checks the gradient's encoding, shape and values,
+  // reading them once into private memory (see Push).
+  absl::Status ReadGradientLocked(int rank, int64_t step, int64_t offset,
+                                  absl::string_view gradient, Encoding encoding)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True for a retry of a push already received or applied; an error for a
+  // push the step refuses (not registered, stale, future, after the end).
+  absl::StatusOr<bool> IsRetryLocked(int rank, int64_t step) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // What an accepted push leaves to do once the lock is released.
+  struct AfterPush {
+    std::vector<WaitCallback> to_notify;  // the step was applied
+    std::function<void(TrainingState)> checkpoint_hook;
+    TrainingState checkpoint;
+  };
+  // Counts the push in; the last of the N applies the update.
+  AfterPush AcceptPushLocked(int rank, float loss)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error every request gets once the job failed or is shutting down.
   absl::Status RefusalLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Averages the pushes, applies Adam, publishes the next version; returns
@@ -260,6 +279,9 @@ class StepCoordinator {
   // Gradients of the current step, one preallocated buffer per rank.
   std::vector<std::vector<float>> gradients_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
+  // Where a retry's gradient is read to be checked (received_[rank] holds
+  // the first).
+  std::vector<float> retry_scratch_ ABSL_GUARDED_BY(mu_);
   std::vector<float> losses_ ABSL_GUARDED_BY(mu_);
   // The snapshot Pull hands out for the current version (null until the
   // first pull after an update), and the buffers snapshots are made in: one
