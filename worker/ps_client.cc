@@ -111,7 +111,19 @@ absl::Status PsClient::RawCall(Raw method, absl::Duration timeout,
   });
 }
 
-grpc::ByteBuffer PsClient::PushRequest(const Gradient& gradient) const {
+bool PsClient::PlaceInSlot(const Gradient& gradient) {
+  if (gradient.in_shared_memory) return true;
+  if (slot_ == nullptr) return false;
+  // dp-ps has read the slot's last gradient before it answered.
+  const size_t width = BytesPerValue(gradient.encoding);
+  std::memcpy(slot_->data(),
+              gradient.wire->data() + shard_.range.offset * width,
+              shard_.range.length * width);
+  return true;
+}
+
+grpc::ByteBuffer PsClient::SerializePush(const Gradient& gradient,
+                                         bool in_slot) const {
   dp::v1::PushRequest header;
   header.set_rank(gradient.rank);
   header.set_step(gradient.step);
@@ -120,19 +132,14 @@ grpc::ByteBuffer PsClient::PushRequest(const Gradient& gradient) const {
   header.set_num_samples(gradient.num_samples);
   header.set_encoding(static_cast<dp::v1::Encoding>(gradient.encoding));
   header.set_weights_in_shm(shared_memory());
-  if (gradient.in_shared_memory) {
+  if (in_slot) {
     header.set_gradient_in_shm(true);
+    header.set_shm_slot(slot_id_);
     return SerializeMessage(header);
   }
   const size_t width = BytesPerValue(gradient.encoding);
   const absl::string_view range = gradient.wire->view().substr(
       shard_.range.offset * width, shard_.range.length * width);
-  if (slot_ != nullptr) {
-    // dp-ps has read the slot's last gradient before it answered.
-    std::memcpy(slot_->data(), range.data(), range.size());
-    header.set_gradient_in_shm(true);
-    return SerializeMessage(header);
-  }
   return SerializeWithTensor(header, dp::v1::PushRequest::kGradientFieldNumber,
                              range, gradient.wire->Lend());
 }
@@ -275,6 +282,7 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
   // registration a new slot, and reads the old one no more.
   weights_.reset();
   slot_.reset();
+  slot_id_ = response.shm_slot();
   why_not_shm_.clear();
   if (options_.data_plane == DataPlane::kGrpc) return status;
   absl::Status taken =
@@ -298,12 +306,8 @@ absl::Status PsClient::TakeSharedMemory(const std::string& socket,
                                         const std::string& ticket,
                                         const JobConfig& config,
                                         int64_t num_params) {
-  ASSIGN_OR_RETURN(std::vector<int> fds, FetchSharedMemory(socket, ticket));
-  if (fds.size() != 2) {
-    for (int fd : fds) close(fd);
-    return absl::DataLossError(absl::StrFormat(
-        "dp-ps handed %d shared-memory descriptors, expected 2", fds.size()));
-  }
+  ASSIGN_OR_RETURN(std::vector<int> fds,
+                   FetchSharedMemory(socket, ticket, /*count=*/2));
   absl::StatusOr<std::unique_ptr<SharedRegion>> weights = SharedRegion::Map(
       fds[0], WeightsRegionBytes(num_params, config.weight_encoding),
       /*writable=*/false);
@@ -349,7 +353,8 @@ absl::Status PsClient::Pull(int rank, std::optional<int64_t> version,
 }
 
 absl::Status PsClient::Push(const Gradient& gradient, int64_t* sent_bytes) {
-  const grpc::ByteBuffer request = PushRequest(gradient);
+  const grpc::ByteBuffer request =
+      SerializePush(gradient, PlaceInSlot(gradient));
   *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer bytes;
   RETURN_IF_ERROR(RawCall(Raw::kPush, options_.call_timeout, request, &bytes));
@@ -370,7 +375,8 @@ absl::Status PsClient::Barrier(int rank, int64_t step) {
 
 absl::Status PsClient::PushPull(const Gradient& gradient, absl::Span<float> all,
                                 Received* received, int64_t* sent_bytes) {
-  const grpc::ByteBuffer request = PushRequest(gradient);
+  const grpc::ByteBuffer request =
+      SerializePush(gradient, PlaceInSlot(gradient));
   *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer response;
   RETURN_IF_ERROR(
