@@ -1,6 +1,6 @@
 // The metrics registry both roles build on (ServerMetrics in
 // server/server_metrics.h, WorkerMetrics in worker/worker_metrics.h), and its
-// HTTP exposition; the README's "Monitoring" table lists every name.
+// HTTP exposition; the table in docs/monitoring.md lists every name.
 // Conventions: prefix dp_, base units (seconds, bytes), counters end in _total,
 // and the only labels are role ("ps" | "worker"), rank (workers, and dp-ps's
 // per-rank series) and shard (every dp-ps series: which range of the

@@ -41,7 +41,7 @@ std::map<std::string, std::string> Types(const std::string& text) {
   return types;
 }
 
-// Checks the conventions README's Monitoring section promises.
+// Checks the conventions docs/monitoring.md promises.
 void ExpectPrometheusNaming(const std::string& text) {
   const auto types = Types(text);
   ASSERT_FALSE(types.empty()) << text;
