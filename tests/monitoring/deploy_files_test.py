@@ -61,6 +61,25 @@ def main():
     for title, ref, e in exprs:
         if not mc.metric_names(e):
             failures.append(f"'{title}' {ref} selects no metric: {e}")
+    # After a run, the stat row shows how it ended: each stat query is the
+    # last value over the dashboard's range, not an instant sample that is
+    # gone once the processes have exited (Prometheus marks it stale).
+    for p in mc.all_panels(dashboard):
+        if p.get("type") != "stat":
+            continue
+        for t in p.get("targets", []):
+            if "[$__range]" not in t.get("expr", ""):
+                failures.append(f"stat '{p['title']}' {t.get('refId')}: shows "
+                                "nothing once the job's processes are gone "
+                                "(want a value over [$__range])")
+    # A latency quantile only where there were calls: a histogram that never
+    # observed (e.g. Push with the fused protocol) gives NaN, a legend entry
+    # with no line.
+    for title, ref, t in raw_targets(dashboard):
+        if "histogram_quantile" in t and not re.search(
+                r"\band\b.*_count\{.*\)\s*>\s*0\s*$", t):
+            failures.append(f"'{title}' {ref}: histogram_quantile without "
+                            "'and <its _count rate> > 0'")
     # The panels the issue asks for, by title.
     titles = {p["title"] for p in mc.all_panels(dashboard)}
     for wanted in ["Training loss", "Test accuracy", "Samples/s (total)",
