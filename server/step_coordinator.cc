@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -62,6 +63,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   DP_CHECK(world >= 1);
   registered_.assign(world, false);
   gradients_.assign(world, std::vector<float>(n));
+  rank_sum_.resize(n);
   received_.assign(world, false);
   losses_.assign(world, 0.0f);
   arrival_.assign(world, started_);
@@ -220,6 +222,19 @@ absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank,
   return false;
 }
 
+void StepCoordinator::FoldArrivedLocked() {
+  const int world = static_cast<int>(received_.size());
+  while (folded_ < world && received_[folded_]) {
+    if (folded_ == 0) {
+      // The sum starts as rank 0's gradient: its buffer becomes the sum's.
+      std::swap(rank_sum_, gradients_[0]);
+    } else {
+      AddToRankSum(rank_sum_.data(), gradients_[folded_].data(), n_, &pool_);
+    }
+    ++folded_;
+  }
+}
+
 StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(int rank,
                                                              float loss) {
   AfterPush after;
@@ -227,9 +242,8 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(int rank,
   received_[rank] = true;
   losses_[rank] = loss;
   arrival_[rank] = absl::Now();
-  bool all = true;
-  for (bool r : received_) all = all && r;
-  if (all) {
+  FoldArrivedLocked();
+  if (folded_ == static_cast<int>(received_.size())) {
     after.to_notify = ApplyLocked();
     if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
       after.checkpoint_hook = checkpoint_hook_;
@@ -267,21 +281,16 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
 
 std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   const absl::Time begin = absl::Now();
-  std::vector<const float*> grads;
-  grads.reserve(gradients_.size());
   float loss_sum = 0.0f;
-  for (size_t r = 0; r < gradients_.size(); ++r) {  // rank order
-    grads.push_back(gradients_[r].data());
-    loss_sum += losses_[r];
-  }
+  for (float loss : losses_) loss_sum += loss;  // rank order
   if (shard_.count > 1) {
     std::memcpy(previous_.data(), state_.params.data(), n_ * sizeof(float));
     holds_previous_ = true;
   }
   const absl::Time apply_start = absl::Now();
-  AverageAndAdamStep(config_.adam, state_.step + 1, grads, n_,
-                     state_.params.data(), state_.m.data(), state_.v.data(),
-                     &pool_);
+  AdamStepOnSum(config_.adam, state_.step + 1, rank_sum_.data(),
+                static_cast<int>(received_.size()), n_, state_.params.data(),
+                state_.m.data(), state_.v.data(), &pool_);
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = loss_sum / static_cast<float>(losses_.size());
   ++state_.step;
@@ -297,6 +306,7 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
     first_apply_ = last_apply_;
   }
   received_.assign(received_.size(), false);
+  folded_ = 0;
   std::vector<WaitCallback> ready;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.step < state_.step) {
@@ -496,6 +506,7 @@ absl::Status StepCoordinator::Rewind(uint64_t generation, TrainingState state) {
     holds_previous_ = false;
     published_ = nullptr;
     received_.assign(received_.size(), false);
+    folded_ = 0;
     to_abort = TakeAllWaitersLocked();
   }
   const absl::Status aborted = absl::AbortedError(absl::StrFormat(
@@ -606,8 +617,11 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   for (size_t r = 0; r < received_.size(); ++r) {
     if (!received_[r]) continue;  // a free buffer: its bytes mean nothing
     o.losses[r] = losses_[r];
-    o.gradients[r] = gradients_[r];
+    // A folded rank's gradient is in the sum, and its buffer free.
+    if (static_cast<int>(r) >= folded_) o.gradients[r] = gradients_[r];
   }
+  o.folded = folded_;
+  if (folded_ > 0) o.rank_sum = rank_sum_;
   o.last_seen = last_seen_;
   for (const auto& [id, w] : waiters_) o.waiters.emplace_back(w.rank, w.step);
   o.has_eval = has_eval_;
@@ -646,6 +660,7 @@ std::string ObservableDifferences(const StepCoordinator::ObservableState& a,
     gradients = same(a.gradients[r], b.gradients[r]);
   }
   check(gradients, "received gradients");
+  check(a.folded == b.folded && same(a.rank_sum, b.rank_sum), "rank sum");
   check(a.last_seen == b.last_seen, "leases");
   check(a.waiters == b.waiters, "waiters");
   const EvalReport& x = a.last_eval;
