@@ -1,5 +1,5 @@
 // Test helpers for the Prometheus side: parse the text exposition format into
-// series -> value, and fetch a URL over plain HTTP/1.0 on loopback.
+// series -> value, and fetch a URL over plain HTTP/1.0 (IPv4 or IPv6).
 #ifndef DP_TESTS_EXPOSITION_H_
 #define DP_TESTS_EXPOSITION_H_
 
