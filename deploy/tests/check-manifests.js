@@ -66,8 +66,26 @@ const GRAFANA_DASHBOARD = path.join(REPO, "deploy/grafana/dashboards/dp-ps.json"
 const JOBSET_CRD = path.join(HERE, "schemas/jobset.x-k8s.io_jobsets.yaml");
 // The component that copies DP_SHARDS into the StatefulSet's replicas.
 const WORKERS_COMPONENT = path.join(K8S, "components/workers/kustomization.yaml");
-// Exit code of a configuration error (common/flags.h kExitConfigError).
-const EXIT_CONFIG_ERROR = 2;
+// The binaries' exit codes, read from common/flags.h where they are
+// defined, for the Jobs' podFailurePolicy.
+const EXIT = (() => {
+  const text = fs.readFileSync(path.join(REPO, "common/flags.h"), "utf8");
+  const code = (name) => {
+    const m = new RegExp(`\\b${name} =\\s*(\\d+);`).exec(text);
+    if (!m) throw new Error(`common/flags.h defines no ${name}`);
+    return Number(m[1]);
+  };
+  return {
+    config: code("kExitConfigError"),            // FailJob
+    psUnreachable: code("kExitPsUnreachable"),   // Ignore (an outage)
+    cannotRunHere: code("kExitCannotRunHere"),   // Count, per rank
+  };
+})();
+// The `release` label of the monitoring objects, the one setting of
+// components/monitoring (kube-prometheus-stack selects by it).
+const RELEASE_LABEL = path.join(K8S, "components/monitoring/release-label.yaml");
+// The workloads' names before the run id (components/workers appends it).
+const WORKLOAD_NAMES = {plain: "dp-worker", jobset: "dp-train"};
 // The label whose value the monitors make the series' job label.
 const JOB_LABEL = "app.kubernetes.io/name";
 
@@ -278,6 +296,13 @@ function find(objects, kind, name) {
   return objects.find((o) => o.kind === kind && (!name || o.metadata.name === name));
 }
 
+// The workers' Job (plain variant), by its label: its name carries the run
+// id.
+function workersJob(objects) {
+  return objects.find((o) => o.kind === "Job" &&
+                             o.metadata.labels?.["app.kubernetes.io/name"] === "dp-worker");
+}
+
 function containerPort(container, name) {
   const p = (container.ports || []).find((q) => q.name === name);
   return p ? p.containerPort : undefined;
@@ -376,11 +401,11 @@ function labelsMatch(selector, labels) {
 // job}, jobset}. null when neither shape is there.
 function workloads(objects) {
   const sts = find(objects, "StatefulSet", "dp-ps");
-  const job = find(objects, "Job", "dp-worker");
+  const job = workersJob(objects);
   const jobset = find(objects, "JobSet");
   if (sts && job && !jobset) {
     return {kind: "plain", ps: {pod: sts.spec.template, job: null, sts},
-            worker: {pod: job.spec.template, job: job.spec}};
+            worker: {pod: job.spec.template, job: job.spec, obj: job}};
   }
   if (jobset && !sts && !job) {
     const rj = (name) => jobset.spec.replicatedJobs.find((r) => r.name === name);
@@ -483,14 +508,18 @@ function volumeOf(pod, container, file) {
          {name: mount.name, claimTemplate: true};
 }
 
-// The checks of the failure policy of a Job spec running `container`.
-function failurePolicyErrors(jobSpec, container, who) {
+// The checks of the failure policy of a Job spec running `container`; for
+// the workers' Job (`workers`), also per-rank retries, dp-worker's exit
+// codes and the deadline that bounds the retries it does not count.
+function failurePolicyErrors(jobSpec, container, who, workers = false) {
   const errors = [];
   const rules = jobSpec.podFailurePolicy?.rules || [];
-  if (!rules.some((r) => r.action === "FailJob" && r.onExitCodes?.operator === "In" &&
-                         r.onExitCodes.values.includes(EXIT_CONFIG_ERROR) &&
-                         r.onExitCodes.containerName === container.name)) {
-    errors.push(`${who}: no FailJob rule for exit code ${EXIT_CONFIG_ERROR} of ${container.name}`);
+  const onExit = (action, code) => rules.some(
+      (r) => r.action === action && r.onExitCodes?.operator === "In" &&
+             r.onExitCodes.values.includes(code) &&
+             r.onExitCodes.containerName === container.name);
+  if (!onExit("FailJob", EXIT.config)) {
+    errors.push(`${who}: no FailJob rule for exit code ${EXIT.config} of ${container.name}`);
   }
   if (!rules.some((r) => r.action === "Ignore" &&
                          (r.onPodConditions || []).some((c) => c.type === "DisruptionTarget"))) {
@@ -498,6 +527,26 @@ function failurePolicyErrors(jobSpec, container, who) {
   }
   if (jobSpec.template.spec.restartPolicy !== "Never") {
     errors.push(`${who}: podFailurePolicy needs restartPolicy Never`);
+  }
+  if (!(jobSpec.activeDeadlineSeconds > 0)) {
+    errors.push(`${who}: no activeDeadlineSeconds: pods that never start (a GPU ` +
+                "node's driver too old, an image not pulled) or retried for ever " +
+                "would hold their resources with no end");
+  }
+  if (!workers) return errors;
+  if (!onExit("Ignore", EXIT.psUnreachable)) {
+    errors.push(`${who}: exit code ${EXIT.psUnreachable} (dp-ps unreachable) must be ` +
+                "retried without counting (Ignore): a dp-ps outage is no worker's fault");
+  }
+  if (!onExit("Count", EXIT.cannotRunHere)) {
+    errors.push(`${who}: exit code ${EXIT.cannotRunHere} (this node cannot run the ` +
+                "backend) must be retried and counted (Count), not fail the Job");
+  }
+  if (!(jobSpec.backoffLimitPerIndex > 0) || jobSpec.maxFailedIndexes !== 0 ||
+      jobSpec.backoffLimit !== undefined) {
+    errors.push(`${who}: retries must be per rank (backoffLimitPerIndex, ` +
+                "maxFailedIndexes 0, no Job-wide backoffLimit): with a Job-wide " +
+                "limit the failures of all ranks add up");
   }
   return errors;
 }
@@ -595,8 +644,18 @@ function driftErrors(objects, bins, target) {
   // The run's identity: checkpoints and model under RUN_ID, on the state
   // volume, which outlives the workloads.
   const runId = psRun.env.RUN_ID;
-  check(/^[a-z0-9][a-z0-9.-]{0,62}$/.test(runId || ""),
-        `RUN_ID '${runId}' must be lowercase letters, digits, '-' and '.'`);
+  // In the workloads' names too, under the limits of a JobSet's and an
+  // Indexed Job's pod host names (a DNS label of 63 characters).
+  check(/^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$/.test(runId || ""),
+        `RUN_ID '${runId}' must be 1 to 32 lowercase letters, digits and '-', ` +
+        "starting and ending with a letter or digit");
+  // A Job's pod template and a JobSet's replicatedJobs are immutable: a new
+  // run must be a new object, or `kubectl apply` leaves the finished one.
+  const workload = w.kind === "plain" ? w.worker.obj : w.jobset;
+  const wantName = `${WORKLOAD_NAMES[w.kind]}-${runId}`;
+  check(workload.metadata.name === wantName,
+        `the ${workload.kind} is named ${workload.metadata.name}, not ${wantName}: ` +
+        "without the run id a new RUN_ID applies over the finished one");
   check(pc.checkpoint_dir && path.posix.basename(pc.checkpoint_dir) === runId,
         `dp-ps --checkpoint_dir=${pc.checkpoint_dir} is not the run's (RUN_ID ${runId})`);
   check(pc.save_model && path.posix.basename(pc.save_model).startsWith(`${runId}.`),
@@ -735,7 +794,7 @@ function driftErrors(objects, bins, target) {
             w.worker.job.parallelism === Number(pc.workers),
         `workers' completions ${w.worker.job.completions} / parallelism ` +
         `${w.worker.job.parallelism} != dp-ps --workers ${pc.workers}`);
-  errors.push(...failurePolicyErrors(w.worker.job, worker, "workers' Job"));
+  errors.push(...failurePolicyErrors(w.worker.job, worker, "workers' Job", true));
 
   // Worker probes and ports.
   const wHealth = Number(wc.health_port);
@@ -881,13 +940,28 @@ function driftErrors(objects, bins, target) {
     const cache = wRun.env.CUDA_CACHE_PATH;
     const v = cache && volumeOf(w.worker.pod, worker, cache);
     check(v && v.emptyDir, `${target}: CUDA_CACHE_PATH=${cache} is not on an emptyDir`);
+    check(wRun.env.NVIDIA_DISABLE_REQUIRE === "true",
+          `${target}: GPU workers need NVIDIA_DISABLE_REQUIRE=true: on a driver older ` +
+          "than the image's CUDA the toolkit refuses the container, and the pod sits in " +
+          "CreateContainerError holding its GPU; dp-worker says why and exits " +
+          `${EXIT.cannotRunHere} instead`);
   }
   if (target === "overlays/cpu") {
     check(gpus === undefined, "cpu overlay asks for a GPU");
     check(wc.backend === "cpu", `cpu overlay: --backend=${wc.backend}`);
   }
 
-  // Monitoring, where the component is included.
+  // Monitoring, where the component is included: the release label that
+  // kube-prometheus-stack selects them by.
+  const release = YAML.parse(fs.readFileSync(RELEASE_LABEL, "utf8")).labels?.release;
+  check(release, `${path.relative(REPO, RELEASE_LABEL)} sets no release label`);
+  for (const m of objects.filter((o) => ["ServiceMonitor", "PodMonitor",
+                                         "PrometheusRule"].includes(o.kind))) {
+    check(m.metadata.labels?.release === release,
+          `${m.kind} ${m.metadata.name} has release label ` +
+          `'${m.metadata.labels?.release}', not '${release}' (release-label.yaml): ` +
+          "kube-prometheus-stack would not select it");
+  }
   for (const sm of objects.filter((o) => o.kind === "ServiceMonitor")) {
     check(labelsMatch(sm.spec.selector?.matchLabels, svc.metadata.labels || {}),
           `ServiceMonitor ${sm.metadata.name} does not select the Service`);
@@ -958,7 +1032,8 @@ function variantsAgree(plain, jobset) {
                   `  plain:  ${x}\n  jobset: ${y}`);
     }
   }
-  for (const key of ["backoffLimit", "podFailurePolicy", "completionMode"]) {
+  for (const key of ["backoffLimit", "backoffLimitPerIndex", "maxFailedIndexes",
+                     "activeDeadlineSeconds", "podFailurePolicy", "completionMode"]) {
     if (canonical(a.worker.job[key]) !== canonical(b.worker.job[key])) {
       errors.push(`the workers' ${key} differs between the plain and JobSet variants`);
     }
@@ -994,7 +1069,7 @@ const MUTATIONS = [
   }, true],
   ["a field newer than Kubernetes " + MIN_KUBERNETES + " (Job managedBy)", "overlays/gpu",
    (objs) => {
-     find(objs, "Job", "dp-worker").spec.managedBy = "kueue.x-k8s.io/multikueue";
+     workersJob(objs).spec.managedBy = "kueue.x-k8s.io/multikueue";
    }, true],
   ["unknown field in the JobSet", "overlays/jobset", (objs) => {
     find(objs, "JobSet").spec.successPolicy.targetReplicatedJob = ["workers"];
@@ -1003,7 +1078,7 @@ const MUTATIONS = [
     workerContainer(objs).imagePullPolicyy = "Always";
   }, true],
   ["wrong type (completions as a string)", "overlays/gpu", (objs) => {
-    find(objs, "Job", "dp-worker").spec.completions = "2";
+    workersJob(objs).spec.completions = "2";
   }],
   ["dp-ps probe on the TLS port", "overlays/tls", (objs) => {
     psContainer(objs).readinessProbe.grpc.port = 5000;
@@ -1012,7 +1087,7 @@ const MUTATIONS = [
     cm(objs, "dp-ps-config").DP_EPOCH = "3";
   }],
   ["worker count differs from completions", "overlays/gpu", (objs) => {
-    find(objs, "Job", "dp-worker").spec.parallelism = 3;
+    workersJob(objs).spec.parallelism = 3;
   }],
   ["JobSet worker count differs", "overlays/jobset", (objs) => {
     workloads(objs).worker.job.completions = 3;
@@ -1082,7 +1157,7 @@ const MUTATIONS = [
     psContainer(objs).args = ["--bogus=1"];
   }],
   ["missing FailJob rule", "overlays/gpu", (objs) => {
-    find(objs, "Job", "dp-worker").spec.podFailurePolicy.rules.shift();
+    workersJob(objs).spec.podFailurePolicy.rules.shift();
   }],
   ["checkpoints outside the run's directory", "overlays/gpu", (objs) => {
     psContainer(objs).env.find((e) => e.name === "DP_CHECKPOINT_DIR").value =
@@ -1115,6 +1190,40 @@ const MUTATIONS = [
   ["JobSet workers not waiting for dp-ps", "overlays/jobset", (objs) => {
     delete workloads(objs).worker.rj.dependsOn;
   }],
+  ["a Job-wide backoffLimit instead of retries per rank", "overlays/gpu", (objs) => {
+    const spec = workersJob(objs).spec;
+    delete spec.backoffLimitPerIndex;
+    delete spec.maxFailedIndexes;
+    spec.backoffLimit = 6;
+  }, false, /retries must be per rank/],
+  ["dp-ps unreachable (exit 4) counted against the workers", "overlays/gpu", (objs) => {
+    const rules = workersJob(objs).spec.podFailurePolicy.rules;
+    rules.splice(rules.findIndex((r) => r.onExitCodes?.values.includes(4)), 1);
+  }, false, /exit code 4 \(dp-ps unreachable\)/],
+  ["a node that cannot run the backend (exit 5) failing the JobSet", "overlays/jobset",
+   (objs) => {
+     const rule = workloads(objs).worker.job.podFailurePolicy.rules.find(
+         (r) => r.onExitCodes?.values.includes(5));
+     rule.action = "FailJob";
+   }, false, /exit code 5 \(this node cannot run/],
+  ["workers without a deadline", "overlays/gpu", (objs) => {
+    delete workersJob(objs).spec.activeDeadlineSeconds;
+  }, false, /no activeDeadlineSeconds/],
+  ["the workers' Job named without the run id", "overlays/gpu", (objs) => {
+    workersJob(objs).metadata.name = "dp-worker";
+  }, false, /named dp-worker, not dp-worker-run-1/],
+  ["the JobSet named without the run id", "overlays/jobset", (objs) => {
+    find(objs, "JobSet").metadata.name = "dp-train";
+  }, false, /named dp-train, not dp-train-run-1/],
+  ["a run id too long for the pods' host names", "overlays/gpu", (objs) => {
+    cm(objs, "dp-run").RUN_ID = "a".repeat(40);
+  }, false, /RUN_ID 'a+' must be 1 to 32/],
+  ["a PodMonitor without the release label", "overlays/gpu", (objs) => {
+    delete find(objs, "PodMonitor").metadata.labels.release;
+  }, false, /PodMonitor dp-worker has release label 'undefined'/],
+  ["GPU workers behind the toolkit's driver check", "overlays/gpu", (objs) => {
+    delete cm(objs, "dp-worker-config").NVIDIA_DISABLE_REQUIRE;
+  }, false, /NVIDIA_DISABLE_REQUIRE/],
   ["GPU worker without a CUDA cache volume", "overlays/gpu", (objs) => {
     cm(objs, "dp-worker-config").CUDA_CACHE_PATH = "/root/.nv";
   }],
