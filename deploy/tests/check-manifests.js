@@ -49,6 +49,18 @@ const TARGETS = {
     resources: ["overlays/jobset"],
     components: ["components/tls", "components/cert-manager", "components/workers"],
   },
+  // A new run from an overlay (RUN_ID merged, then components/workers
+  // again): its Job is named after it, with no second suffix.
+  "overlays/gpu, run-2": {
+    resources: ["overlays/gpu"],
+    configMapGenerator: [{name: "dp-run", behavior: "merge", literals: ["RUN_ID=run-2"]}],
+    components: ["components/workers"],
+  },
+  "overlays/jobset, run-2": {
+    resources: ["overlays/jobset"],
+    configMapGenerator: [{name: "dp-run", behavior: "merge", literals: ["RUN_ID=run-2"]}],
+    components: ["components/workers"],
+  },
   // S = 3 as README tells: DP_SHARDS alone (DP_SHARD_ADDRESSES names the
   // pods by {shard}), then the component that copies S (the shipped
   // overlays run one shard).
