@@ -841,6 +841,39 @@ function driftErrors(objects, bins, target) {
             `${c.name} lacks a ${r} request or limit`);
     }
   }
+  // dp-ps: Guaranteed QoS (evicted last under node pressure) except on the
+  // laptop-sized cpu overlay, its update threads within its CPU limit, no
+  // shared memory (no worker shares its pod), no move by consolidation, and
+  // shards spread over nodes.
+  if (target !== "overlays/cpu") {
+    for (const r of ["cpu", "memory"]) {
+      check(String(ps.resources?.requests?.[r]) === String(ps.resources?.limits?.[r]),
+            `dp-ps's ${r} request ${ps.resources?.requests?.[r]} != its limit ` +
+            `${ps.resources?.limits?.[r]}: not Guaranteed QoS, evicted early`);
+    }
+  }
+  const cpuLimit = ((q) => /m$/.test(q) ? Number(q.slice(0, -1)) / 1000 : Number(q))(
+      String(ps.resources?.limits?.cpu));
+  check(Number(pc.update_threads) >= 1 && Number(pc.update_threads) <= Math.ceil(cpuLimit),
+        `dp-ps --update_threads=${pc.update_threads} is not 1..its CPU limit ` +
+        `${ps.resources?.limits?.cpu} (0 takes the node's core count: throttled)`);
+  check(pc.shared_memory === "false",
+        "dp-ps --shared_memory must be false: no worker shares its pod");
+  const podAnnotations = w.ps.pod.metadata.annotations || {};
+  check(podAnnotations["karpenter.sh/do-not-disrupt"] === "true" &&
+            podAnnotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] === "false",
+        "dp-ps pods lack the autoscalers' do-not-disrupt annotations");
+  const spread = (w.ps.pod.spec.affinity?.podAntiAffinity
+                      ?.preferredDuringSchedulingIgnoredDuringExecution || [])
+                     .some((t) => t.podAffinityTerm?.topologyKey === "kubernetes.io/hostname" &&
+                                  labelsMatch(t.podAffinityTerm.labelSelector?.matchLabels,
+                                              w.ps.pod.metadata.labels));
+  check(spread, "dp-ps's shards are not spread over nodes (preferred anti-affinity " +
+                "on kubernetes.io/hostname)");
+  for (const [who, pod] of [["dp-ps", w.ps.pod], ["dp-worker", w.worker.pod]]) {
+    check(pod.spec.automountServiceAccountToken === false,
+          `${who} pods mount a service account token they never use`);
+  }
 
   // NetworkPolicy: dp-ps's gRPC port only from the workers and, with
   // several shards, from dp-ps's pods (shard 0 collects the model), its
@@ -938,6 +971,13 @@ function driftErrors(objects, bins, target) {
             "the workers' Certificate lacks the usage client auth");
       check(server && client && server.spec.issuerRef.name === client.spec.issuerRef.name,
             "dp-ps's and the workers' certificates come from different issuers");
+      // A CA renewed with a new key leaves the leaves' ca.crt stale until
+      // each is renewed: restarted peers reject each other meanwhile.
+      for (const ca of certs.filter((c) => c.spec.isCA)) {
+        check(ca.spec.privateKey?.rotationPolicy === "Never",
+              `CA Certificate ${ca.metadata.name} gets a new key at renewal ` +
+              "(rotationPolicy is not Never)");
+      }
     }
   }
 
@@ -1236,6 +1276,21 @@ const MUTATIONS = [
   ["GPU workers behind the toolkit's driver check", "overlays/gpu", (objs) => {
     delete cm(objs, "dp-worker-config").NVIDIA_DISABLE_REQUIRE;
   }, false, /NVIDIA_DISABLE_REQUIRE/],
+  ["dp-ps Burstable (request below limit)", "overlays/gpu", (objs) => {
+    psContainer(objs).resources.requests.cpu = "1";
+  }, false, /dp-ps's cpu request 1 != its limit 2/],
+  ["dp-ps update threads over its CPU limit", "overlays/cpu", (objs) => {
+    cm(objs, "dp-ps-config").DP_UPDATE_THREADS = "0";
+  }, false, /--update_threads=0 is not 1\.\.its CPU limit/],
+  ["shards free to share a node", "overlays/tls, 3 shards", (objs) => {
+    delete workloads(objs).ps.pod.spec.affinity;
+  }, false, /not spread over nodes/],
+  ["a CA that renews with a new key", "overlays/tls", (objs) => {
+    delete find(objs, "Certificate", "dp-ps-ca").spec.privateKey.rotationPolicy;
+  }, false, /CA Certificate dp-ps-ca gets a new key/],
+  ["workers with a service account token", "overlays/jobset", (objs) => {
+    delete workloads(objs).worker.pod.spec.automountServiceAccountToken;
+  }, false, /dp-worker pods mount a service account token/],
   ["GPU worker without a CUDA cache volume", "overlays/gpu", (objs) => {
     cm(objs, "dp-worker-config").CUDA_CACHE_PATH = "/root/.nv";
   }],
