@@ -563,6 +563,20 @@ function failurePolicyErrors(jobSpec, container, who, workers = false) {
   return errors;
 }
 
+// Whether a label selector (matchLabels, matchExpressions with In / NotIn /
+// Exists / DoesNotExist) selects `labels`.
+function selectorMatches(selector, labels) {
+  if (!selector) return false;
+  const l = labels || {};
+  return labelsMatch(selector.matchLabels, l) &&
+         (selector.matchExpressions || []).every((e) => ({
+           In: () => (e.values || []).includes(l[e.key]),
+           NotIn: () => !(e.values || []).includes(l[e.key]),
+           Exists: () => e.key in l,
+           DoesNotExist: () => !(e.key in l),
+         }[e.operator] || (() => false))());
+}
+
 // Whether a NetworkPolicy ingress rule's port list admits the named port
 // (number `number`) of the pod.
 function rulePortAdmits(rule, name, number) {
@@ -875,43 +889,68 @@ function driftErrors(objects, bins, target) {
           `${who} pods mount a service account token they never use`);
   }
 
-  // NetworkPolicy: dp-ps's gRPC port only from the workers and, with
-  // several shards, from dp-ps's pods (shard 0 collects the model), its
-  // metrics port only from Prometheus.
-  const policies = objects.filter(
-      (o) => o.kind === "NetworkPolicy" &&
-             labelsMatch(o.spec.podSelector?.matchLabels, w.ps.pod.metadata.labels));
-  check(policies.length > 0, "no NetworkPolicy selects dp-ps");
-  for (const np of policies) {
-    check((np.spec.policyTypes || []).includes("Ingress"),
-          `NetworkPolicy ${np.metadata.name} does not restrict ingress`);
-    const rules = np.spec.ingress || [];
-    const grpcRules = rules.filter((r) => rulePortAdmits(r, "grpc", grpcPort));
-    check(grpcRules.length > 0 &&
-              grpcRules.some((r) => (r.from || []).some(
-                  (f) => !f.namespaceSelector &&
-                         labelsMatch(f.podSelector?.matchLabels, w.worker.pod.metadata.labels))),
-          `NetworkPolicy ${np.metadata.name} does not admit the workers to port grpc`);
-    if (shards > 1) {
-      check(grpcRules.some((r) => (r.from || []).some(
-                (f) => !f.namespaceSelector &&
-                       labelsMatch(f.podSelector?.matchLabels, w.ps.pod.metadata.labels))),
-            `NetworkPolicy ${np.metadata.name} does not admit dp-ps's shards to port ` +
-            "grpc (shard 0 collects the model from the others)");
+  // NetworkPolicies, for a namespace that denies everything by default
+  // (they add up: a pod may do what any policy selecting it admits):
+  // dp-ps's gRPC port only from the workers and, with several shards, from
+  // dp-ps's pods (shard 0 collects the model); both roles' metrics ports
+  // from the scraper, chosen in one place; out, DNS and dp-ps's gRPC port.
+  const psLabels = w.ps.pod.metadata.labels;
+  const wLabels = w.worker.pod.metadata.labels;
+  const selecting = (labels) => objects.filter(
+      (o) => o.kind === "NetworkPolicy" && selectorMatches(o.spec.podSelector, labels));
+  const psPolicies = selecting(psLabels);
+  const wPolicies = selecting(wLabels);
+  check(psPolicies.length > 0, "no NetworkPolicy selects dp-ps");
+  check(wPolicies.length > 0, "no NetworkPolicy selects the workers");
+  // A same-namespace pod peer that selects `labels`.
+  const peerIs = (f, labels) => !f.namespaceSelector && !f.ipBlock && f.podSelector &&
+                                selectorMatches(f.podSelector, labels);
+  const ingressOf = (pols) => pols.flatMap((np) => np.spec.ingress || []);
+  const egressOf = (pols) => pols.flatMap((np) => np.spec.egress || []);
+  for (const [who, pols] of [["dp-ps", psPolicies], ["the workers", wPolicies]]) {
+    for (const type of ["Ingress", "Egress"]) {
+      check(pols.some((np) => (np.spec.policyTypes || []).includes(type)),
+            `no NetworkPolicy restricts the ${type.toLowerCase()} of ${who}`);
     }
-    for (const r of grpcRules) {
-      const open = !r.from || r.from.length === 0 || r.from.some(
-          (f) => f.ipBlock || f.namespaceSelector ||
-                 !(labelsMatch(f.podSelector?.matchLabels, w.worker.pod.metadata.labels) ||
-                   labelsMatch(f.podSelector?.matchLabels, w.ps.pod.metadata.labels)));
-      check(!open, `NetworkPolicy ${np.metadata.name} admits more than the workers and ` +
-                   `dp-ps's shards to port grpc: ${JSON.stringify(r)}`);
+    // Egress: DNS, and dp-ps's gRPC port.
+    const egress = egressOf(pols);
+    check(egress.some((r) => (!r.to || r.to.length === 0 ||
+                              r.to.some((t) => t.namespaceSelector)) &&
+                             (r.ports || []).some((p) => p.port === 53 &&
+                                                         (p.protocol || "TCP") === "UDP")),
+          `the NetworkPolicies do not let ${who} reach DNS (port 53 UDP)`);
+    if (who === "the workers" || shards > 1) {
+      check(egress.some((r) => rulePortAdmits(r, "grpc", grpcPort) &&
+                               (r.to || []).some((t) => peerIs(t, psLabels))),
+            `the NetworkPolicies do not let ${who} reach dp-ps's port grpc`);
     }
-    check(rules.some((r) => rulePortAdmits(r, "metrics", metricsPort) &&
-                            (r.from || []).some((f) => f.podSelector?.matchLabels?.[
-                                "app.kubernetes.io/name"] === "prometheus")),
-          `NetworkPolicy ${np.metadata.name} does not admit Prometheus to port metrics`);
   }
+  const grpcRules = ingressOf(psPolicies).filter((r) => rulePortAdmits(r, "grpc", grpcPort));
+  check(grpcRules.some((r) => (r.from || []).some((f) => peerIs(f, wLabels))),
+        "the NetworkPolicies do not admit the workers to dp-ps's port grpc");
+  if (shards > 1) {
+    check(grpcRules.some((r) => (r.from || []).some((f) => peerIs(f, psLabels))),
+          "the NetworkPolicies do not admit dp-ps's shards to port grpc (shard 0 " +
+          "collects the model from the others)");
+  }
+  for (const r of grpcRules) {
+    const open = !r.from || r.from.length === 0 ||
+                 r.from.some((f) => !(peerIs(f, wLabels) || peerIs(f, psLabels)));
+    check(!open, "a NetworkPolicy admits more than the workers and dp-ps's shards to " +
+                 `port grpc: ${JSON.stringify(r)}`);
+  }
+  const scrapers = new Set();
+  for (const [who, pols, port] of [["dp-ps", psPolicies, metricsPort],
+                                   ["the workers", wPolicies, Number(wc.metrics_port)]]) {
+    const rules = ingressOf(pols).filter((r) => rulePortAdmits(r, "metrics", port));
+    check(rules.some((r) => (r.from || []).some(
+              (f) => f.podSelector?.matchLabels?.["app.kubernetes.io/name"] === "prometheus")),
+          `the NetworkPolicies do not admit Prometheus to the metrics port of ${who}`);
+    for (const r of rules) scrapers.add(canonical(r.from));
+  }
+  check(scrapers.size === 1, "the scraper is chosen in more than one place (every " +
+                             "metrics rule must admit the same peers): " +
+                             [...scrapers].join(" vs "));
 
   // TLS: when dp-ps has a certificate, the workers verify it, both sides'
   // files come from mounted Secrets, and dp-ps's names the host workers
@@ -1189,7 +1228,7 @@ const MUTATIONS = [
   }],
   ["NetworkPolicy keeping shard 0 from the other shards", "overlays/tls, 3 shards",
    (objs) => {
-     const rule = find(objs, "NetworkPolicy").spec.ingress[0];
+     const rule = find(objs, "NetworkPolicy", "dp-ps").spec.ingress[0];
      rule.from = rule.from.filter(
          (f) => f.podSelector?.matchLabels?.["app.kubernetes.io/name"] !== "dp-ps");
    }],
@@ -1222,7 +1261,7 @@ const MUTATIONS = [
                       selector: {matchLabels: {"app.kubernetes.io/name": "dp-ps"}}}});
   }],
   ["NetworkPolicy open to every pod", "overlays/gpu", (objs) => {
-    find(objs, "NetworkPolicy").spec.ingress[0].from = [];
+    find(objs, "NetworkPolicy", "dp-ps").spec.ingress[0].from = [];
   }],
   ["PodMonitor without jobLabel", "overlays/gpu", (objs) => {
     delete find(objs, "PodMonitor").spec.jobLabel;
@@ -1276,6 +1315,29 @@ const MUTATIONS = [
   ["GPU workers behind the toolkit's driver check", "overlays/gpu", (objs) => {
     delete cm(objs, "dp-worker-config").NVIDIA_DISABLE_REQUIRE;
   }, false, /NVIDIA_DISABLE_REQUIRE/],
+  ["workers cut off from DNS under a default deny", "overlays/gpu", (objs) => {
+    const np = find(objs, "NetworkPolicy", "dp-worker");
+    np.spec.egress = np.spec.egress.filter((r) => !(r.ports || []).some((p) => p.port === 53));
+  }, false, /do not let the workers reach DNS/],
+  ["workers cut off from dp-ps under a default deny", "overlays/jobset", (objs) => {
+    const np = find(objs, "NetworkPolicy", "dp-worker");
+    np.spec.egress = np.spec.egress.filter((r) => r.to === undefined);
+  }, false, /do not let the workers reach dp-ps's port grpc/],
+  ["shard 0 cut off from the other shards' gRPC port", "overlays/tls, 3 shards",
+   (objs) => {
+     const np = find(objs, "NetworkPolicy", "dp-ps");
+     np.spec.egress = np.spec.egress.filter((r) => r.to === undefined);
+   }, false, /do not let dp-ps reach dp-ps's port grpc/],
+  ["worker metrics closed to Prometheus", "overlays/gpu", (objs) => {
+    find(objs, "NetworkPolicy", "dp-metrics").spec.podSelector.matchExpressions[0].values =
+        ["dp-ps"];
+  }, false, /do not admit Prometheus to the metrics port of the workers/],
+  ["a second place choosing the scraper", "overlays/gpu", (objs) => {
+    find(objs, "NetworkPolicy", "dp-worker").spec.ingress = [{
+      from: [{podSelector: {matchLabels: {"app.kubernetes.io/name": "prometheus"}}}],
+      ports: [{port: "metrics"}],
+    }];
+  }, false, /the scraper is chosen in more than one place/],
   ["dp-ps Burstable (request below limit)", "overlays/gpu", (objs) => {
     psContainer(objs).resources.requests.cpu = "1";
   }, false, /dp-ps's cpu request 1 != its limit 2/],
