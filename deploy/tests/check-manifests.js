@@ -39,6 +39,9 @@ const MIN_KUBERNETES = "1.29";
 // the test (the JobSet variant with TLS, and a sharded job, which no overlay
 // ships).
 const TARGETS = {
+  // The cluster's monitoring, applied once (no workloads: checked by
+  // monitoringErrors instead of the drift checks).
+  "monitoring": "monitoring",
   "base": "base",
   "overlays/cpu": "overlays/cpu",
   "overlays/gpu": "overlays/gpu",
@@ -94,8 +97,9 @@ const EXIT = (() => {
   };
 })();
 // The `release` label of the monitoring objects, the one setting of
-// components/monitoring (kube-prometheus-stack selects by it).
-const RELEASE_LABEL = path.join(K8S, "components/monitoring/release-label.yaml");
+// monitoring/ and components/monitoring (kube-prometheus-stack selects by
+// it).
+const RELEASE_LABEL = path.join(K8S, "monitoring/release/release-label.yaml");
 // The workloads' names before the run id (components/workers appends it).
 const WORKLOAD_NAMES = {plain: "dp-worker", jobset: "dp-train"};
 // The label whose value the monitors make the series' job label.
@@ -1074,19 +1078,44 @@ function driftErrors(objects, bins, target) {
       check(containerPort(worker, ep.port), `PodMonitor port ${ep.port} is not a worker port`);
     }
   }
-  const monitored = objects.some((o) => o.kind === "PodMonitor");
-  const rule = find(objects, "PrometheusRule");
-  if (monitored) {
-    check(rule && canonical(rule.spec.groups) === canonical(ruleGroups()),
-          "the PrometheusRule is not deploy/prometheus/rules (run " +
-          "deploy/tests/render-prometheus-rule.js)");
+  // The rules and the dashboard are the cluster's, applied once
+  // (monitoring/): a copy per experiment duplicates every series and alert,
+  // and deleting one experiment would delete the shared dashboard.
+  for (const o of objects.filter((x) => x.kind === "PrometheusRule" ||
+                                        x.metadata.labels?.grafana_dashboard === "1")) {
+    check(false, `${o.kind} ${o.metadata.name} belongs to the cluster's monitoring ` +
+                 "(deploy/k8s/monitoring, applied once), not to each experiment");
   }
-  for (const cm of objects.filter((o) => o.kind === "ConfigMap" &&
-                                         o.metadata.labels?.grafana_dashboard === "1")) {
+  return errors;
+}
+
+// The checks of the cluster-wide monitoring (deploy/k8s/monitoring): the
+// promtool-tested rules, the dashboard, the release label, one namespace.
+function monitoringErrors(objects) {
+  const errors = [];
+  const check = (cond, message) => {
+    if (!cond) errors.push(message);
+  };
+  const rule = find(objects, "PrometheusRule");
+  check(rule && canonical(rule.spec.groups) === canonical(ruleGroups()),
+        "the PrometheusRule is not deploy/prometheus/rules (run " +
+        "deploy/tests/render-prometheus-rule.js)");
+  const release = YAML.parse(fs.readFileSync(RELEASE_LABEL, "utf8")).labels?.release;
+  check(rule?.metadata.labels?.release === release,
+        `PrometheusRule has release label '${rule?.metadata.labels?.release}', not ` +
+        `'${release}' (release-label.yaml): kube-prometheus-stack would not load it`);
+  const dashboards = objects.filter((o) => o.kind === "ConfigMap" &&
+                                           o.metadata.labels?.grafana_dashboard === "1");
+  check(dashboards.length === 1, `${dashboards.length} dashboard ConfigMaps, not 1`);
+  for (const cm of dashboards) {
     check(JSON.stringify(Object.keys(cm.data || {})) === '["dp-ps.json"]' &&
               cm.data["dp-ps.json"] === fs.readFileSync(GRAFANA_DASHBOARD, "utf8"),
           `ConfigMap ${cm.metadata.name} is not deploy/grafana/dashboards/dp-ps.json`);
   }
+  const namespaces = new Set(objects.map((o) => o.metadata.namespace));
+  check(namespaces.size === 1 && !namespaces.has(undefined),
+        "the cluster's monitoring objects must go to one namespace, the stack's " +
+        `(got ${[...namespaces].join(", ")})`);
   return errors;
 }
 
@@ -1266,7 +1295,14 @@ const MUTATIONS = [
   ["PodMonitor without jobLabel", "overlays/gpu", (objs) => {
     delete find(objs, "PodMonitor").spec.jobLabel;
   }],
-  ["PrometheusRule differs from the promtool-tested rules", "overlays/gpu", (objs) => {
+  ["an experiment with its own copy of the rules", "overlays/gpu", (objs) => {
+    objs.push({apiVersion: "monitoring.coreos.com/v1", kind: "PrometheusRule",
+               metadata: {name: "dp-ps"}, spec: {groups: ruleGroups()}});
+  }, false, /PrometheusRule dp-ps belongs to the cluster's monitoring/],
+  ["a PrometheusRule without the release label", "monitoring", (objs) => {
+    delete find(objs, "PrometheusRule").metadata.labels.release;
+  }, false, /PrometheusRule has release label 'undefined'/],
+  ["PrometheusRule differs from the promtool-tested rules", "monitoring", (objs) => {
     find(objs, "PrometheusRule").spec.groups[0].rules.pop();
   }],
   ["worker TLS key outside the Secret", "overlays/tls", (objs) => {
@@ -1384,8 +1420,13 @@ function main() {
   report(`Kubernetes ${MIN_KUBERNETES} API and CRD types: no unknown field, ` +
          "none missing (all variants)", unknownFieldErrors(all));
   for (const [target, objects] of Object.entries(rendered)) {
-    report(`drift: ${target} against dp-ps/dp-worker --dry_run`,
-           driftErrors(objects, bins, target));
+    if (target === "monitoring") {
+      report("the cluster's monitoring: rules, dashboard, release label",
+             monitoringErrors(objects));
+    } else {
+      report(`drift: ${target} against dp-ps/dp-worker --dry_run`,
+             driftErrors(objects, bins, target));
+    }
   }
   if (rendered["base"] && rendered["jobset"]) {
     report("the JobSet runs the same pods as the plain variant",
@@ -1404,7 +1445,8 @@ function main() {
     const errorsOf = (objs) => [
       ...objs.flatMap((o) => schemaErrors(o)),
       ...(strict ? unknownFieldErrors(objs.map((obj) => ({label: target, obj}))) : []),
-      ...driftErrors(objs, bins, target),
+      ...(target === "monitoring" ? monitoringErrors(objs)
+                                  : driftErrors(objs, bins, target)),
     ];
     const key = `${target}/${Boolean(strict)}`;
     baselines[key] ??= new Set(errorsOf(rendered[target]));
