@@ -1,5 +1,5 @@
 // dp-worker's exit codes, one per outcome a Job's podFailurePolicy treats
-// differently (README, "Exit codes"): a configuration error (2) fails the
+// differently (docs/command-line.md): a configuration error (2) fails the
 // Job, dp-ps unreachable for --retry_for_s (4) is retried without counting,
 // a node that cannot run the backend (5) is retried, counted per rank.
 #include <memory>
