@@ -19,7 +19,7 @@ namespace {
 
 // Prometheus keeps one connection per target; a few more for curl and
 // overlapping scrapes. Connections beyond are closed at once.
-constexpr int kMaxConnections = 16;
+constexpr size_t kMaxConnections = 16;
 // A connection with no byte either way for this long is closed (a scrape
 // takes milliseconds; Prometheus reconnects when it needs to).
 constexpr int kIdleMs = 60 * 1000;
@@ -106,10 +106,6 @@ TcpRelay::~TcpRelay() {
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
   acceptor_.join();
-  // The connections' threads are detached; each counts itself out last.
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* c) { return *c == 0; }, &connections_));
   close(listen_fd_);
   close(wake_fd_);
 }
@@ -117,23 +113,30 @@ TcpRelay::~TcpRelay() {
 void TcpRelay::Accept() {
   for (;;) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (fds[1].revents != 0) return;
+    if (poll(fds, 2, -1) < 0 && errno != EINTR) break;
+    if (fds[1].revents != 0) break;
+    if (fds[0].revents == 0) continue;
     const int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (client < 0) continue;
-    {
-      absl::MutexLock lock(&mu_);
-      if (connections_ >= kMaxConnections) {
-        close(client);
-        continue;
-      }
-      ++connections_;
+    connections_.remove_if([](const std::unique_ptr<Connection>& c) {
+      if (!c->done.load()) return false;
+      c->thread.join();
+      return true;
+    });
+    if (connections_.size() >= kMaxConnections) {
+      close(client);
+      continue;
     }
-    std::thread([this, client] { Relay(client); }).detach();
+    auto c = std::make_unique<Connection>();
+    c->thread = std::thread([this, client, done = &c->done] {
+      Relay(client);
+      done->store(true);
+    });
+    connections_.push_back(std::move(c));
   }
+  // They see wake_fd_ too.
+  for (const std::unique_ptr<Connection>& c : connections_) c->thread.join();
+  connections_.clear();
 }
 
 void TcpRelay::Relay(int client) {
@@ -173,8 +176,6 @@ void TcpRelay::Relay(int client) {
     close(upstream);
   }
   close(client);
-  absl::MutexLock lock(&mu_);
-  --connections_;
 }
 
 }  // namespace dp

@@ -7,13 +7,13 @@
 #ifndef DP_COMMON_TCP_RELAY_H_
 #define DP_COMMON_TCP_RELAY_H_
 
+#include <atomic>
+#include <list>
 #include <memory>
 #include <string>
 #include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace dp {
 
@@ -36,7 +36,14 @@ class TcpRelay {
   int port() const { return port_; }
 
  private:
+  // A relayed connection; its thread sets `done` as it ends.
+  struct Connection {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
   TcpRelay(int listen_fd, int wake_fd, int port, int target_port);
+  // Accepts until the relay stops, then joins every connection's thread.
   void Accept();
   // Copies between `client` and a new connection to the target until both
   // sides have closed, the connection idles, or the relay stops; then
@@ -49,8 +56,8 @@ class TcpRelay {
   const int port_;
   const int target_port_;
   std::thread acceptor_;
-  absl::Mutex mu_;
-  int connections_ ABSL_GUARDED_BY(mu_) = 0;
+  // Only the acceptor thread touches it.
+  std::list<std::unique_ptr<Connection>> connections_;
 };
 
 }  // namespace dp
