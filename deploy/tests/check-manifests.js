@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Offline checks of deploy/k8s, run by ctest (no cluster needed):
 //  1. `kubectl kustomize` renders the base and every variant (plain and
-//     JobSet; cpu, gpu, TLS);
+//     JobSet; cpu, gpu, TLS; another RUN_ID) and the cluster's monitoring;
 //  2. every rendered object validates against the schemas of the oldest
 //     Kubernetes the manifests support (MIN_KUBERNETES: the kubernetes-types
 //     package of that version, through TypeScript: no unknown field, every
@@ -11,11 +11,15 @@
 //  3. drift between the manifests and the binaries: each container's
 //     arguments and environment (ConfigMaps and $(VAR) references resolved
 //     as the kubelet does) are run through `dp-ps`/`dp-worker --dry_run`,
-//     and the ports, probes, Service, NetworkPolicy, worker count, shard
-//     count and addresses ({shard} expanded as the binaries do), run id,
-//     failure policies, grace periods, volumes, TLS mounts and monitoring
-//     objects are compared with the effective configuration (dp-ps once
-//     per shard);
+//     and the ports, probes, Service, NetworkPolicies (together, for a
+//     default deny), worker count, shard count and addresses ({shard}
+//     expanded as the binaries do), run id and the workloads' names,
+//     failure policies (per exit code of common/flags.h, per rank, with a
+//     deadline), dp-ps's QoS, threads and placement, grace periods,
+//     volumes, TLS mounts and certificates, GPU settings and monitoring
+//     objects (release label; rules and dashboard only in the cluster's
+//     monitoring) are compared with the effective configuration (dp-ps
+//     once per shard);
 //  4. a self-test: broken copies of the manifests must fail the checks.
 //
 // Usage: node check-manifests.js --dp-ps BIN --dp-worker BIN
