@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -147,6 +148,18 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
         absl::StrCat("GET ", where, ": '", status_line, "'"));
   }
   return response.substr(header_end + 4);
+}
+
+bool HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_loopback;
+  const bool ok =
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
 }
 
 }  // namespace dp

@@ -32,6 +32,10 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
                                     const std::string& path,
                                     absl::Duration timeout = absl::Seconds(10));
 
+// Whether this host can listen on ::1 (IPv6 may be disabled): the IPv6
+// tests skip where it cannot.
+bool HasIpv6Loopback();
+
 }  // namespace dp
 
 #endif  // DP_TESTS_EXPOSITION_H_

@@ -136,19 +136,6 @@ TEST(MetricsJobTest, EverySeriesOfAShardCarriesItsIndex) {
   EXPECT_EQ(ps.Wait(kTimeout), kExitInterrupted);
 }
 
-// Whether this host can listen on ::1 (IPv6 may be disabled).
-bool HasIpv6Loopback() {
-  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in6 addr{};
-  addr.sin6_family = AF_INET6;
-  addr.sin6_addr = in6addr_loopback;
-  const bool ok =
-      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return ok;
-}
-
 // The exposition at host:port has dp_build_info.
 void ExpectMetricsAt(const std::string& host, int port,
                      const Subprocess& from) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/exposition.h"
 
 namespace dp {
 namespace {
@@ -55,18 +56,6 @@ std::string ReadToEnd(int fd) {
   ssize_t n;
   while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
   return out;
-}
-
-bool HasIpv6Loopback() {
-  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in6 addr{};
-  addr.sin6_family = AF_INET6;
-  addr.sin6_addr = in6addr_loopback;
-  const bool ok =
-      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return ok;
 }
 
 TEST(TcpRelayTest, CopiesBothWaysAndPassesOnAHalfClose) {
