@@ -191,7 +191,9 @@ int Run(int argc, char** argv) {
   flags.AddInt("metrics_port", &f.metrics_port,
                "Prometheus metrics port (0 = off, -1 = any free port)");
   flags.AddString("metrics_host", &f.metrics_host,
-                  "address the metrics endpoint listens on");
+                  "address the metrics endpoint listens on (0.0.0.0 or ::: "
+                  "every IPv4 and IPv6 address; an IPv6 address with or "
+                  "without brackets)");
   flags.AddInt("workers", &f.workers, "number of workers N");
   flags.AddInt("batch_size", &f.batch_size, "batch size per worker");
   flags.AddInt("epochs", &f.epochs, "epochs to train");

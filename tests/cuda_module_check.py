@@ -7,7 +7,8 @@
 2. libdp_cuda.so holds machine code for every GPU family CUDA 13 supports
    and PTX for the newest, read from its .nv_fatbin section.
 3. dp-worker says which backend it chose and why, and --backend=cuda that
-   cannot run is exit code 2 with the reason (where no GPU is usable).
+   cannot run here is exit code 5 with the reason (where no GPU is usable),
+   a missing module exit code 2.
 
 Usage: cuda_module_check.py --worker PATH --module PATH
 Prints one line per check and 'N passed, N failed'; exit 1 on any failure.
@@ -137,8 +138,9 @@ def main():
     if not gpu_present():
         code, out = run_worker(args.worker, "--backend=cuda",
                                f"--cuda_module={args.module}")
-        check("--backend=cuda without a GPU is exit 2 with the reason",
-              code == 2 and 'backend "cuda": ' in out, f"exit {code}")
+        check("--backend=cuda without a GPU is exit 5 (cannot run here), "
+              "with the reason",
+              code == 5 and 'backend "cuda": ' in out, f"exit {code}")
         check("--backend=auto without a GPU says why it chose the CPU",
               line is not None and line.group(1).startswith("cpu (auto: "))
     else:

@@ -9,18 +9,26 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "worker/cpu_backend.h"
+#include "worker/exit_code.h"
 
 namespace dp {
 namespace {
 
-// The CUDA module with its device opened, or why not.
+// The CUDA module with its device opened, or why not. A module that is
+// missing or does not load is the image's fault, the same on every node; no
+// driver, one too old, no GPU visible or none the module has code for is
+// this node's (CannotRunHere). The module loads without a driver: cudart
+// looks for libcuda only when first called.
 absl::Status ResolveCuda(const BackendRequest& request, CudaModule** module,
                          GpuInfo* gpu) {
   ASSIGN_OR_RETURN(*module, LoadCudaModule(request.cuda_module));
-  ASSIGN_OR_RETURN(const int count, (*module)->DeviceCount());
+  absl::StatusOr<int> count = (*module)->DeviceCount();
+  if (!count.ok()) return CannotRunHere(count.status());
   int device = request.device;
-  if (device < 0) device = request.rank % count;
-  ASSIGN_OR_RETURN(*gpu, (*module)->OpenDevice(device));
+  if (device < 0) device = request.rank % *count;
+  absl::StatusOr<GpuInfo> opened = (*module)->OpenDevice(device);
+  if (!opened.ok()) return CannotRunHere(opened.status());
+  *gpu = *opened;
   return absl::OkStatus();
 }
 
@@ -61,9 +69,11 @@ absl::StatusOr<BackendChoice> BackendChoice::Resolve(
     return choice;
   }
   if (request.name == "cuda") {
-    // Keep the code (NOT_FOUND, FAILED_PRECONDITION): both are exit code 2.
-    return absl::Status(opened.code(),
-                        absl::StrCat("backend \"cuda\": ", opened.message()));
+    // Keep the code (NOT_FOUND, FAILED_PRECONDITION: exit code 2) and
+    // whether the node is at fault (exit code 5).
+    absl::Status named(opened.code(),
+                       absl::StrCat("backend \"cuda\": ", opened.message()));
+    return IsCannotRunHere(opened) ? CannotRunHere(std::move(named)) : named;
   }
   choice.why_ = std::string(opened.message());
   return choice;

@@ -31,8 +31,10 @@ class BackendChoice {
 
   // INVALID_ARGUMENT for an unknown name or a device < -1. For "cuda",
   // FAILED_PRECONDITION (NOT_FOUND for a missing module) naming the reason
-  // it cannot run; "auto" then chooses cpu and why() says why. "auto"
-  // without a CUDA driver does not load the module at all.
+  // it cannot run, marked IsCannotRunHere (worker/exit_code.h) where the
+  // node is at fault rather than the image; "auto" then chooses cpu and
+  // why() says why. "auto" without a CUDA driver does not load the module
+  // at all.
   static absl::StatusOr<BackendChoice> Resolve(const BackendRequest& request);
 
   bool cuda() const { return module_ != nullptr; }

@@ -20,6 +20,7 @@
 #include "common/tensor_codec.h"
 #include "common/tensor_message.h"
 #include "proto/dp.grpc.pb.h"
+#include "worker/exit_code.h"
 
 namespace dp {
 
@@ -227,7 +228,7 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
     if (!gave_up) s = std::move(result);
     if (!gave_up && s.code() != absl::StatusCode::kUnavailable) return s;
     if (gave_up || absl::Now() + backoff > give_up) {
-      return absl::UnavailableError(absl::StrFormat(
+      return PsUnreachableError(absl::StrFormat(
           "dp-ps at %s is unavailable for %s after %d attempts over %s: %s "
           "(when dp-ps is up, this is also how a TLS mismatch shows: "
           "plaintext against TLS, or a certificate the other side refuses; "
