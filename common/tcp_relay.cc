@@ -117,7 +117,16 @@ void TcpRelay::Accept() {
     if (fds[1].revents != 0) break;
     if (fds[0].revents == 0) continue;
     const int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (client < 0) continue;
+    if (client < 0) {
+      // Out of descriptors (EMFILE) or memory: the connection stays in the
+      // backlog and the listener readable, so polling again at once would
+      // spin. Wait a little (or for the stop) before the next try.
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        pollfd wake{wake_fd_, POLLIN, 0};
+        if (poll(&wake, 1, 100) > 0) break;
+      }
+      continue;
+    }
     connections_.remove_if([](const std::unique_ptr<Connection>& c) {
       if (!c->done.load()) return false;
       c->thread.join();
