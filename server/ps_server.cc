@@ -159,6 +159,10 @@ absl::Status PsServer::Build() {
       service_options.restorable_steps = [this] {
         return store_->RestorableSteps();
       };
+      // Before the answer, so before any step of the new history.
+      service_options.on_rewound = [this](int64_t step) {
+        store_->Rewind(step);
+      };
     }
     service_options.restore =
         [this](int64_t step) -> absl::StatusOr<TrainingState> {

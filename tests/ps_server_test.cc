@@ -187,52 +187,137 @@ TEST(PsServerTest, ACheckpointOfAnotherShardIsRefusedNamingBoth) {
   }
 }
 
-// Rollback over gRPC: refused without a change when decided on another
-// generation or towards a step the shard cannot restore; UNIMPLEMENTED on
-// a dp-ps that is not a shard.
-TEST(PsServerTest, RollbackIsRefusedUnlessTheShardCanDoItAsDecided) {
-  PsServerOptions o = SyntheticJob(1, 3);
-  o.shards = 2;
-  o.shard = 1;
-  auto shard = PsServer::Start(o);
-  ASSERT_TRUE(shard.ok()) << shard.status();
-  auto stub = dp::v1::ParameterServer::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*shard)->port()),
-                          grpc::InsecureChannelCredentials()));
-  auto rollback = [&](int64_t step, uint64_t generation,
-                      dp::v1::RollbackResponse* response) {
+// Rollback over gRPC, as PsGroup::Register calls it.
+class ShardRollback {
+ public:
+  explicit ShardRollback(int port)
+      : stub_(dp::v1::ParameterServer::NewStub(
+            grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                grpc::InsecureChannelCredentials()))) {}
+  absl::Status Rollback(int64_t step, uint64_t generation,
+                        dp::v1::RollbackResponse* response = nullptr) {
     grpc::ClientContext ctx;
     dp::v1::RollbackRequest request;
     request.set_step(step);
     request.set_generation(generation);
-    return FromGrpcStatus(stub->Rollback(&ctx, request, response));
-  };
-  grpc::ClientContext ctx;
-  dp::v1::GetStatusResponse status;
-  ASSERT_TRUE(stub->GetStatus(&ctx, {}, &status).ok());
+    dp::v1::RollbackResponse ignored;
+    return FromGrpcStatus(stub_->Rollback(
+        &ctx, request, response != nullptr ? response : &ignored));
+  }
+  dp::v1::GetStatusResponse Status() {
+    grpc::ClientContext ctx;
+    dp::v1::GetStatusResponse status;
+    EXPECT_TRUE(stub_->GetStatus(&ctx, {}, &status).ok());
+    return status;
+  }
+
+ private:
+  std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
+};
+
+// Shard 1 of 2 of job `o` with checkpoints of `steps` in o.checkpoint_dir,
+// as if it had trained to the last of them.
+void WriteShardCheckpoints(const PsServerOptions& o,
+                           const std::vector<int64_t>& steps) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  ShardSpec spec;
+  ASSERT_TRUE(MakeShardSpec(layout, o.shards, o.shard, &spec).ok());
+  CheckpointStore store(o.checkpoint_dir, layout, 100, o.shard, o.shards);
+  ASSERT_TRUE(store.Open().ok());
+  for (int64_t step : steps) {
+    Checkpoint c{o.config, std::nullopt, {}, o.shard, o.shards};
+    c.state.step = step;
+    c.state.params.assign(spec.range.length, 0.5f * step);
+    c.state.m.assign(spec.range.length, 0.0f);
+    c.state.v.assign(spec.range.length, 0.0f);
+    ASSERT_TRUE(store.Write(c).ok());
+  }
+}
+
+PsServerOptions ShardOfTwo(const TempDir& dir) {
+  PsServerOptions o = SyntheticJob(1, 100);
+  o.shards = 2;
+  o.shard = 1;
+  o.checkpoint_dir = dir.File("ckpt");
+  return o;
+}
+
+// Rollback over gRPC: refused without a change when decided on another
+// generation or towards a step the shard cannot restore; done when decided
+// on the shard's generation; UNIMPLEMENTED on a dp-ps that is not a shard.
+TEST(PsServerTest, RollbackIsRefusedUnlessTheShardCanDoItAsDecided) {
+  TempDir dir;
+  const PsServerOptions o = ShardOfTwo(dir);
+  WriteShardCheckpoints(o, {10, 20, 30});
+  auto shard = PsServer::Start(o);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ShardRollback client((*shard)->port());
+  const dp::v1::GetStatusResponse status = client.Status();
   EXPECT_EQ(status.shard().index(), 1);
   EXPECT_EQ(status.shard().count(), 2);
   EXPECT_EQ(status.shard().offset() + status.shard().length(),
             ModelLayout::SimpleNet().num_params());
+  EXPECT_EQ(status.step(), 30);
   const uint64_t generation = status.shard().generation();
+  ASSERT_NE(generation, 0u);
   dp::v1::RollbackResponse response;
-  EXPECT_EQ(rollback(7, generation, &response).code(),
-            absl::StatusCode::kAborted);
-  EXPECT_EQ(rollback(-1, generation, &response).code(),
+  // No checkpoint of step 7; a step out of range; another generation.
+  EXPECT_EQ(client.Rollback(7, generation).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(client.Rollback(-1, generation).code(),
             absl::StatusCode::kInvalidArgument);
-  // At step 0 already: nothing to do, whatever the generation.
-  ASSERT_TRUE(rollback(0, generation, &response).ok());
-  EXPECT_EQ(response.step(), 0);
-  EXPECT_EQ(response.shard().generation(), generation);
+  const absl::Status stale = client.Rollback(20, generation + 1);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kAborted) << stale;
+  EXPECT_EQ(client.Status().step(), 30);
+  EXPECT_EQ(client.Status().shard().generation(), generation);
+  // Decided on the shard's generation: done, and a new generation.
+  const absl::Status done = client.Rollback(20, generation, &response);
+  ASSERT_TRUE(done.ok()) << done;
+  EXPECT_EQ(response.step(), 20);
+  EXPECT_NE(response.shard().generation(), generation);
+  EXPECT_EQ(client.Status().step(), 20);
+  // At the step already: nothing to do, whatever the generation.
+  const uint64_t now = response.shard().generation();
+  ASSERT_TRUE(client.Rollback(20, now + 1, &response).ok());
+  EXPECT_EQ(response.step(), 20);
+  EXPECT_EQ(response.shard().generation(), now);
   (*shard)->Stop(SIGTERM);
   EXPECT_TRUE((*shard)->Run().ok());
 
   auto single = PsServer::Start(SyntheticJob(1, 3));
   ASSERT_TRUE(single.ok()) << single.status();
-  stub = dp::v1::ParameterServer::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*single)->port()),
-                          grpc::InsecureChannelCredentials()));
-  EXPECT_EQ(rollback(0, 1, &response).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(ShardRollback((*single)->port()).Rollback(0, 1).code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+// After a rollback the checkpoints past the restored step belong to no
+// history: the shard no longer offers them, and restarted (before it wrote
+// another checkpoint) it resumes at the restored step, not in the future
+// the job left.
+TEST(PsServerTest, ARolledBackShardRestartsAtTheRestoredStep) {
+  TempDir dir;
+  const PsServerOptions o = ShardOfTwo(dir);
+  WriteShardCheckpoints(o, {10, 20, 30, 40, 50});
+  {
+    auto shard = PsServer::Start(o);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    ShardRollback client((*shard)->port());
+    const dp::v1::GetStatusResponse before = client.Status();
+    ASSERT_EQ(before.step(), 50);
+    const absl::Status rolled =
+        client.Rollback(30, before.shard().generation());
+    ASSERT_TRUE(rolled.ok()) << rolled;
+    const dp::v1::GetStatusResponse after = client.Status();
+    EXPECT_EQ(std::vector<int64_t>(after.shard().restorable_steps().begin(),
+                                   after.shard().restorable_steps().end()),
+              (std::vector<int64_t>{0, 10, 20, 30}));
+    // Gone without Run's final checkpoint, as if killed: what it left on
+    // disk decides where it resumes.
+  }
+  auto restarted = PsServer::Start(o);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ((*restarted)->coordinator().Status().step, 30);
+  (*restarted)->Stop(SIGTERM);
+  EXPECT_TRUE((*restarted)->Run().ok());
 }
 
 }  // namespace
