@@ -174,10 +174,7 @@ absl::Status PsServer::Build() {
       return std::move(c.state);
     };
     service_options.on_weights_collected = [this](int64_t step) {
-      if (coordinator_->done() && step == coordinator_->Status().step &&
-          !collected_.HasBeenNotified()) {
-        collected_.Notify();
-      }
+      NoteCollected(step);
     };
   }
   service_ = std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
@@ -292,29 +289,70 @@ absl::Status PsServer::Finish(absl::Time start) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   (void)FinalCheckpoint();  // logged; the model file below is the result
   if (sharded() && shard_.index != 0) {
-    // Shard 0 saves the model: serve until it has this shard's part.
-    if (collected_.WaitForNotificationWithTimeout(
-            options_.final_eval_timeout)) {
-      Log("shard 0 collected this shard's final weights");
-    } else {
-      Log("shard 0 did not collect this shard's final weights within %.0f s",
-          absl::ToDoubleSeconds(options_.final_eval_timeout));
-    }
+    AwaitCollection();
   } else {
-    ASSIGN_OR_RETURN(const std::vector<float> weights, FinalWeights());
-    if (!options_.save_model.empty()) {
-      if (absl::Status s =
-              SaveSafetensors(options_.save_model, layout_, weights);
-          !s.ok()) {
-        return absl::Status(
-            s.code(), absl::StrCat("cannot save the model: ", s.message()));
-      }
-      Log("saved the model to %s", options_.save_model);
-    }
+    RETURN_IF_ERROR(SaveModel());
   }
+  // Rolled back meanwhile: Run trains on, and this step is not the end.
+  if (!coordinator_->done()) return absl::OkStatus();
   // Rank 0 reports its evaluations to shard 0 only.
   const bool have_eval = shard_.index == 0 && coordinator_->AwaitFinalEval(
                                                   options_.final_eval_timeout);
+  LogSummary(seconds, have_eval);
+  return absl::OkStatus();
+}
+
+void PsServer::NoteCollected(int64_t step) {
+  const CoordinatorStatus s = coordinator_->Status();
+  if (!coordinator_->done() || step != s.step) return;
+  absl::MutexLock lock(&collection_mu_);
+  collected_generation_ = s.generation;
+}
+
+void PsServer::AwaitCollection() {
+  const absl::Time deadline = absl::Now() + options_.final_eval_timeout;
+  const uint64_t generation = coordinator_->Status().generation;
+  auto collected = [this, generation]()
+                       ABSL_SHARED_LOCKS_REQUIRED(collection_mu_) {
+                         return collected_generation_ == generation;
+                       };
+  // Woken every 100 ms to see a rollback or a stop: then the end of this
+  // history is not the job's, and Run decides what comes next.
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&collection_mu_);
+      if (collection_mu_.AwaitWithTimeout(absl::Condition(&collected),
+                                          absl::Milliseconds(100))) {
+        Log("shard 0 collected this shard's final weights");
+        return;
+      }
+    }
+    if (!coordinator_->done() || stop_signal_.load() != 0) return;
+  }
+  Log("shard 0 did not collect this shard's final weights within %.0f s",
+      absl::ToDoubleSeconds(options_.final_eval_timeout));
+}
+
+absl::Status PsServer::SaveModel() {
+  absl::StatusOr<std::vector<float>> weights = FinalWeights();
+  // Cut short by a rollback (Run trains on) or a stop (Run drains).
+  if (weights.status().code() == absl::StatusCode::kCancelled &&
+      (!coordinator_->done() || stop_signal_.load() != 0)) {
+    Log("%s", weights.status().message());
+    return stop_signal_.load() != 0 ? weights.status() : absl::OkStatus();
+  }
+  RETURN_IF_ERROR(weights.status());
+  if (options_.save_model.empty()) return absl::OkStatus();
+  if (absl::Status s = SaveSafetensors(options_.save_model, layout_, *weights);
+      !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("cannot save the model: ", s.message()));
+  }
+  Log("saved the model to %s", options_.save_model);
+  return absl::OkStatus();
+}
+
+void PsServer::LogSummary(double seconds, bool have_eval) const {
   const CoordinatorStatus s = coordinator_->Status();
   // The training rate, from the first update to the last.
   const double train_seconds =
@@ -343,7 +381,6 @@ absl::Status PsServer::Finish(absl::Time start) {
     Log("no final test accuracy from rank 0 within %.0f s",
         absl::ToDoubleSeconds(options_.final_eval_timeout));
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> PsServer::FinalWeights() {
@@ -351,6 +388,9 @@ absl::StatusOr<std::vector<float>> PsServer::FinalWeights() {
   if (!sharded()) return own.params;
   GatherOptions gather = options_.gather;
   gather.timeout = options_.final_eval_timeout;
+  gather.keep_going = [this] {
+    return coordinator_->done() && stop_signal_.load() == 0;
+  };
   absl::StatusOr<std::vector<float>> all = GatherShards(
       gather, layout_, shard_.count, own.step, shard_.index, own.params);
   if (!all.ok()) {
@@ -385,6 +425,13 @@ absl::StatusOr<PsServer::Outcome> PsServer::Run() {
       return Outcome::kStopped;
     }
     finished = Finish(start);
+    if (finished.code() == absl::StatusCode::kCancelled &&
+        stop_signal_.load() != 0) {
+      // Stopped while collecting the model: the final checkpoint is
+      // written, and a restart collects it again.
+      ShutdownServers(absl::Seconds(2));
+      return Outcome::kStopped;
+    }
     // A shard that finished can still be rolled back, when another shard
     // restarts from an older checkpoint before the end: it trains on.
     if (!finished.ok() || coordinator_->done() || stop_signal_.load() != 0) {

@@ -14,8 +14,11 @@
 #include "common/file_util.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
+#include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
+#include "server/shard_gather.h"
+#include "tests/job_runner.h"
 #include "tests/subprocess.h"
 #include "worker/ps_group.h"
 #include "worker/trainer.h"
@@ -204,6 +207,14 @@ class ShardRollback {
     return FromGrpcStatus(stub_->Rollback(
         &ctx, request, response != nullptr ? response : &ignored));
   }
+  // What shard 0 says once it has this shard's final weights of `step`.
+  void Collected(int64_t step) {
+    grpc::ClientContext ctx;
+    dp::v1::GetStatusRequest request;
+    request.set_collected(step);
+    dp::v1::GetStatusResponse status;
+    EXPECT_TRUE(stub_->GetStatus(&ctx, request, &status).ok());
+  }
   dp::v1::GetStatusResponse Status() {
     grpc::ClientContext ctx;
     dp::v1::GetStatusResponse status;
@@ -215,6 +226,22 @@ class ShardRollback {
   std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
 };
 
+// The data every in-process shard's job trains on.
+const DataFingerprint kShardData{1000, 0x5eed};
+
+// Applies the steps of a one-worker job up to `to` on one shard, as rank 0
+// pushing zero gradients (every shard's update is its own: the others need
+// not be there).
+void TrainShard(StepCoordinator& c, int64_t to) {
+  const ParamRange range = c.shard().range;
+  ASSERT_TRUE(c.Register(0, c.layout().Fingerprint(), kShardData).ok());
+  const std::string zeros(range.length * sizeof(float), '\0');
+  for (int64_t step = c.Status().step; step < to; ++step) {
+    const auto pushed = c.Push(0, step, range.offset, zeros, 1.0f);
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+  }
+}
+
 // Shard 1 of 2 of job `o` with checkpoints of `steps` in o.checkpoint_dir,
 // as if it had trained to the last of them.
 void WriteShardCheckpoints(const PsServerOptions& o,
@@ -225,7 +252,7 @@ void WriteShardCheckpoints(const PsServerOptions& o,
   CheckpointStore store(o.checkpoint_dir, layout, 100, o.shard, o.shards);
   ASSERT_TRUE(store.Open().ok());
   for (int64_t step : steps) {
-    Checkpoint c{o.config, std::nullopt, {}, o.shard, o.shards};
+    Checkpoint c{o.config, kShardData, {}, o.shard, o.shards};
     c.state.step = step;
     c.state.params.assign(spec.range.length, 0.5f * step);
     c.state.m.assign(spec.range.length, 0.0f);
@@ -234,13 +261,28 @@ void WriteShardCheckpoints(const PsServerOptions& o,
   }
 }
 
-PsServerOptions ShardOfTwo(const TempDir& dir) {
-  PsServerOptions o = SyntheticJob(1, 100);
+PsServerOptions ShardOfTwo(const TempDir& dir, int shard = 1,
+                           int64_t max_steps = 100) {
+  PsServerOptions o = SyntheticJob(1, max_steps);
   o.shards = 2;
-  o.shard = 1;
-  o.checkpoint_dir = dir.File("ckpt");
+  o.shard = shard;
+  o.checkpoint_dir = dir.File(absl::StrCat("ckpt", shard));
+  o.checkpoint_every = 1000;  // only the ones the test writes, and the last
   return o;
 }
+
+// Run() in a thread; `returned` once it has.
+struct Running {
+  explicit Running(PsServer* server)
+      : thread([this, server] {
+          outcome = server->Run();
+          returned.Notify();
+        }) {}
+  ~Running() { thread.join(); }
+  absl::StatusOr<PsServer::Outcome> outcome;
+  absl::Notification returned;
+  std::thread thread;
+};
 
 // Rollback over gRPC: refused without a change when decided on another
 // generation or towards a step the shard cannot restore; done when decided
@@ -318,6 +360,74 @@ TEST(PsServerTest, ARolledBackShardRestartsAtTheRestoredStep) {
   EXPECT_EQ((*restarted)->coordinator().Status().step, 30);
   (*restarted)->Stop(SIGTERM);
   EXPECT_TRUE((*restarted)->Run().ok());
+}
+
+// A shard collected at the end, then rolled back (another shard restarted
+// from an older checkpoint) reaches the end again: it serves until shard 0
+// has collected that end too, not only the first.
+TEST(PsServerTest, AShardRolledBackAfterItsCollectionServesTheNewEnd) {
+  TempDir dir;
+  PsServerOptions o = ShardOfTwo(dir, 1, 30);
+  WriteShardCheckpoints(o, {20, 30});
+  auto shard = PsServer::Start(o);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_TRUE((*shard)->coordinator().done());
+  ShardRollback client((*shard)->port());
+  client.Collected(30);
+  const absl::Status rolled =
+      client.Rollback(20, client.Status().shard().generation());
+  ASSERT_TRUE(rolled.ok()) << rolled;
+  Running run(shard->get());
+  TrainShard((*shard)->coordinator(), 30);
+  // The checkpoint of step 30 went with the rollback; Finish writes it.
+  ASSERT_TRUE(WaitForFile(o.checkpoint_dir + "/" + CheckpointFileName(30),
+                          absl::Seconds(30)));
+  EXPECT_FALSE(run.returned.WaitForNotificationWithTimeout(absl::Seconds(1)))
+      << "the shard ended before shard 0 collected its new end";
+  GatherOptions gather;
+  gather.addresses = {absl::StrCat("127.0.0.1:", (*shard)->port())};
+  gather.timeout = absl::Seconds(10);
+  const ParamRange own = ShardRanges(ModelLayout::SimpleNet(), 2)[0];
+  const auto all = GatherShards(gather, ModelLayout::SimpleNet(), 2, 30, 0,
+                                std::vector<float>(own.length, 0.0f));
+  EXPECT_TRUE(all.ok()) << all.status();
+  ASSERT_TRUE(run.returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(run.outcome.ok()) << run.outcome.status();
+  EXPECT_EQ(*run.outcome, PsServer::Outcome::kFinished);
+}
+
+// The last step half applied: shard 0 is at the end, shard 1 waits for a
+// worker that comes back later than --final_eval_timeout_s. Shard 0 waits
+// for it (shard 1 answers all along) and saves the model.
+TEST(PsServerTest, Shard0SavesTheModelWhenAWorkerIsLateForTheLastStep) {
+  TempDir dir;
+  PsServerOptions o1 = ShardOfTwo(dir, 1, 30);
+  o1.final_eval_timeout = absl::Seconds(1);
+  WriteShardCheckpoints(o1, {29});
+  auto shard1 = PsServer::Start(o1);
+  ASSERT_TRUE(shard1.ok()) << shard1.status();
+  PsServerOptions o0 = ShardOfTwo(dir, 0, 30);
+  o0.final_eval_timeout = absl::Seconds(1);
+  o0.save_model = dir.File("model.safetensors");
+  o0.gather.addresses = {absl::StrCat("127.0.0.1:", (*shard1)->port())};
+  WriteShardCheckpoints(o0, {30});
+  auto shard0 = PsServer::Start(o0);
+  ASSERT_TRUE(shard0.ok()) << shard0.status();
+  Running run0(shard0->get());
+  Running run1(shard1->get());
+  // The worker is away for more than twice --final_eval_timeout_s.
+  EXPECT_FALSE(run0.returned.WaitForNotificationWithTimeout(absl::Seconds(3)))
+      << (run0.outcome.ok() ? "" : run0.outcome.status().ToString());
+  TrainShard((*shard1)->coordinator(), 30);
+  ASSERT_TRUE(run0.returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(run0.outcome.ok()) << run0.outcome.status();
+  EXPECT_EQ(*run0.outcome, PsServer::Outcome::kFinished);
+  const auto saved = LoadSafetensors(o0.save_model, ModelLayout::SimpleNet());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const ParamRange r1 = ShardRanges(ModelLayout::SimpleNet(), 2)[1];
+  EXPECT_EQ((*saved)[r1.offset], 0.5f * 29);  // shard 1's, zero gradients
+  ASSERT_TRUE(run1.returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(run1.outcome.ok()) << run1.outcome.status();
 }
 
 }  // namespace
