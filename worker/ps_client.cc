@@ -191,6 +191,23 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The worker never cancels its own calls, so a CANCELLED comes from dp-ps:
+// a draining dp-ps (SIGTERM, a Kubernetes eviction) cancels the calls still
+// in flight when its grace period ends, including one that a retry after
+// "dp-ps is shutting down" sent to it again. It is the same event as that
+// UNAVAILABLE, and is retried the same way: a worker that exited on it
+// would be a failed pod, charged to the Job's backoffLimit.
+absl::Status DrainAsUnavailable(absl::Status s) {
+  if (s.code() != absl::StatusCode::kCancelled) return s;
+  return absl::UnavailableError(
+      absl::StrCat("dp-ps cancelled the call, as it does when it shuts down (",
+                   s.message(), ")"));
+}
+
+}  // namespace
+
 template <typename Call>
 absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
                                  Call call) {
@@ -212,7 +229,7 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
     }
     context.set_deadline(absl::ToChronoTime(deadline));
     AttachToken(options_.auth_token, &context);
-    absl::Status result = FromGrpcStatus(call(&context));
+    absl::Status result = DrainAsUnavailable(FromGrpcStatus(call(&context)));
     const bool gave_up = attempt > 1 &&
                          result.code() == absl::StatusCode::kDeadlineExceeded &&
                          absl::Now() >= give_up;
