@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/cpu_quota.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -39,11 +40,12 @@ ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
 }
 
 // Workers wait while the update runs, so its threads take no CPU from them;
-// beyond 4 the update is bound by memory, not cores.
+// beyond 4 the update is bound by memory, not cores. In a container the
+// CPUs are its CPU limit, not the node's: more threads than that only wait
+// for the quota.
 int UpdateThreads(int asked) {
   if (asked > 0) return asked;
-  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1,
-                    4);
+  return std::clamp(UsableCpus(), 1, 4);
 }
 
 }  // namespace

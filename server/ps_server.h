@@ -53,8 +53,8 @@ struct PsServerOptions {
   int keep_checkpoints = 3;
   absl::Duration worker_timeout = absl::Seconds(10);
   bool fail_on_worker_loss = false;  // else wait for the rank to come back
-  int update_threads = 0;            // 0: one per core, at most 4
-  bool exit_when_done = true;        // false: serve until Stop()
+  int update_threads = 0;  // 0: one per usable core (cgroup limit), at most 4
+  bool exit_when_done = true;  // false: serve until Stop()
   // Offer workers on this host (this network namespace) their tensors
   // through shared memory.
   bool shared_memory = true;
