@@ -73,8 +73,16 @@ TEST(PsServerTest, AJobRunsToItsEndAndSavesTheModel) {
   EXPECT_TRUE(w0.ok()) << w0;
   EXPECT_TRUE(w1.ok()) << w1;
   EXPECT_EQ((*server)->coordinator().Status().step, 6);
-  EXPECT_TRUE(std::filesystem::exists(o.save_model));
-  EXPECT_TRUE(std::filesystem::exists(o.checkpoint_dir));
+  // The model is the final weights; the newest checkpoint is of the end.
+  const auto saved = LoadSafetensors(o.save_model, ModelLayout::SimpleNet());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_TRUE(*saved == (*server)->coordinator().Snapshot().params);
+  CheckpointStore store(o.checkpoint_dir, ModelLayout::SimpleNet(), 3);
+  ASSERT_TRUE(store.Open().ok());
+  const std::optional<Checkpoint> newest = store.LoadNewest();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->state.step, 6);
+  EXPECT_TRUE(newest->state.params == *saved);
 }
 
 TEST(PsServerTest, StopBeforeTheEndCheckpointsAndReturnsStopped) {
@@ -360,6 +368,46 @@ TEST(PsServerTest, ARolledBackShardRestartsAtTheRestoredStep) {
   EXPECT_EQ((*restarted)->coordinator().Status().step, 30);
   (*restarted)->Stop(SIGTERM);
   EXPECT_TRUE((*restarted)->Run().ok());
+}
+
+// The shards disagree on who pushed step 0 (a worker killed between its
+// pushes to the two): a waiting worker is told every rank that any shard
+// still lacks, not only shard 0's.
+TEST(PsServerTest, TheRanksAWorkerWaitsForAreThoseAnyShardLacks) {
+  TempDir dir;
+  std::vector<std::unique_ptr<PsServer>> shards;
+  for (int k : {1, 0}) {
+    PsServerOptions o = ShardOfTwo(dir, k, 30);
+    o.config.schedule.world_size = 3;
+    o.checkpoint_dir.clear();
+    if (k == 0) {
+      o.gather.addresses = {absl::StrCat("127.0.0.1:", shards[0]->port())};
+    }
+    auto shard = PsServer::Start(o);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    shards.insert(shards.begin(), *std::move(shard));
+  }
+  // Shard 0 has the pushes of ranks 0 and 1, shard 1 only rank 0's.
+  for (int k : {0, 1}) {
+    StepCoordinator& c = shards[k]->coordinator();
+    const ParamRange range = c.shard().range;
+    const std::string zeros(range.length * sizeof(float), '\0');
+    for (int rank = 0; rank < 3; ++rank) {
+      ASSERT_TRUE(c.Register(rank, c.layout().Fingerprint(), kShardData).ok());
+    }
+    for (int rank : k == 0 ? std::vector<int>{0, 1} : std::vector<int>{0}) {
+      ASSERT_TRUE(c.Push(rank, 0, range.offset, zeros, 1.0f).ok());
+    }
+  }
+  PsClientOptions options;
+  options.retry_for = absl::Seconds(1);
+  PsGroup group({absl::StrCat("127.0.0.1:", shards[0]->port()),
+                 absl::StrCat("127.0.0.1:", shards[1]->port())},
+                options);
+  const absl::StatusOr<std::vector<int>> lacking = group.Unpushed(0, 3);
+  ASSERT_TRUE(lacking.ok()) << lacking.status();
+  EXPECT_EQ(*lacking, (std::vector<int>{1, 2}));
+  for (auto& shard : shards) shard->Stop(SIGTERM);
 }
 
 // A shard collected at the end, then rolled back (another shard restarted

@@ -55,6 +55,25 @@ int64_t CommonStep(const std::vector<JobStatus>& shards, int64_t limit) {
 
 }  // namespace
 
+std::vector<std::string> ShardsOfResolvedName(
+    const std::string& entry, const std::string& port,
+    const std::vector<ResolvedAddress>& resolved) {
+  // One list per family: "localhost" is 127.0.0.1 and ::1, one dp-ps.
+  std::vector<std::string> v4, v6;
+  for (const ResolvedAddress& a : resolved) {
+    std::vector<std::string>& family = a.ipv6 ? v6 : v4;
+    const std::string address = a.ipv6
+                                    ? absl::StrCat("ipv6:[", a.ip, "]:", port)
+                                    : absl::StrCat("ipv4:", a.ip, ":", port);
+    if (std::find(family.begin(), family.end(), address) == family.end()) {
+      family.push_back(address);
+    }
+  }
+  if (v4.size() > 1) return v4;
+  if (v6.size() > 1) return v6;
+  return {entry};
+}
+
 std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
   std::vector<std::string> list;
   for (absl::string_view entry :
@@ -77,26 +96,17 @@ std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
   if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) {
     return list;  // the channel reports what is wrong, with retries
   }
-  // One list per family: "localhost" is 127.0.0.1 and ::1, one dp-ps.
-  std::vector<std::string> v4, v6;
+  std::vector<ResolvedAddress> resolved;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     char ip[NI_MAXHOST];
     if (getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), nullptr, 0,
                     NI_NUMERICHOST) != 0) {
       continue;
     }
-    std::vector<std::string>& family = a->ai_family == AF_INET6 ? v6 : v4;
-    const std::string address = a->ai_family == AF_INET6
-                                    ? absl::StrCat("ipv6:[", ip, "]:", port)
-                                    : absl::StrCat("ipv4:", ip, ":", port);
-    if (std::find(family.begin(), family.end(), address) == family.end()) {
-      family.push_back(address);
-    }
+    resolved.push_back({a->ai_family == AF_INET6, ip});
   }
   freeaddrinfo(found);
-  if (v4.size() > 1) return v4;
-  if (v6.size() > 1) return v6;
-  return list;
+  return ShardsOfResolvedName(entry, port, resolved);
 }
 
 PsGroup::PsGroup(std::vector<std::string> addresses,

@@ -27,6 +27,18 @@ namespace dp {
 // ::1) stays a name.
 std::vector<std::string> ExpandPsAddresses(const std::string& flag);
 
+// One address a name resolved to (numeric).
+struct ResolvedAddress {
+  bool ipv6 = false;
+  std::string ip;
+};
+// The dp-ps that `entry` (host:port) names, from the addresses its host
+// resolved to: when one family has several, each is a shard ("ipv4:a:port",
+// IPv4 first); otherwise `entry` is one dp-ps.
+std::vector<std::string> ShardsOfResolvedName(
+    const std::string& entry, const std::string& port,
+    const std::vector<ResolvedAddress>& resolved);
+
 class PsGroup {
  public:
   // options.address is ignored: one client per entry of `addresses`.
