@@ -91,28 +91,40 @@ absl::Status PsServer::Build() {
   }
   RETURN_IF_ERROR(CheckShardAddresses(shard_.count, shard_.index,
                                       o.gather.addresses.size()));
-  std::optional<Checkpoint> resumed;
-  if (!o.checkpoint_dir.empty()) {
-    store_ = std::make_unique<CheckpointStore>(o.checkpoint_dir, layout_,
-                                               o.keep_checkpoints, shard_.index,
-                                               shard_.count);
-    RETURN_IF_ERROR(store_->Open());
-    resumed = store_->LoadNewest();
-    if (resumed.has_value()) {
-      if (absl::Status s = CheckResumable(resumed->config, o.config); !s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat(o.checkpoint_dir, ": ", s.message()));
-      }
-      if (resumed->shard_index != shard_.index ||
-          resumed->shard_count != shard_.count) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "%s: the checkpoint of step %d holds shard %d of %d; this dp-ps "
-            "is shard %d of %d (--shard, --shards)",
-            o.checkpoint_dir, resumed->state.step, resumed->shard_index,
-            resumed->shard_count, shard_.index, shard_.count));
-      }
-    }
+  ASSIGN_OR_RETURN(std::optional<Checkpoint> resumed, OpenCheckpoints());
+  RETURN_IF_ERROR(MakeCoordinator(std::move(resumed)));
+  StartSharedPlane();
+  service_ = std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
+                                         ServiceOptions());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Checkpoint>> PsServer::OpenCheckpoints() {
+  const PsServerOptions& o = options_;
+  if (o.checkpoint_dir.empty()) return std::nullopt;
+  store_ = std::make_unique<CheckpointStore>(o.checkpoint_dir, layout_,
+                                             o.keep_checkpoints, shard_.index,
+                                             shard_.count);
+  RETURN_IF_ERROR(store_->Open());
+  std::optional<Checkpoint> resumed = store_->LoadNewest();
+  if (!resumed.has_value()) return std::nullopt;
+  if (absl::Status s = CheckResumable(resumed->config, o.config); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat(o.checkpoint_dir, ": ", s.message()));
   }
+  if (resumed->shard_index != shard_.index ||
+      resumed->shard_count != shard_.count) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: the checkpoint of step %d holds shard %d of %d; this dp-ps "
+        "is shard %d of %d (--shard, --shards)",
+        o.checkpoint_dir, resumed->state.step, resumed->shard_index,
+        resumed->shard_count, shard_.index, shard_.count));
+  }
+  return resumed;
+}
+
+absl::Status PsServer::MakeCoordinator(std::optional<Checkpoint> resumed) {
+  const PsServerOptions& o = options_;
   TrainingState state;
   if (resumed.has_value()) {
     state = resumed->state;
@@ -122,7 +134,6 @@ absl::Status PsServer::Build() {
     ASSIGN_OR_RETURN(state, InitialState());
     if (!o.init_model.empty()) Log("initial weights from %s", o.init_model);
   }
-
   metrics_ = std::make_unique<ServerMetrics>(o.config.schedule.world_size,
                                              shard_.index);
   const int threads = UpdateThreads(o.update_threads);
@@ -145,43 +156,45 @@ absl::Status PsServer::Build() {
                                     std::move(s), shard_.index, shard_.count});
     });
   }
-  if (o.shared_memory) {
-    absl::StatusOr<std::unique_ptr<SharedPlane>> shared =
-        SharedPlane::Start(o.config.schedule.world_size, shard_.range.length,
-                           o.config.grad_encoding, o.config.weight_encoding);
-    if (shared.ok()) {
-      shared_ = *std::move(shared);
-    } else {  // workers use gRPC
-      Log("no shared memory for workers: %s", shared.status().message());
-    }
-  }
-  PsServiceOptions service_options{o.security.auth_token, shared_.get()};
-  if (sharded()) {
-    if (store_ != nullptr) {
-      service_options.restorable_steps = [this] {
-        return store_->RestorableSteps();
-      };
-      // Before the answer, so before any step of the new history.
-      service_options.on_rewound = [this](int64_t step) {
-        store_->Rewind(step);
-      };
-    }
-    service_options.restore =
-        [this](int64_t step) -> absl::StatusOr<TrainingState> {
-      if (step == 0) return InitialState();
-      if (store_ == nullptr) {
-        return absl::FailedPreconditionError("no --checkpoint_dir");
-      }
-      ASSIGN_OR_RETURN(Checkpoint c, store_->Load(step));
-      return std::move(c.state);
-    };
-    service_options.on_weights_collected = [this](int64_t step) {
-      NoteCollected(step);
-    };
-  }
-  service_ = std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
-                                         service_options);
   return absl::OkStatus();
+}
+
+void PsServer::StartSharedPlane() {
+  const PsServerOptions& o = options_;
+  if (!o.shared_memory) return;
+  absl::StatusOr<std::unique_ptr<SharedPlane>> shared =
+      SharedPlane::Start(o.config.schedule.world_size, shard_.range.length,
+                         o.config.grad_encoding, o.config.weight_encoding);
+  if (shared.ok()) {
+    shared_ = *std::move(shared);
+  } else {  // workers use gRPC
+    Log("no shared memory for workers: %s", shared.status().message());
+  }
+}
+
+PsServiceOptions PsServer::ServiceOptions() {
+  PsServiceOptions service_options{options_.security.auth_token, shared_.get()};
+  if (!sharded()) return service_options;
+  if (store_ != nullptr) {
+    service_options.restorable_steps = [this] {
+      return store_->RestorableSteps();
+    };
+    // Before the answer, so before any step of the new history.
+    service_options.on_rewound = [this](int64_t step) { store_->Rewind(step); };
+  }
+  service_options.restore =
+      [this](int64_t step) -> absl::StatusOr<TrainingState> {
+    if (step == 0) return InitialState();
+    if (store_ == nullptr) {
+      return absl::FailedPreconditionError("no --checkpoint_dir");
+    }
+    ASSIGN_OR_RETURN(Checkpoint c, store_->Load(step));
+    return std::move(c.state);
+  };
+  service_options.on_weights_collected = [this](int64_t step) {
+    NoteCollected(step);
+  };
+  return service_options;
 }
 
 absl::Status PsServer::Serve() {

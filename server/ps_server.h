@@ -37,6 +37,7 @@ class Server;
 namespace dp {
 
 class PsService;
+struct PsServiceOptions;
 
 struct PsServerOptions {
   std::string host = "0.0.0.0";
@@ -104,7 +105,19 @@ class PsServer {
 
  private:
   explicit PsServer(PsServerOptions options);
-  absl::Status Build();  // Start's work
+  // Start's work, in the steps below.
+  absl::Status Build();
+  // Opens --checkpoint_dir (if set): the newest checkpoint, when this job
+  // may resume from it; errors name the directory.
+  absl::StatusOr<std::optional<Checkpoint>> OpenCheckpoints();
+  // The coordinator at the resumed or initial state, its metrics, and the
+  // checkpoint hook.
+  absl::Status MakeCoordinator(std::optional<Checkpoint> resumed);
+  // Shared memory for workers on this host; without it (logged) they use
+  // gRPC.
+  void StartSharedPlane();
+  // What the service may call back: a shard's rollback and collection.
+  PsServiceOptions ServiceOptions();
   absl::Status Serve();  // gRPC, health, metrics
   void SetReady(bool ready);
   // The final checkpoint: the last applied step (after Shutdown or Fail

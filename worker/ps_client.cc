@@ -44,8 +44,8 @@ constexpr char kPullMethod[] = "/dp.v1.ParameterServer/Pull";
 constexpr char kPushMethod[] = "/dp.v1.ParameterServer/Push";
 constexpr char kPushPullMethod[] = "/dp.v1.ParameterServer/PushPull";
 
-ShardState ShardOf(const dp::v1::ShardInfo& info, int64_t step,
-                   int64_t num_params) {
+ShardState ShardStateFromProto(const dp::v1::ShardInfo& info, int64_t step,
+                               int64_t num_params) {
   ShardState s;
   s.spec.index = info.index();
   s.spec.count = std::max(info.count(), 1);
@@ -60,12 +60,13 @@ ShardState ShardOf(const dp::v1::ShardInfo& info, int64_t step,
   return s;
 }
 
-JobStatus StatusOf(const dp::v1::JobConfig& config, int64_t step,
-                   const dp::v1::ShardInfo& shard, int64_t num_params) {
+JobStatus JobStatusFromProto(const dp::v1::JobConfig& config, int64_t step,
+                             const dp::v1::ShardInfo& shard,
+                             int64_t num_params) {
   JobStatus status;
   status.config = FromProto(config);
   status.step = step;
-  status.shard = ShardOf(shard, step, num_params);
+  status.shard = ShardStateFromProto(shard, step, num_params);
   return status;
 }
 
@@ -264,8 +265,8 @@ absl::StatusOr<JobStatus> PsClient::GetStatus() {
       "GetStatus", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->GetStatus(c, request, &response);
       }));
-  JobStatus status = StatusOf(response.config(), response.step(),
-                              response.shard(), num_params_);
+  JobStatus status = JobStatusFromProto(response.config(), response.step(),
+                                        response.shard(), num_params_);
   status.pushed_ranks.assign(response.pushed_ranks().begin(),
                              response.pushed_ranks().end());
   return status;
@@ -285,8 +286,8 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
         return rpc_->stub->Register(c, request, &response);
       }));
   num_params_ = response.num_params();
-  JobStatus status = StatusOf(response.config(), response.step(),
-                              response.shard(), num_params_);
+  JobStatus status = JobStatusFromProto(response.config(), response.step(),
+                                        response.shard(), num_params_);
   shard_ = status.shard.spec;
   // The regions of a previous registration are dropped: dp-ps gave this
   // registration a new slot, and reads the old one no more.
@@ -349,7 +350,7 @@ absl::StatusOr<ShardState> PsClient::Rollback(int64_t step,
       WithRetry("Rollback", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->Rollback(c, request, &response);
       }));
-  return ShardOf(response.shard(), response.step(), num_params_);
+  return ShardStateFromProto(response.shard(), response.step(), num_params_);
 }
 
 absl::Status PsClient::Pull(int rank, std::optional<int64_t> version,

@@ -76,6 +76,9 @@ class PsGroup {
   // One round of Register: the statuses by shard index.
   absl::StatusOr<std::vector<JobStatus>> RegisterAll(
       const Registration& registration);
+  // Rolls every shard not at `target` back to it, on the generation it
+  // answered in `all` (by shard index).
+  absl::Status RollBack(const std::vector<JobStatus>& all, int64_t target);
   PsClient& shard(int k) { return *clients_[order_[k]]; }
 
   const int64_t num_params_;                        // of the whole model
