@@ -1,4 +1,5 @@
-// Command-line flags with an environment fallback, as README.md specifies:
+// Command-line flags with an environment fallback, as docs/command-line.md
+// specifies:
 // `--name=value` or `--name value` on the command line; otherwise DP_<NAME>
 // (upper case) from the environment, or extra environment names given per
 // flag (e.g. RANK, JOB_COMPLETION_INDEX); flags win over the environment.
@@ -15,7 +16,7 @@
 
 namespace dp {
 
-// Process exit codes shared by dp-ps and dp-worker (documented in README).
+// Process exit codes shared by dp-ps and dp-worker (docs/command-line.md).
 inline constexpr int kExitOk = 0;           // training finished
 inline constexpr int kExitFailure = 1;      // runtime failure
 inline constexpr int kExitConfigError = 2;  // bad flags or configuration

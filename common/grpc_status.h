@@ -14,8 +14,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // dp-ps ended the job (e.g. --on_worker_loss=fail): FAILED_PRECONDITION,
 // "the job failed: <reason>". Every later request gets it too. Of the codes
-// the README documents, FAILED_PRECONDITION is the one that says "the server
-// is not in a state to do this, and asking again will not change that":
+// docs/protocol.md documents, FAILED_PRECONDITION is the one that says "the
+// server is not in a state to do this, and asking again will not change that":
 // ABORTED would make workers re-sync, UNAVAILABLE retry, and CANCELLED is
 // what a client's own cancellation looks like (and is not counted as a
 // rejection). The message prefix tells it from the other

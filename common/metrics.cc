@@ -109,7 +109,18 @@ class Metrics::ScrapeHook final : public prometheus::Collectable {
     before_scrape_ = std::move(f);
   }
 
+  // A scrape: the exposer calls this for every GET /metrics.
   std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families = Refresh();
+    absl::MutexLock lock(&mu_);
+    ++scrapes_;
+    previous_scrape_ = last_scrape_;
+    last_scrape_ = absl::Now();
+    return families;
+  }
+
+  // The families as they are now, hooks run.
+  std::vector<prometheus::MetricFamily> Refresh() const {
     owner_->BeforeScrape();
     std::function<void()> before;
     {
@@ -120,11 +131,31 @@ class Metrics::ScrapeHook final : public prometheus::Collectable {
     return registry_->Collect();
   }
 
+  bool AwaitNextScrape(absl::Duration cap) const {
+    absl::MutexLock lock(&mu_);
+    if (scrapes_ < 2) return false;  // no regular scraper to wait for
+    const absl::Duration wait = std::min(
+        cap, (last_scrape_ - previous_scrape_) * 1.5 + absl::Seconds(1));
+    const NextScrape next{this, scrapes_};
+    return mu_.AwaitWithTimeout(absl::Condition(&next), wait);
+  }
+
  private:
+  struct NextScrape {
+    const ScrapeHook* hook;
+    int64_t seen;
+    bool operator()() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(hook->mu_) {
+      return hook->scrapes_ > seen;
+    }
+  };
+
   Metrics* const owner_;
   const std::shared_ptr<Registry> registry_;
   mutable absl::Mutex mu_;
   std::function<void()> before_scrape_ ABSL_GUARDED_BY(mu_);
+  mutable int64_t scrapes_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::Time last_scrape_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Time previous_scrape_ ABSL_GUARDED_BY(mu_);
 };
 
 MetricsEndpoint::MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer,
@@ -246,7 +277,11 @@ void Metrics::AddReceivedBytes(int64_t bytes) {
 }
 
 std::string Metrics::Text() {
-  return prometheus::TextSerializer().Serialize(hook_->Collect());
+  return prometheus::TextSerializer().Serialize(hook_->Refresh());
+}
+
+bool Metrics::AwaitNextScrape(absl::Duration cap) {
+  return hook_->AwaitNextScrape(cap);
 }
 
 }  // namespace dp

@@ -1,6 +1,6 @@
 // The metrics registry both roles build on (ServerMetrics in
 // server/server_metrics.h, WorkerMetrics in worker/worker_metrics.h), and its
-// HTTP exposition; the README's "Monitoring" table lists every name.
+// HTTP exposition; the table in docs/monitoring.md lists every name.
 // Conventions: prefix dp_, base units (seconds, bytes), counters end in _total,
 // and the only labels are role ("ps" | "worker"), rank (workers, and dp-ps's
 // per-rank series) and shard (every dp-ps series: which range of the
@@ -86,8 +86,16 @@ class Metrics {
   void AddSentBytes(int64_t bytes);
   void AddReceivedBytes(int64_t bytes);
 
-  // The exposition text a scrape would return now (tests, debugging).
+  // The exposition text a scrape would return now (tests, debugging); not
+  // counted as a scrape.
   std::string Text();
+
+  // Waits until the endpoint has served one more scrape, so that what was
+  // set before the call reaches whoever scrapes (a job's final step and
+  // accuracy, before the process exits). Waits only for a regular scraper:
+  // after two scrapes at least, for at most 1.5 times the last interval
+  // between two plus 1 s, and never longer than `cap`. True when one came.
+  bool AwaitNextScrape(absl::Duration cap);
 
  protected:
   // role "ps" or "worker"; rank < 0 means no rank label, shard < 0 no shard

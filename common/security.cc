@@ -284,7 +284,7 @@ std::optional<std::string> PlaintextWarning(absl::string_view host,
   if (security.tls || IsLoopbackHost(host)) return std::nullopt;
   return absl::StrFormat(
       "warning: listening on %s without TLS: anyone who can reach this port "
-      "can read the weights%s; see README, Security (--tls_cert, --tls_key, "
+      "can read the weights%s; see docs/security.md (--tls_cert, --tls_key, "
       "--tls_ca)",
       host,
       security.auth_token.empty() ? " and push gradients"

@@ -82,6 +82,9 @@ metrics_flags() {  # the metrics flags of dp-ps (offset 0) or worker r (1+r)
   echo "--metrics_host=127.0.0.1 --metrics_port=$((metrics_port + $1))"
 }
 
+# The log exists before dp-ps starts: tee creates it only once it runs, and
+# the poll below must not read a file that is not there yet.
+: >"$run_dir/dp-ps.log"
 measured dp-ps "$BIN/server/dp-ps" --host=127.0.0.1 --port=0 --workers="$workers" \
   $(metrics_flags 0) "${ps_args[@]}" > >(tee "$run_dir/dp-ps.log") 2>&1 &
 ps_pid=$!

@@ -455,6 +455,11 @@ absl::StatusOr<PsServer::Outcome> PsServer::Run() {
     Log("rolled back to step %d after the end; training on",
         coordinator_->Status().step);
   }
+  if (finished.ok() && options_.exit_when_done && metrics_endpoint_) {
+    // How the job ended (its last step, the final accuracy) reaches a
+    // Prometheus that scrapes dp-ps before it exits; 30 s at most.
+    metrics_->AwaitNextScrape(absl::Seconds(30));
+  }
   if (finished.ok() && !options_.exit_when_done) {
     Log("serving the final weights and status until SIGTERM");
     stopped_.WaitForNotification();

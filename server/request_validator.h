@@ -9,7 +9,7 @@
 // dp.v1 have no repeated fields; the size of a whole message is bounded by
 // gRPC (RESOURCE_EXHAUSTED).
 //
-// Codes follow README.md: INVALID_ARGUMENT for malformed values,
+// Codes follow docs/protocol.md: INVALID_ARGUMENT for malformed values,
 // FAILED_PRECONDITION for a different model.
 #ifndef DP_SERVER_REQUEST_VALIDATOR_H_
 #define DP_SERVER_REQUEST_VALIDATOR_H_

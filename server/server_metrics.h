@@ -1,5 +1,5 @@
 // What dp-ps exports to Prometheus: training progress, workers, rejections,
-// update and barrier times (README, "Monitoring").
+// update and barrier times (docs/monitoring.md).
 #ifndef DP_SERVER_SERVER_METRICS_H_
 #define DP_SERVER_SERVER_METRICS_H_
 

@@ -4,7 +4,7 @@
 // requests onto these calls.
 //
 // Every method validates its request completely before touching state, so a
-// rejected request changes nothing. Status codes follow README.md:
+// rejected request changes nothing. Status codes follow docs/protocol.md:
 // INVALID_ARGUMENT (sizes, non-finite values, rank), FAILED_PRECONDITION
 // (fingerprints, not registered), ABORTED (stale or future step),
 // UNAVAILABLE (shutting down).

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -41,7 +42,7 @@ std::map<std::string, std::string> Types(const std::string& text) {
   return types;
 }
 
-// Checks the conventions README's Monitoring section promises.
+// Checks the conventions docs/monitoring.md promises.
 void ExpectPrometheusNaming(const std::string& text) {
   const auto types = Types(text);
   ASSERT_FALSE(types.empty()) << text;
@@ -258,6 +259,36 @@ TEST(MetricsTest, AnyFreePortServesMetricsOverHttpAndRunsTheScrapeHook) {
   // Destroying the endpoint closes the port.
   endpoint->reset();
   EXPECT_FALSE(HttpGet("127.0.0.1", port, "/metrics").ok());
+}
+
+TEST(MetricsTest, AwaitNextScrapeWaitsOnlyForARegularScraper) {
+  ServerMetrics m(2);
+  auto endpoint = m.Serve("127.0.0.1", kMetricsAnyPort);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  // Nobody scrapes yet (Text() is no scrape): nothing to wait for.
+  (void)m.Text();
+  const absl::Time t0 = absl::Now();
+  EXPECT_FALSE(m.AwaitNextScrape(absl::Seconds(30)));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  // Two scrapes 0.2 s apart: a regular scraper, the next one is awaited.
+  ASSERT_TRUE(HttpGet("127.0.0.1", port, "/metrics").ok());
+  absl::SleepFor(absl::Milliseconds(200));  // the scraper's interval
+  ASSERT_TRUE(HttpGet("127.0.0.1", port, "/metrics").ok());
+  std::atomic<bool> stop{false};
+  std::thread scraper([&] {  // scrapes on, every 0.1 s
+    while (!stop.load()) {
+      (void)HttpGet("127.0.0.1", port, "/metrics");
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  EXPECT_TRUE(m.AwaitNextScrape(absl::Seconds(30)));
+  stop = true;
+  scraper.join();
+  // No further scrape: the wait ends after 1.5 intervals + 1 s, not the cap.
+  const absl::Time t1 = absl::Now();
+  EXPECT_FALSE(m.AwaitNextScrape(absl::Seconds(30)));
+  EXPECT_LT(absl::Now() - t1, absl::Seconds(5));
 }
 
 TEST(MetricsTest, BusyPortIsUnavailableNamingTheAddressAndDoesNotThrow) {

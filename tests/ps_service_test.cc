@@ -1,5 +1,5 @@
 // Bad requests through real gRPC on loopback: each gets the status code of
-// README.md and leaves weights, Adam state and step bitwise unchanged.
+// docs/protocol.md and leaves weights, Adam state and step bitwise unchanged.
 #include "server/ps_service.h"
 
 #include <grpcpp/grpcpp.h>

@@ -1,5 +1,5 @@
 // What a dp-worker exports to Prometheus: its step, compute and call times,
-// samples, local loss, waits, re-syncs and backend (README, "Monitoring").
+// samples, local loss, waits, re-syncs and backend (docs/monitoring.md).
 #ifndef DP_WORKER_WORKER_METRICS_H_
 #define DP_WORKER_WORKER_METRICS_H_
 

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # dp-ps: built on Debian 12 (the project's platform), run on debian:12-slim
 # with only the shared libraries it links, as a non-root user.
 # From the repository root:

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # dp-worker, two images from one file, both run as a non-root user with
 # Debian's Fashion-MNIST at the default --data_dir:
 #   cpu  debian:12-slim with dp-worker and exactly the Debian packages of

@@ -247,6 +247,10 @@ function checkCommon(name, buildDir, pods, target) {
   }
 
   const context = [];
+  // A `# syntax=` directive makes BuildKit pull that frontend image from a
+  // registry before it reads the file: an air-gapped builder cannot.
+  const directive = /^#\s*syntax\s*=.*$/m.exec(fs.readFileSync(file, "utf8"));
+  if (directive) context.push(`"${directive[0]}" pulls a frontend image at build time`);
   let sent;
   try {
     sent = parseDockerignore(`${file}.dockerignore`);

@@ -32,7 +32,7 @@ const { ruleGroups } = require("./render-prometheus-rule.js");
 const HERE = __dirname;
 const REPO = path.resolve(HERE, "../..");
 const K8S = path.join(REPO, "deploy/k8s");
-// The oldest Kubernetes the manifests are for (README, "Deploy on
+// The oldest Kubernetes the manifests are for (docs/deploying.md, "Deploy on
 // Kubernetes"); its API is the kubernetes-types package of that version.
 const MIN_KUBERNETES = "1.29";
 // Rendered variants: a kustomize directory, or a kustomization written for
@@ -49,8 +49,8 @@ const TARGETS = {
     resources: ["overlays/jobset"],
     components: ["components/tls", "components/cert-manager", "components/workers"],
   },
-  // S = 3 as README tells: DP_SHARDS alone (DP_SHARD_ADDRESSES names the
-  // pods by {shard}), then the component that copies S (the shipped
+  // S = 3 as docs/deploying.md tells: DP_SHARDS alone (DP_SHARD_ADDRESSES
+  // names the pods by {shard}), then the component that copies S (the shipped
   // overlays run one shard).
   "overlays/tls, 3 shards": {
     resources: ["overlays/tls"],

@@ -355,8 +355,25 @@ def run(args, tmp, processes):
             raise Failure(f"{p.name} did not finish in time\n{p.tail()}")
         if code != 0:
             raise Failure(f"{p.name} exited with {code}\n{p.tail()}")
-    print(f"[{time.monotonic() - start:5.1f}s] job finished: "
-          + shard0.wait_for_line(r"final test accuracy: .*", deadline)[0])
+    final = shard0.wait_for_line(r"final test accuracy: ([0-9.]+)", deadline)
+    print(f"[{time.monotonic() - start:5.1f}s] job finished: {final[0]}")
+
+    # 7b. How the job ended reached Prometheus before dp-ps exited: its last
+    #     scrape holds the last step and the final accuracy it logged.
+    def last(expr):
+        r = api.query(f"last_over_time({expr}[10m])")
+        return float(r[0]["value"][1]) if len(r) == 1 else None
+
+    step = last('dp_training_step{role="ps",shard="0"}')
+    planned = last('dp_training_planned_steps{role="ps",shard="0"}')
+    accuracy = last('dp_test_accuracy{role="ps",shard="0"}')
+    print(f"last scraped: step {step} of {planned}, accuracy {accuracy}")
+    if step is None or step != planned:
+        raise Failure(f"the last scraped step is {step}, not the job's last "
+                      f"({planned}): dp-ps exited before a scrape of its end")
+    if accuracy is None or abs(accuracy - float(final[1])) > 5e-5:
+        raise Failure(f"the last scraped accuracy is {accuracy}, dp-ps "
+                      f"reported {final[1]}: its final value was never scraped")
 
     # 8. The loss as scraped: several samples, falling.
     def loss_samples():
