@@ -600,6 +600,39 @@ TEST(CudaBackendTest, GraphsAndEagerLaunchesGiveBitwiseIdenticalGradients) {
   }
 }
 
+// The paths a training run takes besides one batch size replayed: an
+// evaluation between replays (it writes the inputs and activations the
+// graph reads), and more batch sizes than graphs are kept for (the eager
+// path for the rest). Each step's gradient must be the eager backend's.
+TEST(CudaBackendTest, EvaluationsAndManyBatchSizesBetweenReplaysChangeNothing) {
+  SKIP_WITHOUT_GPU();
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> params = InitParams(layout, 12);
+  auto graphs = MakeCuda(layout, 256, /*graphs=*/true);
+  auto eager = MakeCuda(layout, 256, /*graphs=*/false);
+  ASSERT_TRUE(graphs && eager);
+  ASSERT_TRUE(graphs->SetWeights(params).ok());
+  ASSERT_TRUE(eager->SetWeights(params).ok());
+  const Batch eval = DrawBatch(layout, params, 200, 8800);
+  // 12 sizes, each three times: more than the graphs kept (8).
+  for (int round = 0; round < 3; ++round) {
+    for (int B = 16; B <= 256; B += 20) {
+      SCOPED_TRACE(absl::StrCat("round ", round, ", B=", B));
+      const Batch batch = DrawBatch(layout, params, B, 8000 + B);
+      float loss_g, loss_e;
+      const std::vector<float> g =
+          Gradient(graphs.get(), layout, batch, &loss_g);
+      const std::vector<float> e =
+          Gradient(eager.get(), layout, batch, &loss_e);
+      EXPECT_EQ(std::memcmp(&loss_g, &loss_e, sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(g.data(), e.data(), g.size() * sizeof(float)), 0);
+      auto evaluated = graphs->Evaluate(eval.x, eval.labels);
+      ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+      EXPECT_EQ(evaluated->count, 200);
+    }
+  }
+}
+
 // A capture that fails (as a call that may not be captured makes it) costs
 // no step: that step and the later ones launch one by one, with the same
 // gradients as graphs would give, and no capture is tried again.
