@@ -149,6 +149,7 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       shared_(options.shared_memory),
       restorable_steps_(options.restorable_steps),
       restore_(options.restore),
+      on_rewound_(options.on_rewound),
       on_weights_collected_(options.on_weights_collected) {}
 
 void PsService::DescribeShard(const CoordinatorStatus& s,
@@ -436,6 +437,7 @@ ServerUnaryReactor* PsService::Rollback(CallbackServerContext* ctx,
         !s.ok()) {
       return FinishCall(ctx, s);
     }
+    if (on_rewound_) on_rewound_(step);
   }
   const CoordinatorStatus after = coordinator_->Status();
   response->set_step(after.step);

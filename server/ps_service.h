@@ -27,6 +27,8 @@ struct PsServiceOptions {
   // restorable, and Rollback is UNIMPLEMENTED.
   std::function<std::vector<int64_t>()> restorable_steps;
   std::function<absl::StatusOr<TrainingState>(int64_t step)> restore;
+  // Called once the coordinator went back to `step`, before the answer.
+  std::function<void(int64_t step)> on_rewound;
   // Called when shard 0 says it has collected this shard's weights of
   // `step` (GetStatus with `collected`).
   std::function<void(int64_t step)> on_weights_collected;
@@ -165,6 +167,7 @@ class PsService final : public ParameterServerBase {
   SharedPlane* const shared_;
   const std::function<std::vector<int64_t>()> restorable_steps_;
   const std::function<absl::StatusOr<TrainingState>(int64_t)> restore_;
+  const std::function<void(int64_t)> on_rewound_;
   const std::function<void(int64_t)> on_weights_collected_;
 };
 

@@ -45,8 +45,8 @@ constexpr char kPullMethod[] = "/dp.v1.ParameterServer/Pull";
 constexpr char kPushMethod[] = "/dp.v1.ParameterServer/Push";
 constexpr char kPushPullMethod[] = "/dp.v1.ParameterServer/PushPull";
 
-ShardState ShardOf(const dp::v1::ShardInfo& info, int64_t step,
-                   int64_t num_params) {
+ShardState ShardStateFromProto(const dp::v1::ShardInfo& info, int64_t step,
+                               int64_t num_params) {
   ShardState s;
   s.spec.index = info.index();
   s.spec.count = std::max(info.count(), 1);
@@ -61,12 +61,13 @@ ShardState ShardOf(const dp::v1::ShardInfo& info, int64_t step,
   return s;
 }
 
-JobStatus StatusOf(const dp::v1::JobConfig& config, int64_t step,
-                   const dp::v1::ShardInfo& shard, int64_t num_params) {
+JobStatus JobStatusFromProto(const dp::v1::JobConfig& config, int64_t step,
+                             const dp::v1::ShardInfo& shard,
+                             int64_t num_params) {
   JobStatus status;
   status.config = FromProto(config);
   status.step = step;
-  status.shard = ShardOf(shard, step, num_params);
+  status.shard = ShardStateFromProto(shard, step, num_params);
   return status;
 }
 
@@ -199,6 +200,23 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The worker never cancels its own calls, so a CANCELLED comes from dp-ps:
+// a draining dp-ps (SIGTERM, a Kubernetes eviction) cancels the calls still
+// in flight when its grace period ends, including one that a retry after
+// "dp-ps is shutting down" sent to it again. It is the same event as that
+// UNAVAILABLE, and is retried the same way: a worker that exited on it
+// would be a failed pod, charged to the Job's backoffLimit.
+absl::Status DrainAsUnavailable(absl::Status s) {
+  if (s.code() != absl::StatusCode::kCancelled) return s;
+  return absl::UnavailableError(
+      absl::StrCat("dp-ps cancelled the call, as it does when it shuts down (",
+                   s.message(), ")"));
+}
+
+}  // namespace
+
 template <typename Call>
 absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
                                  Call call) {
@@ -220,7 +238,7 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
     }
     context.set_deadline(absl::ToChronoTime(deadline));
     AttachToken(options_.auth_token, &context);
-    absl::Status result = FromGrpcStatus(call(&context));
+    absl::Status result = DrainAsUnavailable(FromGrpcStatus(call(&context)));
     const bool gave_up = attempt > 1 &&
                          result.code() == absl::StatusCode::kDeadlineExceeded &&
                          absl::Now() >= give_up;
@@ -255,8 +273,8 @@ absl::StatusOr<JobStatus> PsClient::GetStatus() {
       "GetStatus", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->GetStatus(c, request, &response);
       }));
-  JobStatus status = StatusOf(response.config(), response.step(),
-                              response.shard(), num_params_);
+  JobStatus status = JobStatusFromProto(response.config(), response.step(),
+                                        response.shard(), num_params_);
   status.pushed_ranks.assign(response.pushed_ranks().begin(),
                              response.pushed_ranks().end());
   return status;
@@ -276,8 +294,8 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
         return rpc_->stub->Register(c, request, &response);
       }));
   num_params_ = response.num_params();
-  JobStatus status = StatusOf(response.config(), response.step(),
-                              response.shard(), num_params_);
+  JobStatus status = JobStatusFromProto(response.config(), response.step(),
+                                        response.shard(), num_params_);
   shard_ = status.shard.spec;
   // The regions of a previous registration are dropped: dp-ps gave this
   // registration a new slot, and reads the old one no more.
@@ -337,7 +355,7 @@ absl::StatusOr<ShardState> PsClient::Rollback(int64_t step,
       WithRetry("Rollback", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->Rollback(c, request, &response);
       }));
-  return ShardOf(response.shard(), response.step(), num_params_);
+  return ShardStateFromProto(response.shard(), response.step(), num_params_);
 }
 
 absl::Status PsClient::Pull(int rank, std::optional<int64_t> version,

@@ -1,7 +1,8 @@
 // The worker's view of dp-ps: one method per RPC in plain C++ types (the
 // dp.v1 messages stay inside ps_client.cc), every call with a deadline,
-// UNAVAILABLE retried with exponential backoff and jitter (dp-ps starting or
-// restarting), errors as absl::Status with the server's message.
+// UNAVAILABLE (dp-ps starting or restarting) and a call cancelled by dp-ps
+// (draining) retried with exponential backoff and jitter, errors as
+// absl::Status with the server's message.
 #ifndef DP_WORKER_PS_CLIENT_H_
 #define DP_WORKER_PS_CLIENT_H_
 
@@ -139,7 +140,8 @@ class PsClient {
 
  private:
   // Runs `call(context)` with a fresh context and deadline until it returns
-  // anything but UNAVAILABLE or retry_for has passed.
+  // anything but UNAVAILABLE or CANCELLED (which it returns as UNAVAILABLE),
+  // or retry_for has passed.
   template <typename Call>
   absl::Status WithRetry(const char* what, absl::Duration timeout, Call call);
 
