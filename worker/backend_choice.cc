@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "worker/cpu_backend.h"
 #include "worker/exit_code.h"
+#include "worker/null_backend.h"
 
 namespace dp {
 namespace {
@@ -35,7 +36,7 @@ absl::Status ResolveCuda(const BackendRequest& request, CudaModule** module,
 }  // namespace
 
 absl::Status CheckBackendName(absl::string_view name) {
-  if (name == "cpu" || name == "cuda" || name == "auto") {
+  if (name == "cpu" || name == "cuda" || name == "auto" || name == "null") {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
@@ -53,6 +54,10 @@ absl::StatusOr<BackendChoice> BackendChoice::Resolve(
   }
   BackendChoice choice;
   if (request.name == "cpu") return choice;
+  if (request.name == "null") {
+    choice.null_ = true;
+    return choice;
+  }
   // auto on a host without a driver: the CPU, without loading the module.
   if (request.name == "auto") {
     if (absl::Status driver = CudaDriverPresent(); !driver.ok()) {
@@ -80,6 +85,7 @@ absl::StatusOr<BackendChoice> BackendChoice::Resolve(
 }
 
 std::string BackendChoice::Describe() const {
+  if (null_) return "null (benchmarks only: no arithmetic)";
   if (!cuda()) {
     return why_.empty() ? "cpu" : absl::StrCat("cpu (auto: ", why_, ")");
   }
@@ -96,6 +102,7 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendChoice::Create(
     options.device = gpu_.device;
     return module_->CreateBackend(layout, options);
   }
+  if (null_) return std::unique_ptr<Backend>(new NullBackend(layout, options));
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu,
                    CpuBackend::Create(layout, options));
   return std::unique_ptr<Backend>(std::move(cpu));

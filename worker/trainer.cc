@@ -82,6 +82,14 @@ absl::Status Trainer::Load() {
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank %d is out of range: the job has %d workers", rank, s.world_size));
   }
+  // Fixed gradients would silently wreck a real model: the benchmark backend
+  // joins only jobs on the synthetic data, which train nothing anyone keeps.
+  if (options_.backend.null() && loaded_.dataset != "synthetic") {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the null backend is for benchmarks (it computes no gradient) and "
+        "joins only --dataset=synthetic jobs; this one trains %s",
+        loaded_.dataset));
+  }
   ASSIGN_OR_RETURN(train_, LoadDataset(loaded_.dataset, options_.data_dir,
                                        s.seed, Split::kTrain));
   if (rank == 0) {
