@@ -163,13 +163,16 @@ void WorkersRideOutRepeatedDrains(const std::string& data_plane) {
     ps = StartServer(flags, &again, port);
     ASSERT_EQ(again, port) << ps->output();
   }
-  // Every worker is still in the job: none exited on a drain.
+  // Every worker is still in the job: none exited on a drain, and both
+  // still make steps. (They are killed, not stopped: two workers stopped
+  // together may stop a step apart, one then waiting at the barrier for a
+  // push that never comes, which is what --stop_timeout_s bounds and not
+  // what this test is about.)
   ASSERT_TRUE(WaitForStep(port, step + 20, kStartTimeout)) << ps->output();
-  w0->Signal(SIGTERM);
-  w1->Signal(SIGTERM);
-  EXPECT_EQ(w0->Wait(kStopDeadline), kExitInterrupted) << w0->output();
-  EXPECT_EQ(w1->Wait(kStopDeadline), kExitInterrupted) << w1->output();
-  for (const auto* w : {w0.get(), w1.get()}) {
+  for (Subprocess* w : {w0.get(), w1.get()}) {
+    EXPECT_FALSE(w->Wait(absl::ZeroDuration()).has_value()) << w->output();
+    w->Signal(SIGKILL);
+    EXPECT_EQ(w->Wait(kStopDeadline), 128 + SIGKILL) << w->output();
     EXPECT_EQ(w->output().find("error:"), std::string::npos) << w->output();
   }
   ps->Signal(SIGTERM);
