@@ -4,7 +4,8 @@
 # and the libFuzzer target: it runs every test except the whole-job training
 # tests (6 minutes under ASan instead of 1; they pass there too), and the
 # fuzzer for DP_FUZZ_SECONDS (45) from its seed corpus. DP_SKIP_SANITIZE=1
-# skips it.
+# skips it. Between the two, scripts/container-check.sh builds the container
+# images and runs a job in them (DP_SKIP_CONTAINERS=1 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -16,6 +17,12 @@ scripts/setup.sh
 # links no CUDA library. The sanitizer build below is the CPU-only build.
 scripts/build.sh
 (cd build && ctest --output-on-failure --timeout 900 -j 2 "$@")
+# The images built and run as a user would, with the manifests' settings
+# (docs/deploying.md); a few minutes once Podman's cache holds the bases.
+# DP_SKIP_CONTAINERS=1 skips it.
+if [ "${DP_SKIP_CONTAINERS:-0}" != 1 ]; then
+  scripts/container-check.sh build
+fi
 
 if [ "${DP_SKIP_SANITIZE:-0}" = 1 ]; then
   exit 0
