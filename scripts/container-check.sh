@@ -95,14 +95,15 @@ short-name-mode = "permissive"
 EOF
 
 # What docs/deploying.md calls `docker`. Builds use the host's network to
-# reach the package mirror.
+# reach the package mirror. Podman's --read-only also mounts tmpfs on /run,
+# /var/tmp and /tmp, Docker's does not (nor does Kubernetes's
+# readOnlyRootFilesystem): a container gets only what the command mounts.
 docker() {
-  if [ "$1" = build ]; then
-    shift
-    podman build --network=host "$@"
-  else
-    podman "$@"
-  fi
+  case "$1" in
+    build) shift; podman build --network=host "$@" ;;
+    run) shift; podman run --read-only-tmpfs=false "$@" ;;
+    *) podman "$@" ;;
+  esac
 }
 
 # ---------------------------------------------------------------- cleanup
@@ -280,6 +281,10 @@ poll() {  # poll SECONDS WHAT COMMAND...: until COMMAND succeeds
   local deadline=$(($(date +%s) + seconds))
   shift 2
   until "$@" >"$tmp/poll.out" 2>&1; do
+    local failed
+    failed=$(podman ps -a --filter status=exited --format '{{.Names}} {{.ExitCode}}' |
+             awk '$2 != 0 { printf "%s exited %s; ", $1, $2 }')
+    [ -z "$failed" ] || fail "$what: ${failed%; }"
     if [ "$(date +%s)" -ge "$deadline" ]; then
       fail "$what: still not after $seconds s: $(tail -3 "$tmp/poll.out")"
     fi
@@ -305,7 +310,8 @@ probes_answer() {  # probes_answer CONTAINER: every gRPC probe of its manifest
   done <"$tmp/probes.${1%-[0-9]*}"
 }
 metrics_answer() {  # metrics_answer CONTAINER PORT PATTERN
-  curl -sf "http://$(ip_of "$1"):$2/metrics" | grep -q "$3"
+  local text
+  text=$(curl -sf "http://$(ip_of "$1"):$2/metrics") && grep -q "$3" <<<"$text"
 }
 exit_code() { podman inspect -f '{{.State.ExitCode}}' "$1"; }
 
@@ -350,7 +356,8 @@ job() {
     local code
     code=$(exit_code "$c")
     [ "$code" = 0 ] || fail "$1: $c exited $code"
-    podman logs "$c" 2>&1 | grep -q 'tensors through gRPC' ||
+    # (grep -q in a pipe would end the pipe early: pipefail then fails it.)
+    grep -q 'tensors through gRPC' <<<"$(podman logs "$c" 2>&1)" ||
       fail "$c does not say it sent its tensors through gRPC"
   done
   [ -s "$dir/simplenet.safetensors" ] || fail "$1: no model copied from the state volume"
