@@ -1,12 +1,17 @@
 // Round-trip cost of the dp.v1 calls over loopback gRPC with SimpleNet-sized
 // tensors: Pull, Push, PushPull (world size 1, so no waiting for peers), and
 // the server-side update alone. Prints medians; asserts nothing.
+// --update_only[=T]: only the update alone for N = 1, 2, 4, 8 with T threads
+// (dp-ps's --update_threads), one "N ms" line each: the floor that
+// scripts/perf-null.sh sets the null-compute steps against.
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -30,6 +35,41 @@ double MedianMs(int repeats, int iters, F f) {
   return ms[ms.size() / 2];
 }
 
+// The average of n SimpleNet gradients + one Adam step, as dp-ps runs it.
+class UpdateAlone {
+ public:
+  explicit UpdateAlone(const AdamOptions& adam)
+      : adam_(adam),
+        grads_(8, std::vector<float>(ModelLayout::SimpleNet().num_params(),
+                                     1e-3f)),
+        p_(InitParams(ModelLayout::SimpleNet(), 0)),
+        m_(p_.size()),
+        v_(p_.size()) {}
+  void Run(int n, WorkerPool* threads) {
+    std::vector<const float*> grads;
+    for (int r = 0; r < n; ++r) grads.push_back(grads_[r].data());
+    AverageAndAdamStep(adam_, 1, grads, p_.size(), p_.data(), m_.data(),
+                       v_.data(), threads);
+  }
+
+ private:
+  const AdamOptions adam_;
+  std::vector<std::vector<float>> grads_;  // (8, num_params), rank r's
+  std::vector<float> p_, m_, v_;
+};
+
+int UpdateOnly(int threads) {
+  UpdateAlone update(JobConfig().adam);
+  std::unique_ptr<WorkerPool> pool;
+  if (threads > 1) pool = std::make_unique<WorkerPool>(threads);
+  for (int n : {1, 2, 4, 8}) {
+    update.Run(n, pool.get());  // first touch outside the timing
+    std::printf("%d %.4f\n", n,
+                MedianMs(7, 50, [&] { update.Run(n, pool.get()); }));
+  }
+  return 0;
+}
+
 int Main() {
   const ModelLayout layout = ModelLayout::SimpleNet();
   JobConfig config;
@@ -50,13 +90,14 @@ int Main() {
       absl::StrCat("127.0.0.1:", running->port),
       grpc::InsecureChannelCredentials(),
       ClientChannelArguments(options.max_message_bytes)));
-  if (!coordinator.Register(0, layout.Fingerprint(), {1000000, 1}).ok()) return 1;
+  if (!coordinator.Register(0, layout.Fingerprint(), {1000000, 1}).ok())
+    return 1;
 
   std::vector<float> grad(layout.num_params(), 1e-3f);
   dp::v1::PushRequest push;
   push.set_rank(0);
-  push.set_gradient(std::string(reinterpret_cast<const char*>(grad.data()),
-                                grad.size() * 4));
+  push.set_gradient(
+      std::string(reinterpret_cast<const char*>(grad.data()), grad.size() * 4));
   int64_t step = 0;
   dp::v1::PullRequest pull_req;
   dp::v1::PullResponse pull_resp;
@@ -83,23 +124,20 @@ int Main() {
   };
   // The server update alone: average of N gradients + Adam, N = 1, 2, 4, 8,
   // on the calling thread only and with a pool of 2 threads.
-  std::vector<std::vector<float>> rank_grads(8, grad);
-  std::vector<float> p = state.params, m(p.size()), v(p.size());
+  UpdateAlone update_alone(config.adam);
   WorkerPool two_threads(2);
   auto apply = [&](int n, WorkerPool* threads) {
-    std::vector<const float*> grads;
-    for (int r = 0; r < n; ++r) grads.push_back(rank_grads[r].data());
-    return [&, grads, threads] {
-      AverageAndAdamStep(config.adam, 1, grads, p.size(), p.data(), m.data(),
-                         v.data(), threads);
-    };
+    return [&, n, threads] { update_alone.Run(n, threads); };
   };
   for (int i = 0; i < 20; ++i) push_pull();
   std::printf("%-34s %10s\n", "operation (SimpleNet, 0.94 MB)", "median ms");
-  std::printf("%-34s %10.3f\n", "GetStatus (empty round trip)", MedianMs(7, 50, status));
+  std::printf("%-34s %10.3f\n", "GetStatus (empty round trip)",
+              MedianMs(7, 50, status));
   std::printf("%-34s %10.3f\n", "Pull", MedianMs(7, 50, pull));
-  std::printf("%-34s %10.3f\n", "Push (+ apply, N=1)", MedianMs(7, 50, push_only));
-  std::printf("%-34s %10.3f\n", "PushPull (+ apply, N=1)", MedianMs(7, 50, push_pull));
+  std::printf("%-34s %10.3f\n", "Push (+ apply, N=1)",
+              MedianMs(7, 50, push_only));
+  std::printf("%-34s %10.3f\n", "PushPull (+ apply, N=1)",
+              MedianMs(7, 50, push_pull));
   WorkerPool* const calling_thread_only = nullptr;
   for (WorkerPool* threads : {calling_thread_only, &two_threads}) {
     for (int n : {1, 2, 4, 8}) {
@@ -133,7 +171,15 @@ int Main() {
 }  // namespace
 }  // namespace dp
 
-int main() {
+int main(int argc, char** argv) {
   dp::KeepLargeBuffersInHeap();
+  if (argc == 2 && std::strncmp(argv[1], "--update_only", 13) == 0) {
+    const char* threads = argv[1] + 13;
+    return dp::UpdateOnly(*threads == '=' ? std::atoi(threads + 1) : 1);
+  }
+  if (argc > 1) {
+    std::fprintf(stderr, "usage: exchange_bench [--update_only[=THREADS]]\n");
+    return 2;
+  }
   return dp::Main();
 }

@@ -17,11 +17,19 @@
 namespace dp {
 
 // Process exit codes shared by dp-ps and dp-worker (docs/command-line.md).
+// Each outcome that a Kubernetes Job should treat differently has its own
+// (deploy/k8s: podFailurePolicy).
 inline constexpr int kExitOk = 0;           // training finished
 inline constexpr int kExitFailure = 1;      // runtime failure
 inline constexpr int kExitConfigError = 2;  // bad flags or configuration
 inline constexpr int kExitInterrupted =
     3;  // stopped by a signal before the end
+// dp-worker: no dp-ps answered for --retry_for_s (an outage of dp-ps, not
+// the worker's fault; a TLS mismatch looks the same from here).
+inline constexpr int kExitPsUnreachable = 4;
+// dp-worker: this node cannot run the chosen backend (no CUDA driver, one
+// too old, no GPU visible, no kernel image for its GPU); another node may.
+inline constexpr int kExitCannotRunHere = 5;
 
 class Flags {
  public:

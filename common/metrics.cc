@@ -15,9 +15,12 @@
 #include <limits>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "common/tcp_relay.h"
 
 namespace dp {
 namespace {
@@ -159,10 +162,11 @@ class Metrics::ScrapeHook final : public prometheus::Collectable {
 };
 
 MetricsEndpoint::MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer,
-                                 int port)
-    : exposer_(std::move(exposer)), port_(port) {}
+                                 std::unique_ptr<TcpRelay> ipv6, int port)
+    : exposer_(std::move(exposer)), ipv6_(std::move(ipv6)), port_(port) {}
 
-MetricsEndpoint::~MetricsEndpoint() = default;
+// The relay first: it connects to the exposer.
+MetricsEndpoint::~MetricsEndpoint() { ipv6_.reset(); }
 
 Metrics::Metrics(const std::string& role, int rank, int shard)
     : registry_(std::make_shared<Registry>()),
@@ -243,29 +247,58 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Metrics::Serve(
   if (port == kMetricsOff) {
     return absl::InvalidArgumentError("metrics are off (--metrics_port=0)");
   }
-  const std::string address =
-      absl::StrFormat("%s:%d", host, port == kMetricsAnyPort ? 0 : port);
+  const int wanted = port == kMetricsAnyPort ? 0 : port;
+  // civetweb listens on IPv4 only (common/tcp_relay.h): an IPv6 address is
+  // served by a relay to civetweb on the loopback, a wildcard by civetweb
+  // on every IPv4 address plus a relay on every IPv6 one, on its port.
+  const std::string ipv6_host(
+      absl::StripSuffix(absl::StripPrefix(host, "["), "]"));
+  const bool wildcard = host == "0.0.0.0" || ipv6_host == "::";
+  const bool ipv6 = absl::StrContains(ipv6_host, ':');
+  const std::string address = absl::StrCat(
+      ipv6 ? absl::StrCat("[", ipv6_host, "]") : host, ":", wanted);
   const auto cannot_listen = [&](absl::string_view why) {
     return absl::UnavailableError(absl::StrFormat(
         "cannot serve metrics on %s: the port is in use or the address is "
-        "not a local IPv4 address or host name (%s)",
+        "not a local address or host name (%s)",
         address, why));
   };
   if (host.empty()) return cannot_listen("empty --metrics_host");
+  const bool ipv6_only = ipv6 && !wildcard;
+  const std::string civetweb_address =
+      wildcard    ? absl::StrCat("0.0.0.0:", wanted)
+      : ipv6_only ? std::string("127.0.0.1:0")
+                  : absl::StrCat(host, ":", wanted);
   std::unique_ptr<prometheus::Exposer> exposer;
   // prometheus-cpp reports a failed bind by throwing; nothing else here does.
   try {
-    exposer = std::make_unique<prometheus::Exposer>(address,
+    exposer = std::make_unique<prometheus::Exposer>(civetweb_address,
                                                     /*num_threads=*/2);
   } catch (const std::exception& e) {
     return cannot_listen(e.what());
   }
   const std::vector<int> ports = exposer->GetListeningPorts();
   if (ports.empty() || ports[0] <= 0) return cannot_listen("no port bound");
+  int served_port = ports[0];
+  std::unique_ptr<TcpRelay> relay;
+  if (wildcard || ipv6_only) {
+    absl::StatusOr<std::unique_ptr<TcpRelay>> started = TcpRelay::Start(
+        wildcard ? "::" : ipv6_host, wildcard ? served_port : wanted, ports[0]);
+    // A wildcard on a host without IPv6 serves IPv4 alone.
+    const bool no_ipv6 =
+        started.status().code() == absl::StatusCode::kFailedPrecondition;
+    if (!started.ok() && !(wildcard && no_ipv6)) {
+      return cannot_listen(started.status().message());
+    }
+    if (started.ok()) {
+      relay = std::move(*started);
+      served_port = relay->port();
+    }
+  }
   hook_->SetBeforeScrape(std::move(before_scrape));
   exposer->RegisterCollectable(hook_);
   return std::unique_ptr<MetricsEndpoint>(
-      new MetricsEndpoint(std::move(exposer), ports[0]));
+      new MetricsEndpoint(std::move(exposer), std::move(relay), served_port));
 }
 
 void Metrics::AddSentBytes(int64_t bytes) {

@@ -39,6 +39,10 @@ class Family;
 }  // namespace prometheus
 
 namespace dp {
+class TcpRelay;
+}  // namespace dp
+
+namespace dp {
 
 // --metrics_port values: 0 turns metrics off, -1 picks any free port (tests,
 // several processes on one machine), else the port itself.
@@ -54,12 +58,17 @@ absl::Status ValidateMetricsPort(int port);
 class MetricsEndpoint {
  public:
   ~MetricsEndpoint();
+  // The port scrapers connect to (IPv4 and IPv6 alike).
   int port() const { return port_; }
 
  private:
   friend class Metrics;
-  MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer, int port);
+  MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer,
+                  std::unique_ptr<TcpRelay> ipv6, int port);
   std::unique_ptr<prometheus::Exposer> exposer_;
+  // IPv6 clients reach exposer_ through it (see common/tcp_relay.h); null
+  // when the address is IPv4 or the host has no IPv6.
+  std::unique_ptr<TcpRelay> ipv6_;
   int port_;
 };
 
@@ -75,8 +84,12 @@ class Metrics {
   // `before_scrape` (may be empty) runs on the HTTP thread at the start of
   // every scrape, so gauges that mirror state kept elsewhere are current; the
   // endpoint must be destroyed before whatever it reads. port -1 picks a free
-  // one (see MetricsEndpoint::port). UNAVAILABLE naming host:port when it
-  // cannot listen (port in use, address not local or not IPv4).
+  // one (see MetricsEndpoint::port). host is a name or address of this
+  // machine, an IPv6 literal with or without brackets, or a wildcard:
+  // "0.0.0.0" and "::" both listen on every IPv4 and IPv6 address, on the
+  // same port, as gRPC does for dp-ps's --host (IPv4 only where the host has
+  // no IPv6). UNAVAILABLE naming host:port when it cannot listen (port in
+  // use, address not local).
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Serve(
       const std::string& host, int port,
       std::function<void()> before_scrape = nullptr);

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -18,7 +20,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/log.h"
+#include "absl/time/clock.h"
 
 namespace dp {
 namespace {
@@ -46,7 +48,10 @@ WeightsHeader* HeaderOf(const SharedRegion& region) {
 }
 
 constexpr size_t kTicketBytes = 16;  // 128 random bits, hex on the wire
+constexpr size_t kTicketChars = 2 * kTicketBytes;
 constexpr int kMaxFds = 4;
+// Handovers served at once; more wait in the listen backlog.
+constexpr size_t kMaxConnections = 64;
 
 std::string RandomHex(size_t bytes) {
   std::string raw(bytes, '\0');
@@ -58,6 +63,15 @@ std::string RandomHex(size_t bytes) {
   return absl::BytesToHexString(raw);
 }
 
+// Compares in time independent of where the strings differ: a ticket
+// cannot be guessed a character at a time.
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
 // The address of `name` in the abstract namespace (leading NUL).
 socklen_t AbstractAddress(const std::string& name, sockaddr_un* addr) {
   std::memset(addr, 0, sizeof(*addr));
@@ -67,46 +81,81 @@ socklen_t AbstractAddress(const std::string& name, sockaddr_un* addr) {
                                 name.size());
 }
 
-void SetTimeout(int fd, int option, int seconds) {
-  timeval tv{seconds, 0};
+void SetTimeout(int fd, int option, absl::Duration timeout) {
+  timeval tv = absl::ToTimeval(timeout);
   setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
 }
 
-bool ReadFully(int fd, char* out, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = read(fd, out + got, n - got);
-    if (r > 0) {
-      got += static_cast<size_t>(r);
-    } else if (r < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
+void CloseAll(const std::vector<int>& fds) {
+  for (int fd : fds) close(fd);
+}
+
+// The verdict byte, with `fds` attached when there are any.
+void SendVerdict(int conn, const std::vector<int>& fds) {
+  char verdict = fds.empty() ? 0 : 1;
+  iovec iov{&verdict, 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  if (!fds.empty() && fds.size() <= kMaxFds) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   }
-  return true;
+  (void)sendmsg(conn, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
-    const char* name, size_t bytes) {
-  const int fd = memfd_create(name, MFD_CLOEXEC);
+    const char* name, size_t bytes, Peers peers) {
+  const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Errno("memfd_create");
+  auto fail = [fd](const char* what) {
+    const absl::Status s = Errno(what);
+    close(fd);
+    return s;
+  };
+  // The mode keeps a non-root process of this user from reopening the
+  // region through /proc with more access than it was handed; the seals
+  // below hold against root too.
+  if (fchmod(fd, peers == Peers::kReadOnly ? 0400 : 0600) != 0) {
+    return fail("fchmod of shared memory");
+  }
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const absl::Status s = Errno("ftruncate of shared memory");
+    return fail("ftruncate of shared memory");
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return fail("mmap of shared memory");
+  // F_SEAL_FUTURE_WRITE after the mapping above: it stays writable, and no
+  // other (a reopened descriptor's included) can be made.
+  int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (peers == Peers::kReadOnly) seals |= F_SEAL_FUTURE_WRITE;
+  if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
+    const absl::Status s = Errno("sealing shared memory");
+    munmap(p, bytes);
     close(fd);
     return s;
   }
-  return Map(fd, bytes, /*writable=*/true);
+  return std::unique_ptr<SharedRegion>(
+      new SharedRegion(fd, static_cast<char*>(p), bytes));
 }
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Map(int fd,
                                                                 size_t bytes,
                                                                 bool writable) {
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes ||
-      bytes == 0) {
+  if (fstat(fd, &st) != 0) {
+    const absl::Status s = Errno("fstat of shared memory");
+    close(fd);
+    return s;
+  }
+  if (static_cast<size_t>(st.st_size) < bytes || bytes == 0) {
     close(fd);
     return absl::DataLossError(
         absl::StrFormat("shared memory of %d bytes where %d are needed",
@@ -157,12 +206,20 @@ void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
 }
 
 absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
-                                    absl::Span<float> out) {
+                                    absl::Span<float> out,
+                                    absl::Duration patience) {
   const WeightsHeader* h = HeaderOf(region);
   const int64_t num_values = static_cast<int64_t>(out.size());
   // A writer rewrites the region only after an update, which needs this
-  // worker's next push: a retry is rare, and many mean something is wrong.
-  for (int attempt = 0; attempt < 1000; ++attempt) {
+  // worker's next push, and a publish is one copy of the weights: a read
+  // that meets one waits for it to end. Many in a row mean dp-ps is stuck
+  // or something else writes here.
+  const absl::Time give_up = absl::Now() + patience;
+  for (int attempt = 0;; ++attempt) {
+    if (attempt >= 64) {
+      if (absl::Now() > give_up) break;
+      sched_yield();  // let a descheduled writer finish
+    }
     const uint64_t before = h->seq.load(std::memory_order_acquire);
     if (before % 2 == 1) continue;
     const int64_t step = h->step;
@@ -182,15 +239,21 @@ absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
     std::atomic_thread_fence(std::memory_order_acquire);
     if (h->seq.load(std::memory_order_relaxed) == before) return step;
   }
-  return absl::AbortedError("the shared weights kept changing while read");
+  return absl::AbortedError(
+      absl::StrCat("the shared weights kept changing while read for ",
+                   absl::FormatDuration(patience)));
 }
 
-SharedMemoryOffer::SharedMemoryOffer(int listen_fd, std::string name)
-    : listen_fd_(listen_fd), name_(std::move(name)) {
+SharedMemoryOffer::SharedMemoryOffer(int listen_fd, std::string name,
+                                     absl::Duration ticket_lifetime)
+    : listen_fd_(listen_fd),
+      name_(std::move(name)),
+      ticket_lifetime_(ticket_lifetime) {
   thread_ = std::thread([this] { Serve(); });
 }
 
-absl::StatusOr<std::unique_ptr<SharedMemoryOffer>> SharedMemoryOffer::Start() {
+absl::StatusOr<std::unique_ptr<SharedMemoryOffer>> SharedMemoryOffer::Start(
+    absl::Duration ticket_lifetime) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("socket for shared memory");
   const std::string name = absl::StrCat("dp-ps-", RandomHex(16));
@@ -202,7 +265,8 @@ absl::StatusOr<std::unique_ptr<SharedMemoryOffer>> SharedMemoryOffer::Start() {
     close(fd);
     return s;
   }
-  return std::unique_ptr<SharedMemoryOffer>(new SharedMemoryOffer(fd, name));
+  return std::unique_ptr<SharedMemoryOffer>(
+      new SharedMemoryOffer(fd, name, ticket_lifetime));
 }
 
 SharedMemoryOffer::~SharedMemoryOffer() {
@@ -211,64 +275,125 @@ SharedMemoryOffer::~SharedMemoryOffer() {
   thread_.join();
   close(listen_fd_);
   absl::MutexLock lock(&mu_);
-  for (auto& [ticket, fds] : tickets_) {
-    for (int fd : fds) close(fd);
-  }
+  for (auto& [owner, ticket] : tickets_) CloseAll(ticket.fds);
 }
 
-std::string SharedMemoryOffer::Add(std::vector<int> fds) {
-  std::string ticket = RandomHex(kTicketBytes);
+std::string SharedMemoryOffer::IssueTicket(int owner, std::vector<int> fds) {
+  Ticket ticket{RandomHex(kTicketBytes), std::move(fds),
+                absl::Now() + ticket_lifetime_};
+  std::string secret = ticket.secret;
   absl::MutexLock lock(&mu_);
-  tickets_[ticket] = std::move(fds);
-  return ticket;
+  auto [it, inserted] = tickets_.try_emplace(owner);
+  if (!inserted) CloseAll(it->second.fds);
+  it->second = std::move(ticket);
+  return secret;
+}
+
+int SharedMemoryOffer::outstanding_tickets() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(tickets_.size());
+}
+
+std::vector<int> SharedMemoryOffer::Redeem(absl::string_view secret) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = tickets_.begin(); it != tickets_.end(); ++it) {
+    if (SameSecret(it->second.secret, secret)) {
+      std::vector<int> fds = std::move(it->second.fds);
+      tickets_.erase(it);
+      return fds;
+    }
+  }
+  return {};
+}
+
+void SharedMemoryOffer::WithdrawExpired(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = tickets_.begin(); it != tickets_.end();) {
+    if (it->second.expires <= now) {
+      CloseAll(it->second.fds);
+      it = tickets_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void SharedMemoryOffer::Serve() {
+  // A handover under way: the connection and what it sent so far.
+  struct Handover {
+    int conn;
+    std::string received;
+    absl::Time deadline;
+  };
+  std::vector<Handover> handovers;
+  absl::Time accept_again;  // after a failed accept (EMFILE): not at once
   while (!stopping_.load()) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;
-    SetTimeout(conn, SO_RCVTIMEO, 2);
-    SetTimeout(conn, SO_SNDTIMEO, 2);
-    ucred peer{};
-    socklen_t peer_len = sizeof(peer);
-    std::string ticket(2 * kTicketBytes, '\0');
-    std::vector<int> fds;
-    // Only a process of this user, with a ticket that is still open.
-    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0 &&
-        (peer.uid == geteuid() || geteuid() == 0) &&
-        ReadFully(conn, ticket.data(), ticket.size())) {
-      absl::MutexLock lock(&mu_);
-      auto it = tickets_.find(ticket);
-      if (it != tickets_.end()) {
-        fds = std::move(it->second);
-        tickets_.erase(it);
+    const absl::Time now = absl::Now();
+    WithdrawExpired(now);
+    for (auto it = handovers.begin(); it != handovers.end();) {
+      if (it->deadline <= now) {
+        close(it->conn);
+        it = handovers.erase(it);
+      } else {
+        ++it;
       }
     }
-    char verdict = fds.empty() ? 0 : 1;
-    iovec iov{&verdict, 1};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
-    if (!fds.empty() && fds.size() <= kMaxFds) {
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    std::vector<pollfd> polled;
+    const bool accepting =
+        handovers.size() < kMaxConnections && now >= accept_again;
+    if (accepting) polled.push_back({listen_fd_, POLLIN, 0});
+    for (const Handover& h : handovers) polled.push_back({h.conn, POLLIN, 0});
+    if (poll(polled.data(), polled.size(), 100) <= 0) continue;
+    size_t i = 0;
+    if (accepting && polled[i++].revents != 0) {
+      const int conn =
+          accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      ucred peer{};
+      socklen_t peer_len = sizeof(peer);
+      if (conn < 0) {
+        if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+          accept_again = now + absl::Milliseconds(100);
+        }
+      } else if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) !=
+                     0 ||
+                 peer.uid != geteuid()) {
+        // Only a process of this user, root included: whoever is another
+        // user (root when dp-ps is not) gets nothing.
+        SendVerdict(conn, {});
+        close(conn);
+      } else {
+        handovers.push_back({conn, "", now + kHandoverTimeout});
+      }
     }
-    (void)sendmsg(conn, &msg, MSG_NOSIGNAL);
-    for (int fd : fds) close(fd);
-    close(conn);
+    // The connections polled are handovers[0, polled.size() - i).
+    std::vector<int> finished;
+    for (size_t k = 0; i < polled.size(); ++i, ++k) {
+      if (polled[i].revents == 0) continue;
+      Handover& h = handovers[k];
+      char buf[kTicketChars];
+      const ssize_t n = read(h.conn, buf, kTicketChars - h.received.size());
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n > 0) h.received.append(buf, static_cast<size_t>(n));
+      if (n > 0 && h.received.size() < kTicketChars) continue;
+      if (h.received.size() == kTicketChars) {
+        const std::vector<int> fds = Redeem(h.received);
+        SendVerdict(h.conn, fds);
+        CloseAll(fds);
+      }
+      finished.push_back(h.conn);
+    }
+    for (int conn : finished) {
+      close(conn);
+      handovers.erase(
+          std::find_if(handovers.begin(), handovers.end(),
+                       [conn](const Handover& h) { return h.conn == conn; }));
+    }
   }
+  for (const Handover& h : handovers) close(h.conn);
 }
 
 absl::StatusOr<std::vector<int>> FetchSharedMemory(
-    const std::string& socket_name, const std::string& ticket) {
+    const std::string& socket_name, const std::string& ticket, size_t count) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("socket");
   sockaddr_un addr;
@@ -280,14 +405,12 @@ absl::StatusOr<std::vector<int>> FetchSharedMemory(
         "dp-ps's shared memory is not reachable from here (",
         std::strerror(error), "): another host or network namespace"));
   }
-  SetTimeout(fd, SO_RCVTIMEO, 5);
-  SetTimeout(fd, SO_SNDTIMEO, 5);
-  if (write(fd, ticket.data(), ticket.size()) !=
-      static_cast<ssize_t>(ticket.size())) {
-    const absl::Status s = Errno("sending the shared-memory ticket");
-    close(fd);
-    return s;
-  }
+  SetTimeout(fd, SO_RCVTIMEO, absl::Seconds(5));
+  SetTimeout(fd, SO_SNDTIMEO, absl::Seconds(5));
+  // MSG_NOSIGNAL: dp-ps closes at once on a peer it refuses (another
+  // user), and a write to that socket must be a refusal, not SIGPIPE. The
+  // verdict may be waiting all the same: it is read below either way.
+  (void)send(fd, ticket.data(), ticket.size(), MSG_NOSIGNAL);
   char verdict = 0;
   iovec iov{&verdict, 1};
   msghdr msg{};
@@ -298,20 +421,29 @@ absl::StatusOr<std::vector<int>> FetchSharedMemory(
   msg.msg_controllen = sizeof(control);
   const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
   close(fd);
+  // Every descriptor that arrived, in every control message: each is ours
+  // to close if the answer is refused.
   std::vector<int> fds;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr;
+  for (cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c != nullptr;
        c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      fds.resize(count);
-      std::memcpy(fds.data(), CMSG_DATA(c), count * sizeof(int));
+      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const size_t at = fds.size();
+      fds.resize(at + k);
+      std::memcpy(fds.data() + at, CMSG_DATA(c), k * sizeof(int));
     }
   }
   if (n <= 0 || verdict != 1 || fds.empty()) {
-    for (int f : fds) close(f);
+    CloseAll(fds);
     return absl::PermissionDeniedError(
-        "dp-ps refused the shared-memory ticket (used already, or another "
-        "user)");
+        "dp-ps refused the shared-memory ticket (used already, withdrawn, or "
+        "another user)");
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) != 0 || fds.size() != count) {
+    CloseAll(fds);
+    return absl::DataLossError(absl::StrFormat(
+        "dp-ps handed %d%s shared-memory descriptors, expected %d", fds.size(),
+        (msg.msg_flags & MSG_CTRUNC) != 0 ? " or more" : "", count));
   }
   return fds;
 }

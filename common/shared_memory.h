@@ -7,8 +7,13 @@
 // one-time ticket that the worker got from Register over gRPC (mTLS and the
 // token apply there), from a peer of the same user.
 //
-// The weights region is written by dp-ps only (workers get a read-only
-// descriptor) under a sequence lock; each rank's gradient slot is its own.
+// What a worker holding a region can do to it is bounded by the kernel, not
+// by trust: every region's size is sealed (a shrunk region would turn
+// dp-ps's next read into SIGBUS), and the weights are sealed against every
+// writer but dp-ps's own mapping (a read-only descriptor alone can be
+// reopened writable through /proc/self/fd). What a worker writes into its
+// own slot it can change at any time: dp-ps reads it once, and decides only
+// on its private copy.
 #ifndef DP_COMMON_SHARED_MEMORY_H_
 #define DP_COMMON_SHARED_MEMORY_H_
 
@@ -26,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/tensor_codec.h"
 
@@ -34,9 +40,16 @@ namespace dp {
 // A mapped memfd.
 class SharedRegion {
  public:
-  // A new region of `bytes`, zeroed, mapped read-write.
-  static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(const char* name,
-                                                              size_t bytes);
+  // Who may write a new region once it is handed over.
+  enum class Peers {
+    kMayWrite,  // a gradient slot: its worker writes, dp-ps reads
+    kReadOnly,  // the weights: dp-ps's mapping writes, nobody else can
+  };
+  // A new region of `bytes`, zeroed, mapped read-write here, its size sealed
+  // (no one can shrink or grow it) and, for kReadOnly, sealed against every
+  // later writable mapping or write(2). Mode 0600 (0400 for kReadOnly).
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(
+      const char* name, size_t bytes, Peers peers = Peers::kMayWrite);
   // Maps `fd` (owned from now on), which must hold at least `bytes`.
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Map(int fd, size_t bytes,
                                                            bool writable);
@@ -66,43 +79,67 @@ size_t WeightsRegionBytes(int64_t num_values, Encoding encoding);
 void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
                     absl::string_view encoded);
 // A worker: the version in the region and its values decoded to float32
-// into `out` (its size is the number of values). ABORTED when dp-ps kept
-// rewriting it (a reader this slow should ask over gRPC); DATA_LOSS for a
+// into `out` (its size is the number of values). A read that meets a
+// publish waits for it. ABORTED when dp-ps kept rewriting it for
+// `patience` (a reader this slow should ask over gRPC); DATA_LOSS for a
 // region that does not hold what it should.
 absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
-                                    absl::Span<float> out);
+                                    absl::Span<float> out,
+                                    absl::Duration patience = absl::Seconds(2));
 
 // dp-ps's side of the handover: a Unix socket in the abstract namespace
 // with an unguessable name, and the descriptors waiting for each ticket.
+// Connections are served side by side, so one that sends nothing delays no
+// other; each has `kHandoverTimeout` to present its ticket.
 class SharedMemoryOffer {
  public:
-  static absl::StatusOr<std::unique_ptr<SharedMemoryOffer>> Start();
+  // Tickets not redeemed within `ticket_lifetime` are withdrawn (their
+  // descriptors closed).
+  static absl::StatusOr<std::unique_ptr<SharedMemoryOffer>> Start(
+      absl::Duration ticket_lifetime = absl::Minutes(1));
   ~SharedMemoryOffer();  // stops accepting and closes every descriptor left
+
+  static constexpr absl::Duration kHandoverTimeout = absl::Seconds(2);
 
   // The socket's name (without the leading NUL of the abstract namespace).
   const std::string& socket_name() const { return name_; }
   // A one-time ticket for which the socket hands out `fds` (taken over: the
-  // offer closes them once sent, or at the end), then forgets it.
-  std::string Add(std::vector<int> fds);
+  // offer closes them once sent, or at the end) to a process of this user.
+  // `owner` (a rank) holds one ticket at a time: a new one withdraws the
+  // last, so a worker that never redeems its tickets costs nothing.
+  std::string IssueTicket(int owner, std::vector<int> fds);
+  // Tickets issued and neither redeemed nor withdrawn.
+  int outstanding_tickets() const;
 
  private:
-  SharedMemoryOffer(int listen_fd, std::string name);
+  struct Ticket {
+    std::string secret;
+    std::vector<int> fds;
+    absl::Time expires;
+  };
+  SharedMemoryOffer(int listen_fd, std::string name,
+                    absl::Duration ticket_lifetime);
   void Serve();
+  // The descriptors of the ticket `secret` (removed), or none.
+  std::vector<int> Redeem(absl::string_view secret);
+  void WithdrawExpired(absl::Time now);
 
   const int listen_fd_;
   const std::string name_;
-  absl::Mutex mu_;
-  std::map<std::string, std::vector<int>> tickets_ ABSL_GUARDED_BY(mu_);
+  const absl::Duration ticket_lifetime_;
+  mutable absl::Mutex mu_;
+  std::map<int, Ticket> tickets_ ABSL_GUARDED_BY(mu_);  // by owner
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
 
 // A worker's side: connects to dp-ps's socket, presents the ticket and
-// receives the descriptors (owned by the caller). UNAVAILABLE when the
-// socket cannot be reached (another host, another network namespace);
-// PERMISSION_DENIED for a ticket it refused.
+// receives the `count` descriptors (owned by the caller). UNAVAILABLE when
+// the socket cannot be reached (another host, another network namespace);
+// PERMISSION_DENIED for a ticket it refused; DATA_LOSS for another number
+// of descriptors (all of them closed).
 absl::StatusOr<std::vector<int>> FetchSharedMemory(
-    const std::string& socket_name, const std::string& ticket);
+    const std::string& socket_name, const std::string& ticket, size_t count);
 
 }  // namespace dp
 

@@ -43,8 +43,8 @@ void Encode(Encoding e, const float* x, int64_t n, char* out) {
     // so the loop still vectorises.
     const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
     const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-    const uint16_t half = static_cast<uint16_t>(
-        nan ? ((bits >> 16) | 0x0040u) : (rounded >> 16));
+    const uint16_t half =
+        static_cast<uint16_t>(nan ? ((bits >> 16) | 0x0040u) : (rounded >> 16));
     std::memcpy(out + 2 * i, &half, 2);
   }
 }
@@ -66,29 +66,36 @@ float ValueAt(const char* bytes, int64_t i) {
   return x;
 }
 
-// One pass over n encoded values: stores them in out unless it is null, and
-// returns the index of the first NaN, Inf or value beyond `limit` in
-// magnitude, or -1. The branch-free OR-reduction vectorises; only when it
-// fires is the position looked for. !(|x| <= limit) is true for NaN.
+// Decodes n encoded values into out and returns the index of the first NaN,
+// Inf or value beyond `limit` in magnitude among them, or -1. The bytes may
+// be memory another process can still write: they are read once, and the
+// index is looked for in `out`, what was read. The branch-free OR-reduction
+// vectorises; only when it fires is the position looked for.
+// !(|x| <= limit) is true for NaN.
 template <Encoding E>
-int64_t Scan(const char* bytes, int64_t n, float limit, float* out) {
+int64_t DecodeAndFindOutOfRange(const char* bytes, int64_t n, float limit,
+                                float* out) {
   uint32_t any = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float x = ValueAt<E>(bytes, i);
-    if (out != nullptr) out[i] = x;
+    out[i] = x;
     any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
   }
   if (any == 0) return -1;
   for (int64_t i = 0; i < n; ++i) {
-    if (!(std::fabs(ValueAt<E>(bytes, i)) <= limit)) return i;
+    if (!(std::fabs(out[i]) <= limit)) return i;
   }
   return -1;
 }
 
-int64_t Scan(Encoding e, const char* bytes, int64_t n, float limit,
-             float* out) {
-  return e == Encoding::kBf16 ? Scan<Encoding::kBf16>(bytes, n, limit, out)
-                              : Scan<Encoding::kF32>(bytes, n, limit, out);
+// The same without keeping the values: each is read once, and the first
+// bad one read is the answer.
+template <Encoding E>
+int64_t FindOutOfRange(const char* bytes, int64_t n, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(std::fabs(ValueAt<E>(bytes, i)) <= limit)) return i;
+  }
+  return -1;
 }
 
 }  // namespace
@@ -102,12 +109,15 @@ void Decode(Encoding e, const char* bytes, int64_t n, float* out) {
 }
 
 int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n, float limit) {
-  return Scan(e, bytes, n, limit, nullptr);
+  return e == Encoding::kBf16 ? FindOutOfRange<Encoding::kBf16>(bytes, n, limit)
+                              : FindOutOfRange<Encoding::kF32>(bytes, n, limit);
 }
 
 int64_t DecodeChecked(Encoding e, const char* bytes, int64_t n, float limit,
                       float* out) {
-  return Scan(e, bytes, n, limit, out);
+  return e == Encoding::kBf16
+             ? DecodeAndFindOutOfRange<Encoding::kBf16>(bytes, n, limit, out)
+             : DecodeAndFindOutOfRange<Encoding::kF32>(bytes, n, limit, out);
 }
 
 }  // namespace dp

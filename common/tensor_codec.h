@@ -26,12 +26,13 @@ void Encode(Encoding e, const float* x, int64_t n, char* out);
 void Decode(Encoding e, const char* bytes, int64_t n, float* out);
 
 // Index of the first of the n encoded values that is NaN, Inf or larger in
-// magnitude than `limit`, or -1.
+// magnitude than `limit`, or -1. Reads each value once.
 int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n,
                         float limit = std::numeric_limits<float>::max());
 // Decode and FirstOutOfRange in one pass over the bytes: decodes all n
-// values into out and returns the index of the first out-of-range one, or
-// -1.
+// values into out and returns the index of the first out-of-range one in
+// out, or -1. The bytes are read once: the verdict holds for what is in
+// out even when another process rewrites the bytes meanwhile.
 int64_t DecodeChecked(Encoding e, const char* bytes, int64_t n, float limit,
                       float* out);
 

@@ -9,7 +9,10 @@
 #     and of a worker, share of the compute limit (backend_bench, this run);
 #  2. the same runs per step: server update, wait, bytes, overhead;
 #  3. the step split at batch 512 per worker;
-#  4. server update time for N = 1, 2, 4, 8, and the loopback call costs.
+#  4. server update time for N = 1, 2, 4, 8, and the loopback call costs;
+#  5. the exchange alone (workers with the null backend, as on GPUs), N = 1,
+#     2, 4, 8, both data planes, against dp-ps's update alone
+#     (scripts/perf-null.sh, which also runs on its own).
 # Installs Debian's python3-torch when missing. Not a test: prints numbers.
 # Usage: scripts/perf.sh [epochs, default 3] [repeats, default 3]
 set -euo pipefail
@@ -22,6 +25,8 @@ if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch >/dev/null
 fi
 scripts/build.sh >/dev/null
+# shellcheck source=scripts/perf-lib.sh
+. scripts/perf-lib.sh
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 work=$(mktemp -d "${TMPDIR:-/tmp}/dp-perf-XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -50,21 +55,6 @@ rows=("${dp_rows[@]}" torch_ddp torch_single)
 declare -A label=([torch_ddp]="torch DDP 2x64" [torch_single]="torch 1x128")
 for row in "${dp_rows[@]}"; do label[$row]="dp-ps ${row/_/ }"; done
 
-# Helpers on the numbers; "-" (not measured, or the run failed) stays "-".
-median() {  # median of the numbers on stdin, "-" when none
-  { grep -E '^[0-9.]+$' || true; } | sort -n | awk '{v[NR] = $1} END {print NR ? v[int((NR + 1) / 2)] : "-"}'
-}
-calc() {  # calc FORMAT EXPR VALUES...: EXPR over a, b, c, "-" if any is "-"
-  local format=$1 expr=$2
-  shift 2
-  for v in "$@"; do [ -z "$v" ] || [ "$v" = - ] && { echo -; return; }; done
-  local out
-  out=$(awk -v a="${1:-0}" -v b="${2:-0}" -v c="${3:-0}" \
-          "BEGIN {printf \"$format\", $expr}" 2>/dev/null) || out=-
-  case "$out" in *inf* | *nan*) out=- ;; esac  # a division by zero
-  echo "$out"
-}
-field() { sed -n "$1" <<<"$2" | head -1; }  # field SED_SCRIPT TEXT
 rusage_cpu_ms() {  # CPU ms per step of a --rusage file over $2 steps
   local line user sys
   line=$(tail -n 1 "$1" 2>/dev/null) || { echo -; return; }
@@ -82,16 +72,12 @@ rusage_rss_mb() {  # peak RSS in MB of a --rusage file
 # worker_rss_mb update_ms wait_ms sent_MB received_MB (worker = rank 0).
 dash_line="- - - - - - - - - - - -"
 dp_job() {
-  local row=$1 out dir ps w ps_steps w_steps v values=()
+  local row=$1 dir ps w ps_steps w_steps v values=()
   shift
-  if ! out=$(BIN=build scripts/launch.sh --rusage --workers 2 \
-               --dataset=fashion-mnist "$@" 2>&1); then
-    echo "perf: $row failed:" >&2
-    tail -n 5 <<<"$out" >&2
+  if ! dir=$(launch_run "$row" --rusage --workers 2 --dataset=fashion-mnist "$@"); then
     echo "$dash_line" >>"$work/$row"
     return
   fi
-  dir=$(field 's/^launch: all processes finished; logs in //p' "$out")
   ps=$(cat "$dir/dp-ps.log")
   w=$(grep "finished at step" "$dir/worker-0.log" || true)
   ps_steps=$(field 's/.*done: \([0-9]*\) steps in.*/\1/p' "$ps")
@@ -200,6 +186,10 @@ done
 echo
 echo "== 4. server update and loopback calls"
 build/bench/exchange_bench
+
+echo
+echo "== 5. the exchange alone"
+scripts/perf-null.sh "$repeats"
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo; echo "GPU present: see scripts/gpu-check.sh for the CUDA table"
 fi

@@ -8,6 +8,12 @@
 # images and runs a job in them (DP_SKIP_CONTAINERS=1 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# This script's own settings, taken out of the environment: dp-ps and
+# dp-worker refuse any DP_* variable that is not one of their flags, and
+# the tests start them with this environment.
+skip_sanitize=${DP_SKIP_SANITIZE:-0}
+fuzz_seconds=${DP_FUZZ_SECONDS:-45}
+unset DP_SKIP_SANITIZE DP_FUZZ_SECONDS
 scripts/setup.sh
 # Wherever nvcc is, the suite runs on a build with the CUDA module: dp-worker
 # is the same binary either way, and the workers of the whole-job tests that
@@ -24,7 +30,7 @@ if [ "${DP_SKIP_CONTAINERS:-0}" != 1 ]; then
   scripts/container-check.sh build
 fi
 
-if [ "${DP_SKIP_SANITIZE:-0}" = 1 ]; then
+if [ "$skip_sanitize" = 1 ]; then
   exit 0
 fi
 # -O1 with line tables: builds in half the time of -O2 -g, runs about as fast
@@ -32,7 +38,7 @@ fi
 BUILD_DIR=build-sanitize BUILD_TYPE=None scripts/build.sh \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="-O1 -gline-tables-only" \
   -DDP_ENABLE_CUDA=OFF -DDP_SANITIZE=ON -DDP_FUZZ=ON \
-  -DDP_FUZZ_SECONDS="${DP_FUZZ_SECONDS:-45}"
+  -DDP_FUZZ_SECONDS="$fuzz_seconds"
 cd build-sanitize
 # deploy/ checks run the release binaries in a chroot (no /proc there, which
 # the sanitizers need); they say nothing about memory safety. Neither do the

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "common/status_macros.h"
 
@@ -14,16 +15,17 @@ namespace {
 constexpr int64_t kBlock = 512;
 
 struct Coefficients {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, wd, eps,
-      neg_step_size, bc2_sqrt, count, inv_count;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, wd, eps, neg_step_size,
+      bc2_sqrt, count, inv_count;
 };
 
 // g[0, n) = the sum of ranks [first, first + kRanks) at offset b, added in
 // rank order to g (kStart: to nothing - the sum starts here).
 template <int kRanks, bool kStart>
-__attribute__((always_inline)) inline void AddRanks(
-    float* __restrict g, const float* const* grads, size_t first, int64_t b,
-    int64_t n) {
+__attribute__((always_inline)) inline void AddRanks(float* __restrict g,
+                                                    const float* const* grads,
+                                                    size_t first, int64_t b,
+                                                    int64_t n) {
   static_assert(kRanks >= 1 && kRanks <= 4, "one to four ranks a pass");
   const float* __restrict x0 = grads[first] + b;
   const float* __restrict x1 = kRanks > 1 ? grads[first + 1] + b : nullptr;
@@ -102,6 +104,13 @@ __attribute__((always_inline)) inline void AverageAndUpdateRange(
   }
 }
 
+// The divisor of the average (the number of ranks, which may be more than
+// the gradients summed here: see AdamStepOnSum).
+bool IsPowerOfTwo(float count) {
+  const auto k = static_cast<uint32_t>(count);
+  return (k & (k - 1)) == 0;
+}
+
 // Compiled twice: for AVX2 with FMA (8 floats a vector, FMA instructions)
 // and for the x86-64 baseline (4), the summing loops included, and picked
 // by what the CPU supports. Only correctly rounded operations (+ - * / sqrt
@@ -112,7 +121,7 @@ __attribute__((always_inline)) inline void AverageAndUpdateRange(
 __attribute__((target("avx2,fma"))) void AverageAndUpdateAvx2Fma(
     const Coefficients& c, const float* const* grads, size_t count,
     int64_t begin, int64_t end, float* params, float* m, float* v) {
-  if ((count & (count - 1)) == 0) {
+  if (IsPowerOfTwo(c.count)) {
     AverageAndUpdateRange<true>(c, grads, count, begin, end, params, m, v);
   } else {
     AverageAndUpdateRange<false>(c, grads, count, begin, end, params, m, v);
@@ -122,7 +131,7 @@ __attribute__((target("avx2,fma"))) void AverageAndUpdateAvx2Fma(
 void AverageAndUpdateBaseline(const Coefficients& c, const float* const* grads,
                               size_t count, int64_t begin, int64_t end,
                               float* params, float* m, float* v) {
-  if ((count & (count - 1)) == 0) {
+  if (IsPowerOfTwo(c.count)) {
     AverageAndUpdateRange<true>(c, grads, count, begin, end, params, m, v);
   } else {
     AverageAndUpdateRange<false>(c, grads, count, begin, end, params, m, v);
@@ -140,28 +149,28 @@ void AverageAndUpdate(const Coefficients& c, const float* const* grads,
 
 }  // namespace
 
-void AverageAndAdamStep(const AdamOptions& o, int64_t t,
-                        absl::Span<const float* const> grads, int64_t n,
-                        float* params, float* m, float* v, WorkerPool* pool) {
-  DP_CHECK(t >= 1 && !grads.empty());
+namespace {
+
+// AverageAndAdamStep over `grads`, partial sums in rank order of `ranks`
+// gradients in all.
+void SumAndAdamStep(const AdamOptions& o, int64_t t,
+                    absl::Span<const float* const> grads, size_t ranks,
+                    int64_t n, float* params, float* m, float* v,
+                    WorkerPool* pool) {
+  DP_CHECK(t >= 1 && !grads.empty() && ranks >= grads.size());
   // Bias corrections in double, as torch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
-  const size_t count = grads.size();
   // Like torch, scalars are Python floats (double) cast to float by the
   // kernels: 1 - beta1 is computed in double, then rounded.
-  const Coefficients c{static_cast<float>(o.beta1),
-                       static_cast<float>(1.0 - o.beta1),
-                       static_cast<float>(o.beta2),
-                       static_cast<float>(1.0 - o.beta2),
-                       static_cast<float>(o.weight_decay),
-                       static_cast<float>(o.eps),
-                       static_cast<float>(-(o.lr / bc1)),
-                       static_cast<float>(std::sqrt(bc2)),
-                       static_cast<float>(count),
-                       1.0f / static_cast<float>(count)};
+  const Coefficients c{
+      static_cast<float>(o.beta1),        static_cast<float>(1.0 - o.beta1),
+      static_cast<float>(o.beta2),        static_cast<float>(1.0 - o.beta2),
+      static_cast<float>(o.weight_decay), static_cast<float>(o.eps),
+      static_cast<float>(-(o.lr / bc1)),  static_cast<float>(std::sqrt(bc2)),
+      static_cast<float>(ranks),          1.0f / static_cast<float>(ranks)};
   auto update = [&](int64_t begin, int64_t end) {
-    AverageAndUpdate(c, grads.data(), count, begin, end, params, m, v);
+    AverageAndUpdate(c, grads.data(), grads.size(), begin, end, params, m, v);
   };
   if (pool == nullptr) {
     update(0, n);
@@ -169,6 +178,35 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
     // Ranges of whole blocks, so no block straddles two threads.
     pool->ParallelFor(n, kBlock, update);
   }
+}
+
+}  // namespace
+
+void AverageAndAdamStep(const AdamOptions& o, int64_t t,
+                        absl::Span<const float* const> grads, int64_t n,
+                        float* params, float* m, float* v, WorkerPool* pool) {
+  SumAndAdamStep(o, t, grads, grads.size(), n, params, m, v, pool);
+}
+
+void AddToRankSum(float* sum, const float* grad, int64_t n, WorkerPool* pool) {
+  auto add = [&](int64_t begin, int64_t end) {
+    float* __restrict s = sum;
+    const float* __restrict g = grad;
+    for (int64_t i = begin; i < end; ++i) s[i] += g[i];
+  };
+  if (pool == nullptr) {
+    add(0, n);
+  } else {
+    pool->ParallelFor(n, kBlock, add);
+  }
+}
+
+void AdamStepOnSum(const AdamOptions& o, int64_t t, const float* sum, int ranks,
+                   int64_t n, float* params, float* m, float* v,
+                   WorkerPool* pool) {
+  const float* const grads[] = {sum};
+  SumAndAdamStep(o, t, grads, static_cast<size_t>(ranks), n, params, m, v,
+                 pool);
 }
 
 }  // namespace dp

@@ -34,6 +34,17 @@ void AverageAndAdamStep(const AdamOptions& options, int64_t t,
                         float* params, float* m, float* v,
                         WorkerPool* pool = nullptr);
 
+// The rank sum built as gradients arrive, one rank at a time in rank order:
+// sum[i] += grad[i]. The same additions, in the same order, as
+// AverageAndAdamStep's sum, so the result is bit-identical.
+void AddToRankSum(float* sum, const float* grad, int64_t n,
+                  WorkerPool* pool = nullptr);
+// AverageAndAdamStep on the rank sum of `ranks` gradients (AddToRankSum):
+// the same bits as AverageAndAdamStep on the gradients themselves.
+void AdamStepOnSum(const AdamOptions& options, int64_t t, const float* sum,
+                   int ranks, int64_t n, float* params, float* m, float* v,
+                   WorkerPool* pool = nullptr);
+
 }  // namespace dp
 
 #endif  // DP_SERVER_ADAM_H_

@@ -31,9 +31,9 @@ std::string CheckpointFileName(int64_t step) {
   return absl::StrFormat("%s%012d%s", kPrefix, step, kSuffix);
 }
 
-absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted) {
+absl::Status CheckResumable(const JobConfig &saved, const JobConfig &wanted) {
   std::vector<std::string> diffs;
-  auto check = [&diffs](const char* flag, const auto& was, const auto& now) {
+  auto check = [&diffs](const char *flag, const auto &was, const auto &now) {
     if (!(was == now)) {
       diffs.push_back(
           absl::StrCat("--", flag, "=", now, " (saved: ", was, ")"));
@@ -90,7 +90,7 @@ absl::Status CheckpointStore::Open() {
         "checkpoint directory %s is not writable: %s", dir_, s.message()));
   }
   ::unlink(probe.c_str());
-  for (const auto& [step, path] : ListNewestFirst()) {
+  for (const auto &[step, path] : ListNewestFirst()) {
     if (Load(step).ok()) {
       absl::MutexLock lock(&mu_);
       verified_.insert(step);
@@ -128,9 +128,9 @@ absl::StatusOr<Checkpoint> CheckpointStore::Load(int64_t step) const {
 std::vector<std::pair<int64_t, std::string>> CheckpointStore::ListNewestFirst()
     const {
   std::vector<std::pair<int64_t, std::string>> files;
-  DIR* d = ::opendir(dir_.c_str());
+  DIR *d = ::opendir(dir_.c_str());
   if (d == nullptr) return files;
-  while (struct dirent* e = ::readdir(d)) {
+  while (struct dirent *e = ::readdir(d)) {
     const std::string name = e->d_name;
     absl::string_view number = name;
     int64_t step;
@@ -146,7 +146,7 @@ std::vector<std::pair<int64_t, std::string>> CheckpointStore::ListNewestFirst()
 }
 
 std::optional<Checkpoint> CheckpointStore::LoadNewest() const {
-  for (const auto& [step, path] : ListNewestFirst()) {
+  for (const auto &[step, path] : ListNewestFirst()) {
     auto bytes = ReadFile(path);
     if (!bytes.ok()) {
       Log("skipping checkpoint %s: %s", path, bytes.status().message());
@@ -166,8 +166,12 @@ std::optional<Checkpoint> CheckpointStore::LoadNewest() const {
   return std::nullopt;
 }
 
-absl::Status CheckpointStore::Write(const Checkpoint& c) {
+absl::Status CheckpointStore::Write(const Checkpoint &c) {
   absl::MutexLock write_lock(&write_mu_);
+  return WriteLocked(c);
+}
+
+absl::Status CheckpointStore::WriteLocked(const Checkpoint &c) {
   const std::string path = dir_ + "/" + CheckpointFileName(c.state.step);
   if (absl::Status s = WriteFileAtomic(path, EncodeCheckpoint(layout_, c));
       !s.ok()) {
@@ -175,7 +179,11 @@ absl::Status CheckpointStore::Write(const Checkpoint& c) {
                                                   "step %d: %s",
                                                   c.state.step, s.message()));
   }
-  // Retention only after the new file is safely in place.
+  // Retention only after the new file is safely in place. Checkpoints of
+  // one history come in step order, so any past this one were left by a
+  // rollback (one handed in while the shard rewound, say): they go first,
+  // whatever `keep` says.
+  RemoveAfterLocked(c.state.step);
   auto files = ListNewestFirst();
   absl::MutexLock lock(&mu_);
   verified_.insert(c.state.step);
@@ -184,6 +192,40 @@ absl::Status CheckpointStore::Write(const Checkpoint& c) {
     ::unlink(files[i].second.c_str());
   }
   return absl::OkStatus();
+}
+
+void CheckpointStore::RemoveAfterLocked(int64_t step) {
+  std::vector<std::string> removed;
+  for (const auto &[file_step, path] : ListNewestFirst()) {
+    if (file_step <= step) break;
+    ::unlink(path.c_str());
+    removed.push_back(absl::StrCat(file_step));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    verified_.erase(verified_.upper_bound(step), verified_.end());
+  }
+  if (!removed.empty()) {
+    Log("removed the checkpoints of step%s %s: the job went back to step %d",
+        removed.size() == 1 ? "" : "s", absl::StrJoin(removed, ", "), step);
+  }
+}
+
+void CheckpointStore::Rewind(int64_t step) {
+  // With write_mu_ held no write is in progress, and the writer takes a
+  // waiting checkpoint only under it: none of the abandoned history can
+  // land on disk after the removal.
+  absl::MutexLock write_lock(&write_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (queued_.has_value() && queued_->state.step > step) {
+      Log("dropped the checkpoint of step %d waiting to be written: the job "
+          "went back to step %d",
+          queued_->state.step, step);
+      queued_.reset();
+    }
+  }
+  RemoveAfterLocked(step);
 }
 
 void CheckpointStore::WriteAsync(Checkpoint c) {
@@ -210,7 +252,6 @@ int64_t CheckpointStore::failures() const {
 
 void CheckpointStore::WriterLoop() {
   for (;;) {
-    Checkpoint c;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -218,11 +259,19 @@ void CheckpointStore::WriterLoop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (!queued_.has_value()) return;  // stopping, nothing left
+    }
+    // The checkpoint is taken under write_mu_, so that Rewind sees it
+    // either waiting (and drops it) or written (and removes it).
+    absl::MutexLock write_lock(&write_mu_);
+    Checkpoint c;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!queued_.has_value()) continue;  // dropped by a Rewind
       c = std::move(*queued_);
       queued_.reset();
       writing_ = true;
     }
-    absl::Status s = Write(c);
+    absl::Status s = WriteLocked(c);
     absl::MutexLock lock(&mu_);
     writing_ = false;
     if (!s.ok()) {

@@ -1,6 +1,8 @@
 // dp-ps's checkpoint directory: files in common/checkpoint_format.h's format,
 // written atomically (temporary file, fsync, rename, fsync of the
-// directory), the newest `keep` kept, the newest valid one loaded at start;
+// directory), the newest `keep` of the job's current history kept (a
+// rollback abandons those past its step), the newest valid one loaded at
+// start;
 // and whether a saved job may resume under the flags given now.
 #ifndef DP_SERVER_CHECKPOINT_H_
 #define DP_SERVER_CHECKPOINT_H_
@@ -27,7 +29,7 @@ namespace dp {
 // shapes the computation must match; epochs and max_steps may change, since
 // the data order of an epoch does not depend on them. FAILED_PRECONDITION
 // naming every differing setting otherwise.
-absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted);
+absl::Status CheckResumable(const JobConfig &saved, const JobConfig &wanted);
 
 // "ckpt-000000000123.dpckpt" for step 123: names sort by step.
 std::string CheckpointFileName(int64_t step);
@@ -56,11 +58,18 @@ class CheckpointStore {
   // The checkpoint of `step`, verified; NOT_FOUND or DATA_LOSS saying why.
   absl::StatusOr<Checkpoint> Load(int64_t step) const;
 
-  // Writes now, then removes all but the newest `keep` checkpoints. On error
-  // the files already there are untouched. Writes of one store - this, and
+  // Writes now, then removes those past c's step (left by a rollback, see
+  // Rewind) and all but the newest `keep`. On error the files already there
+  // are untouched. Writes of one store - this, and
   // the background writer's - run one at a time: the final checkpoint may
   // write the step whose WriteAsync is still in progress.
-  [[nodiscard]] absl::Status Write(const Checkpoint& c);
+  [[nodiscard]] absl::Status Write(const Checkpoint &c);
+
+  // The job went back to `step` (a rollback): every checkpoint past it -
+  // on disk, being written or waiting - belongs to a history that no longer
+  // exists. They are removed, so that neither retention nor LoadNewest nor
+  // RestorableSteps prefers them to the history the job is in.
+  void Rewind(int64_t step);
 
   // Hands the checkpoint to a background writer so training does not wait
   // for the disk. One may wait while another is written; a third blocks the
@@ -72,10 +81,14 @@ class CheckpointStore {
   // Blocks until the background writer is idle.
   void Flush();
   int64_t failures() const;
-  const std::string& dir() const { return dir_; }
+  const std::string &dir() const { return dir_; }
 
  private:
   void WriterLoop();
+  absl::Status WriteLocked(const Checkpoint &c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Removes the checkpoints past `step`, on disk and in verified_.
+  void RemoveAfterLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   std::vector<std::pair<int64_t, std::string>> ListNewestFirst() const;
 
   const std::string dir_;

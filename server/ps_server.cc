@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/cpu_quota.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -39,11 +40,12 @@ ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
 }
 
 // Workers wait while the update runs, so its threads take no CPU from them;
-// beyond 4 the update is bound by memory, not cores.
+// beyond 4 the update is bound by memory, not cores. In a container the
+// CPUs are its CPU limit, not the node's: more threads than that only wait
+// for the quota.
 int UpdateThreads(int asked) {
   if (asked > 0) return asked;
-  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1,
-                    4);
+  return std::clamp(UsableCpus(), 1, 4);
 }
 
 }  // namespace
@@ -89,28 +91,40 @@ absl::Status PsServer::Build() {
   }
   RETURN_IF_ERROR(CheckShardAddresses(shard_.count, shard_.index,
                                       o.gather.addresses.size()));
-  std::optional<Checkpoint> resumed;
-  if (!o.checkpoint_dir.empty()) {
-    store_ = std::make_unique<CheckpointStore>(o.checkpoint_dir, layout_,
-                                               o.keep_checkpoints, shard_.index,
-                                               shard_.count);
-    RETURN_IF_ERROR(store_->Open());
-    resumed = store_->LoadNewest();
-    if (resumed.has_value()) {
-      if (absl::Status s = CheckResumable(resumed->config, o.config); !s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat(o.checkpoint_dir, ": ", s.message()));
-      }
-      if (resumed->shard_index != shard_.index ||
-          resumed->shard_count != shard_.count) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "%s: the checkpoint of step %d holds shard %d of %d; this dp-ps "
-            "is shard %d of %d (--shard, --shards)",
-            o.checkpoint_dir, resumed->state.step, resumed->shard_index,
-            resumed->shard_count, shard_.index, shard_.count));
-      }
-    }
+  ASSIGN_OR_RETURN(std::optional<Checkpoint> resumed, OpenCheckpoints());
+  RETURN_IF_ERROR(MakeCoordinator(std::move(resumed)));
+  StartSharedPlane();
+  service_ = std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
+                                         ServiceOptions());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Checkpoint>> PsServer::OpenCheckpoints() {
+  const PsServerOptions& o = options_;
+  if (o.checkpoint_dir.empty()) return std::nullopt;
+  store_ = std::make_unique<CheckpointStore>(o.checkpoint_dir, layout_,
+                                             o.keep_checkpoints, shard_.index,
+                                             shard_.count);
+  RETURN_IF_ERROR(store_->Open());
+  std::optional<Checkpoint> resumed = store_->LoadNewest();
+  if (!resumed.has_value()) return std::nullopt;
+  if (absl::Status s = CheckResumable(resumed->config, o.config); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat(o.checkpoint_dir, ": ", s.message()));
   }
+  if (resumed->shard_index != shard_.index ||
+      resumed->shard_count != shard_.count) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: the checkpoint of step %d holds shard %d of %d; this dp-ps "
+        "is shard %d of %d (--shard, --shards)",
+        o.checkpoint_dir, resumed->state.step, resumed->shard_index,
+        resumed->shard_count, shard_.index, shard_.count));
+  }
+  return resumed;
+}
+
+absl::Status PsServer::MakeCoordinator(std::optional<Checkpoint> resumed) {
+  const PsServerOptions& o = options_;
   TrainingState state;
   if (resumed.has_value()) {
     state = resumed->state;
@@ -120,7 +134,6 @@ absl::Status PsServer::Build() {
     ASSIGN_OR_RETURN(state, InitialState());
     if (!o.init_model.empty()) Log("initial weights from %s", o.init_model);
   }
-
   metrics_ = std::make_unique<ServerMetrics>(o.config.schedule.world_size,
                                              shard_.index);
   const int threads = UpdateThreads(o.update_threads);
@@ -143,42 +156,45 @@ absl::Status PsServer::Build() {
                                     std::move(s), shard_.index, shard_.count});
     });
   }
-  if (o.shared_memory) {
-    absl::StatusOr<std::unique_ptr<SharedPlane>> shared =
-        SharedPlane::Start(o.config.schedule.world_size, shard_.range.length,
-                           o.config.grad_encoding, o.config.weight_encoding);
-    if (shared.ok()) {
-      shared_ = *std::move(shared);
-    } else {  // workers use gRPC
-      Log("no shared memory for workers: %s", shared.status().message());
-    }
-  }
-  PsServiceOptions service_options{o.security.auth_token, shared_.get()};
-  if (sharded()) {
-    if (store_ != nullptr) {
-      service_options.restorable_steps = [this] {
-        return store_->RestorableSteps();
-      };
-    }
-    service_options.restore =
-        [this](int64_t step) -> absl::StatusOr<TrainingState> {
-      if (step == 0) return InitialState();
-      if (store_ == nullptr) {
-        return absl::FailedPreconditionError("no --checkpoint_dir");
-      }
-      ASSIGN_OR_RETURN(Checkpoint c, store_->Load(step));
-      return std::move(c.state);
-    };
-    service_options.on_weights_collected = [this](int64_t step) {
-      if (coordinator_->done() && step == coordinator_->Status().step &&
-          !collected_.HasBeenNotified()) {
-        collected_.Notify();
-      }
-    };
-  }
-  service_ = std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
-                                         service_options);
   return absl::OkStatus();
+}
+
+void PsServer::StartSharedPlane() {
+  const PsServerOptions& o = options_;
+  if (!o.shared_memory) return;
+  absl::StatusOr<std::unique_ptr<SharedPlane>> shared =
+      SharedPlane::Start(o.config.schedule.world_size, shard_.range.length,
+                         o.config.grad_encoding, o.config.weight_encoding);
+  if (shared.ok()) {
+    shared_ = *std::move(shared);
+  } else {  // workers use gRPC
+    Log("no shared memory for workers: %s", shared.status().message());
+  }
+}
+
+PsServiceOptions PsServer::ServiceOptions() {
+  PsServiceOptions service_options{options_.security.auth_token, shared_.get()};
+  if (!sharded()) return service_options;
+  if (store_ != nullptr) {
+    service_options.restorable_steps = [this] {
+      return store_->RestorableSteps();
+    };
+    // Before the answer, so before any step of the new history.
+    service_options.on_rewound = [this](int64_t step) { store_->Rewind(step); };
+  }
+  service_options.restore =
+      [this](int64_t step) -> absl::StatusOr<TrainingState> {
+    if (step == 0) return InitialState();
+    if (store_ == nullptr) {
+      return absl::FailedPreconditionError("no --checkpoint_dir");
+    }
+    ASSIGN_OR_RETURN(Checkpoint c, store_->Load(step));
+    return std::move(c.state);
+  };
+  service_options.on_weights_collected = [this](int64_t step) {
+    NoteCollected(step);
+  };
+  return service_options;
 }
 
 absl::Status PsServer::Serve() {
@@ -288,29 +304,70 @@ absl::Status PsServer::Finish(absl::Time start) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   (void)FinalCheckpoint();  // logged; the model file below is the result
   if (sharded() && shard_.index != 0) {
-    // Shard 0 saves the model: serve until it has this shard's part.
-    if (collected_.WaitForNotificationWithTimeout(
-            options_.final_eval_timeout)) {
-      Log("shard 0 collected this shard's final weights");
-    } else {
-      Log("shard 0 did not collect this shard's final weights within %.0f s",
-          absl::ToDoubleSeconds(options_.final_eval_timeout));
-    }
+    AwaitCollection();
   } else {
-    ASSIGN_OR_RETURN(const std::vector<float> weights, FinalWeights());
-    if (!options_.save_model.empty()) {
-      if (absl::Status s =
-              SaveSafetensors(options_.save_model, layout_, weights);
-          !s.ok()) {
-        return absl::Status(
-            s.code(), absl::StrCat("cannot save the model: ", s.message()));
-      }
-      Log("saved the model to %s", options_.save_model);
-    }
+    RETURN_IF_ERROR(SaveModel());
   }
+  // Rolled back meanwhile: Run trains on, and this step is not the end.
+  if (!coordinator_->done()) return absl::OkStatus();
   // Rank 0 reports its evaluations to shard 0 only.
   const bool have_eval = shard_.index == 0 && coordinator_->AwaitFinalEval(
                                                   options_.final_eval_timeout);
+  LogSummary(seconds, have_eval);
+  return absl::OkStatus();
+}
+
+void PsServer::NoteCollected(int64_t step) {
+  const CoordinatorStatus s = coordinator_->Status();
+  if (!coordinator_->done() || step != s.step) return;
+  absl::MutexLock lock(&collection_mu_);
+  collected_generation_ = s.generation;
+}
+
+void PsServer::AwaitCollection() {
+  const absl::Time deadline = absl::Now() + options_.final_eval_timeout;
+  const uint64_t generation = coordinator_->Status().generation;
+  auto collected = [this, generation]()
+                       ABSL_SHARED_LOCKS_REQUIRED(collection_mu_) {
+                         return collected_generation_ == generation;
+                       };
+  // Woken every 100 ms to see a rollback or a stop: then the end of this
+  // history is not the job's, and Run decides what comes next.
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&collection_mu_);
+      if (collection_mu_.AwaitWithTimeout(absl::Condition(&collected),
+                                          absl::Milliseconds(100))) {
+        Log("shard 0 collected this shard's final weights");
+        return;
+      }
+    }
+    if (!coordinator_->done() || stop_signal_.load() != 0) return;
+  }
+  Log("shard 0 did not collect this shard's final weights within %.0f s",
+      absl::ToDoubleSeconds(options_.final_eval_timeout));
+}
+
+absl::Status PsServer::SaveModel() {
+  absl::StatusOr<std::vector<float>> weights = FinalWeights();
+  // Cut short by a rollback (Run trains on) or a stop (Run drains).
+  if (weights.status().code() == absl::StatusCode::kCancelled &&
+      (!coordinator_->done() || stop_signal_.load() != 0)) {
+    Log("%s", weights.status().message());
+    return stop_signal_.load() != 0 ? weights.status() : absl::OkStatus();
+  }
+  RETURN_IF_ERROR(weights.status());
+  if (options_.save_model.empty()) return absl::OkStatus();
+  if (absl::Status s = SaveSafetensors(options_.save_model, layout_, *weights);
+      !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("cannot save the model: ", s.message()));
+  }
+  Log("saved the model to %s", options_.save_model);
+  return absl::OkStatus();
+}
+
+void PsServer::LogSummary(double seconds, bool have_eval) const {
   const CoordinatorStatus s = coordinator_->Status();
   // The training rate, from the first update to the last.
   const double train_seconds =
@@ -339,7 +396,6 @@ absl::Status PsServer::Finish(absl::Time start) {
     Log("no final test accuracy from rank 0 within %.0f s",
         absl::ToDoubleSeconds(options_.final_eval_timeout));
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> PsServer::FinalWeights() {
@@ -347,6 +403,9 @@ absl::StatusOr<std::vector<float>> PsServer::FinalWeights() {
   if (!sharded()) return own.params;
   GatherOptions gather = options_.gather;
   gather.timeout = options_.final_eval_timeout;
+  gather.keep_going = [this] {
+    return coordinator_->done() && stop_signal_.load() == 0;
+  };
   absl::StatusOr<std::vector<float>> all = GatherShards(
       gather, layout_, shard_.count, own.step, shard_.index, own.params);
   if (!all.ok()) {
@@ -381,6 +440,13 @@ absl::StatusOr<PsServer::Outcome> PsServer::Run() {
       return Outcome::kStopped;
     }
     finished = Finish(start);
+    if (finished.code() == absl::StatusCode::kCancelled &&
+        stop_signal_.load() != 0) {
+      // Stopped while collecting the model: the final checkpoint is
+      // written, and a restart collects it again.
+      ShutdownServers(absl::Seconds(2));
+      return Outcome::kStopped;
+    }
     // A shard that finished can still be rolled back, when another shard
     // restarts from an older checkpoint before the end: it trains on.
     if (!finished.ok() || coordinator_->done() || stop_signal_.load() != 0) {

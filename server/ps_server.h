@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/health_server.h"
@@ -36,6 +37,7 @@ class Server;
 namespace dp {
 
 class PsService;
+struct PsServiceOptions;
 
 struct PsServerOptions {
   std::string host = "0.0.0.0";
@@ -52,8 +54,8 @@ struct PsServerOptions {
   int keep_checkpoints = 3;
   absl::Duration worker_timeout = absl::Seconds(10);
   bool fail_on_worker_loss = false;  // else wait for the rank to come back
-  int update_threads = 0;            // 0: one per core, at most 4
-  bool exit_when_done = true;        // false: serve until Stop()
+  int update_threads = 0;  // 0: one per usable core (cgroup limit), at most 4
+  bool exit_when_done = true;  // false: serve until Stop()
   // Offer workers on this host (this network namespace) their tensors
   // through shared memory.
   bool shared_memory = true;
@@ -103,7 +105,19 @@ class PsServer {
 
  private:
   explicit PsServer(PsServerOptions options);
-  absl::Status Build();  // Start's work
+  // Start's work, in the steps below.
+  absl::Status Build();
+  // Opens --checkpoint_dir (if set): the newest checkpoint, when this job
+  // may resume from it; errors name the directory.
+  absl::StatusOr<std::optional<Checkpoint>> OpenCheckpoints();
+  // The coordinator at the resumed or initial state, its metrics, and the
+  // checkpoint hook.
+  absl::Status MakeCoordinator(std::optional<Checkpoint> resumed);
+  // Shared memory for workers on this host; without it (logged) they use
+  // gRPC.
+  void StartSharedPlane();
+  // What the service may call back: a shard's rollback and collection.
+  PsServiceOptions ServiceOptions();
   absl::Status Serve();  // gRPC, health, metrics
   void SetReady(bool ready);
   // The final checkpoint: the last applied step (after Shutdown or Fail
@@ -112,9 +126,22 @@ class PsServer {
   // Worker leases (every 100 ms) and progress (every second) until the job
   // is done, fails or is stopped; the JobFailedError of a lost rank.
   absl::Status Watch();
-  // The summary of a finished job: save the model, wait for the final
-  // evaluation, log the rates.
+  // The end of the job, or of this history when it is rolled back
+  // meanwhile (OK then, and Run trains on): the final checkpoint, the model
+  // (shard 0 collects and saves it; the other shards serve until it has
+  // their part), the final evaluation, the summary. CANCELLED when stopped
+  // while shard 0 collected the model.
   absl::Status Finish(absl::Time start);
+  // Another shard: serves until shard 0 has collected its final weights of
+  // this history, or --final_eval_timeout_s passes; returns early on a
+  // rollback or a stop.
+  void AwaitCollection();
+  // Shard 0 saw this shard's final weights of `step` (GetStatus collected).
+  void NoteCollected(int64_t step);
+  // The whole final vector to --save_model (if set). OK without saving when
+  // a rollback cut the collection short; CANCELLED when a stop did.
+  absl::Status SaveModel();
+  void LogSummary(double seconds, bool have_eval) const;
   // The whole vector of the final weights: this dp-ps's, or (shard 0 of a
   // sharded job) every shard's.
   absl::StatusOr<std::vector<float>> FinalWeights();
@@ -127,8 +154,11 @@ class PsServer {
   const PsServerOptions options_;
   const ModelLayout layout_ = ModelLayout::SimpleNet();
   ShardSpec shard_;
-  // A shard other than 0: set once shard 0 has collected its final weights.
-  absl::Notification collected_;
+  // A shard other than 0: the generation (StepCoordinator: new at every
+  // rollback) whose final weights shard 0 has collected. A rollback after a
+  // collection makes a new end, which shard 0 collects again.
+  absl::Mutex collection_mu_;
+  std::optional<uint64_t> collected_generation_ ABSL_GUARDED_BY(collection_mu_);
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<StepCoordinator> coordinator_;

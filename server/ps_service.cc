@@ -149,6 +149,7 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       shared_(options.shared_memory),
       restorable_steps_(options.restorable_steps),
       restore_(options.restore),
+      on_rewound_(options.on_rewound),
       on_weights_collected_(options.on_weights_collected) {}
 
 void PsService::DescribeShard(const CoordinatorStatus& s,
@@ -168,8 +169,8 @@ void PsService::DescribeShard(const CoordinatorStatus& s,
   for (int64_t step : steps) out->add_restorable_steps(step);
 }
 
-ServerUnaryReactor* PsService::Answer(CallbackServerContext* ctx,
-                                      const absl::Status& s, int rank) {
+ServerUnaryReactor* PsService::FinishCall(CallbackServerContext* ctx,
+                                          const absl::Status& s, int rank) {
   metrics_->CountRejected(s.code());
   if (s.ok() && rank >= 0) metrics_->SawRank(rank);
   ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -193,11 +194,12 @@ ServerUnaryReactor* PsService::AwaitStep(
 ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
                                         const dp::v1::RegisterRequest* request,
                                         dp::v1::RegisterResponse* response) {
-  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok())
+    return FinishCall(ctx, s);
   DataFingerprint data{request->data().num_samples(), request->data().hash()};
   auto reg = coordinator_->Register(request->rank(),
                                     request->model_fingerprint(), data);
-  if (!reg.ok()) return Answer(ctx, reg.status());
+  if (!reg.ok()) return FinishCall(ctx, reg.status());
   ToProto(reg->config, response->mutable_config());
   response->set_step(reg->step);
   response->set_total_steps(reg->config.schedule.total_steps());
@@ -211,15 +213,27 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
     if (offer.ok()) {
       response->set_shm_socket(offer->socket);
       response->set_shm_ticket(offer->ticket);
+      response->set_shm_slot(offer->slot_id);
     } else {
       Log("rank %d: no shared memory: %s", request->rank(),
           offer.status().message());
     }
   }
-  return Answer(ctx, absl::OkStatus(), request->rank());
+  return FinishCall(ctx, absl::OkStatus(), request->rank());
 }
 
-grpc::ByteBuffer PsService::WeightsResponse(
+bool PsService::PublishInSharedMemory(
+    const StepCoordinator::PulledWeights& weights, int64_t offset) {
+  // Shared memory holds the whole range of the current version only.
+  if (shared_ == nullptr || offset != coordinator_->shard().range.offset ||
+      weights.bytes.size() != weights.snapshot.size()) {
+    return false;
+  }
+  shared_->Publish(weights.step, weights.snapshot);
+  return true;
+}
+
+grpc::ByteBuffer PsService::SerializeWeights(
     const StepCoordinator::PulledWeights& weights, int64_t offset,
     bool in_shared_memory) const {
   dp::v1::PullResponse header;
@@ -227,18 +241,12 @@ grpc::ByteBuffer PsService::WeightsResponse(
   header.set_offset(offset);
   header.set_done(coordinator_->done());
   header.set_encoding(static_cast<dp::v1::Encoding>(weights.encoding));
-  if (in_shared_memory && shared_ != nullptr &&
-      offset == coordinator_->shard().range.offset &&
-      weights.bytes.size() == weights.snapshot.size()) {
-    shared_->Publish(weights.step, weights.snapshot);
-    header.set_params_in_shm(true);
-    grpc::ByteBuffer bytes = SerializeMessage(header);
-    metrics_->AddSentBytes(bytes.Length());
-    return bytes;
-  }
+  header.set_params_in_shm(in_shared_memory);
   grpc::ByteBuffer bytes =
-      SerializeWithTensor(header, dp::v1::PullResponse::kParamsFieldNumber,
-                          weights.bytes, weights.lease);
+      in_shared_memory ? SerializeMessage(header)
+                       : SerializeWithTensor(
+                             header, dp::v1::PullResponse::kParamsFieldNumber,
+                             weights.bytes, weights.lease);
   metrics_->AddSentBytes(bytes.Length());
   return bytes;
 }
@@ -248,18 +256,20 @@ ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
                                     grpc::ByteBuffer* response) {
   dp::v1::PullRequest request;
   if (absl::Status s = ParseMessage(*bytes, &request); !s.ok()) {
-    return Answer(ctx, s);
+    return FinishCall(ctx, s);
   }
-  if (absl::Status s = CheckCall(ctx, request); !s.ok()) return Answer(ctx, s);
+  if (absl::Status s = CheckCall(ctx, request); !s.ok())
+    return FinishCall(ctx, s);
   std::optional<int64_t> version;
   if (request.has_version()) version = request.version();
   auto weights = coordinator_->Pull(request.rank(), request.offset(),
                                     request.length(), version);
-  if (!weights.ok()) return Answer(ctx, weights.status());
+  if (!weights.ok()) return FinishCall(ctx, weights.status());
   // Shared memory holds the current version only.
-  *response = WeightsResponse(*weights, request.offset(),
-                              request.weights_in_shm() && !version.has_value());
-  return Answer(ctx, absl::OkStatus(), request.rank());
+  const bool in_shm = request.weights_in_shm() && !version.has_value() &&
+                      PublishInSharedMemory(*weights, request.offset());
+  *response = SerializeWeights(*weights, request.offset(), in_shm);
+  return FinishCall(ctx, absl::OkStatus(), request.rank());
 }
 
 absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
@@ -272,9 +282,11 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
   // gradient is copied out of it before the handler returns.
   thread_local std::string scratch;
   absl::string_view gradient = tensor.Contiguous(&scratch);
-  // A gradient in the rank's slot is read in place, kept alive (a new
-  // registration of the rank replaces the slot) until the coordinator has
-  // decoded it.
+  // A gradient in the rank's slot is read in place - once, by the
+  // coordinator, into its own memory - and the slot kept alive (a new
+  // registration of the rank replaces it) until then. The slot must be the
+  // one this process of the rank was given: an older process of the rank
+  // still holds its own, and is refused.
   std::shared_ptr<const SharedRegion> slot;
   if (request->gradient_in_shm()) {
     if (!gradient.empty()) {
@@ -291,7 +303,7 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
     if (absl::Status s = token_.Check(ctx->client_metadata()); !s.ok()) {
       return s;
     }
-    ASSIGN_OR_RETURN(slot, shared_->Slot(request->rank()));
+    ASSIGN_OR_RETURN(slot, shared_->Slot(request->rank(), request->shm_slot()));
     gradient = absl::string_view(slot->data(), slot->size());
   }
   RETURN_IF_ERROR(CheckCall(ctx, *request, gradient));
@@ -308,18 +320,19 @@ ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,
                                     grpc::ByteBuffer* response) {
   dp::v1::PushRequest request;
   auto result = ReceivePush(ctx, *bytes, &request);
-  if (!result.ok()) return Answer(ctx, result.status());
+  if (!result.ok()) return FinishCall(ctx, result.status());
   dp::v1::PushResponse header;
   header.set_step(result->step);
   header.set_duplicate(result->duplicate);
   *response = SerializeMessage(header);
-  return Answer(ctx, absl::OkStatus());  // ReceivePush marked the rank
+  return FinishCall(ctx, absl::OkStatus());  // ReceivePush marked the rank
 }
 
 ServerUnaryReactor* PsService::Barrier(CallbackServerContext* ctx,
                                        const dp::v1::BarrierRequest* request,
                                        dp::v1::BarrierResponse* response) {
-  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok())
+    return FinishCall(ctx, s);
   return AwaitStep(request->rank(), request->step(),
                    [this, response](int64_t step) {
                      response->set_step(step);
@@ -333,7 +346,7 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
                                         grpc::ByteBuffer* response) {
   dp::v1::PushRequest request;
   auto pushed = ReceivePush(ctx, *bytes, &request);
-  if (!pushed.ok()) return Answer(ctx, pushed.status());
+  if (!pushed.ok()) return FinishCall(ctx, pushed.status());
   const int rank = request.rank();
   const bool in_shm = request.weights_in_shm();
   return AwaitStep(rank, request.step(),
@@ -341,7 +354,9 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
                      const int64_t offset = coordinator_->shard().range.offset;
                      auto weights = coordinator_->Pull(rank, offset, 0);
                      if (!weights.ok()) return weights.status();
-                     *response = WeightsResponse(*weights, offset, in_shm);
+                     *response = SerializeWeights(
+                         *weights, offset,
+                         in_shm && PublishInSharedMemory(*weights, offset));
                      return absl::OkStatus();
                    });
 }
@@ -349,8 +364,9 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
 ServerUnaryReactor* PsService::ReportEval(
     CallbackServerContext* ctx, const dp::v1::ReportEvalRequest* request,
     dp::v1::ReportEvalResponse* /*response*/) {
-  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
-  return Answer(
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok())
+    return FinishCall(ctx, s);
+  return FinishCall(
       ctx, coordinator_->RecordEval(request->rank(), EvalReportOf(*request)),
       request->rank());
 }
@@ -358,7 +374,8 @@ ServerUnaryReactor* PsService::ReportEval(
 ServerUnaryReactor* PsService::GetStatus(
     CallbackServerContext* ctx, const dp::v1::GetStatusRequest* request,
     dp::v1::GetStatusResponse* response) {
-  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok())
+    return FinishCall(ctx, s);
   CoordinatorStatus s = coordinator_->Status();
   ToProto(s.config, response->mutable_config());
   response->set_step(s.step);
@@ -383,16 +400,17 @@ ServerUnaryReactor* PsService::GetStatus(
   if (request->has_collected() && on_weights_collected_) {
     on_weights_collected_(request->collected());
   }
-  return Answer(ctx, absl::OkStatus());
+  return FinishCall(ctx, absl::OkStatus());
 }
 
 ServerUnaryReactor* PsService::Rollback(CallbackServerContext* ctx,
                                         const dp::v1::RollbackRequest* request,
                                         dp::v1::RollbackResponse* response) {
-  if (absl::Status s = CheckCall(ctx, *request); !s.ok()) return Answer(ctx, s);
+  if (absl::Status s = CheckCall(ctx, *request); !s.ok())
+    return FinishCall(ctx, s);
   if (!restore_) {
-    return Answer(ctx, absl::UnimplementedError(
-                           "this dp-ps cannot roll back (not a shard)"));
+    return FinishCall(ctx, absl::UnimplementedError(
+                               "this dp-ps cannot roll back (not a shard)"));
   }
   const CoordinatorStatus before = coordinator_->Status();
   const int64_t step = request->step();
@@ -403,26 +421,28 @@ ServerUnaryReactor* PsService::Rollback(CallbackServerContext* ctx,
         std::find(steps.begin(), steps.end(), step) == steps.end()) {
       // ABORTED: the checkpoint may have gone since the caller looked
       // (retention); it decides again on what the shard says now.
-      return Answer(ctx, absl::AbortedError(absl::StrFormat(
-                             "Rollback: %s cannot restore step %d (it is at "
-                             "step %d and has no checkpoint of it)",
-                             before.shard.ToString(), step, before.step)));
+      return FinishCall(ctx,
+                        absl::AbortedError(absl::StrFormat(
+                            "Rollback: %s cannot restore step %d (it is at "
+                            "step %d and has no checkpoint of it)",
+                            before.shard.ToString(), step, before.step)));
     }
     absl::StatusOr<TrainingState> state = restore_(step);
     if (!state.ok()) {
-      return Answer(ctx, absl::AbortedError(absl::StrCat(
-                             "Rollback: ", state.status().message())));
+      return FinishCall(ctx, absl::AbortedError(absl::StrCat(
+                                 "Rollback: ", state.status().message())));
     }
     if (absl::Status s =
             coordinator_->Rewind(request->generation(), *std::move(state));
         !s.ok()) {
-      return Answer(ctx, s);
+      return FinishCall(ctx, s);
     }
+    if (on_rewound_) on_rewound_(step);
   }
   const CoordinatorStatus after = coordinator_->Status();
   response->set_step(after.step);
   DescribeShard(after, response->mutable_shard());
-  return Answer(ctx, absl::OkStatus());
+  return FinishCall(ctx, absl::OkStatus());
 }
 
 }  // namespace dp

@@ -27,6 +27,8 @@ struct PsServiceOptions {
   // restorable, and Rollback is UNIMPLEMENTED.
   std::function<std::vector<int64_t>()> restorable_steps;
   std::function<absl::StatusOr<TrainingState>(int64_t step)> restore;
+  // Called once the coordinator went back to `step`, before the answer.
+  std::function<void(int64_t step)> on_rewound;
   // Called when shard 0 says it has collected this shard's weights of
   // `step` (GetStatus with `collected`).
   std::function<void(int64_t step)> on_weights_collected;
@@ -130,17 +132,21 @@ class PsService final : public ParameterServerBase {
   // such): with respond(new step)'s status, which fills the response.
   grpc::ServerUnaryReactor* AwaitStep(
       int rank, int64_t step, std::function<absl::Status(int64_t)> respond);
-  // The response to a pull of `weights`, sharing their memory, or, when
-  // the caller asked for them in shared memory and they are the whole
-  // vector, published there.
-  grpc::ByteBuffer WeightsResponse(
+  // Publishes `weights` in shared memory when there is a plane and they are
+  // this shard's whole range of the current version; true when they are
+  // there now.
+  bool PublishInSharedMemory(const StepCoordinator::PulledWeights& weights,
+                             int64_t offset);
+  // The PullResponse for `weights`: sharing their memory, or saying they are
+  // in shared memory.
+  grpc::ByteBuffer SerializeWeights(
       const StepCoordinator::PulledWeights& weights, int64_t offset,
       bool in_shared_memory) const;
   // Finishes a unary call with `s`; a refusal is counted in
   // dp_ps_rejected_requests_total, an accepted call of `rank` (>= 0) marks
   // the rank active.
-  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx,
-                                   const absl::Status& s, int rank = -1);
+  grpc::ServerUnaryReactor* FinishCall(grpc::CallbackServerContext* ctx,
+                                       const absl::Status& s, int rank = -1);
   // UNAUTHENTICATED without the right token; the validator's verdict
   // otherwise.
   template <typename Request, typename... Tensor>
@@ -161,6 +167,7 @@ class PsService final : public ParameterServerBase {
   SharedPlane* const shared_;
   const std::function<std::vector<int64_t>()> restorable_steps_;
   const std::function<absl::StatusOr<TrainingState>(int64_t)> restore_;
+  const std::function<void(int64_t)> on_rewound_;
   const std::function<void(int64_t)> on_weights_collected_;
 };
 

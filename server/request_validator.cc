@@ -37,11 +37,59 @@ RequestValidator::RequestValidator(int world_size, const ModelLayout& layout,
       owned_(owned.length > 0 ? owned : ParamRange{0, layout.num_params()}),
       model_fingerprint_(layout.Fingerprint()) {}
 
-absl::Status RequestValidator::CheckRank(const char* rpc, int rank) const {
-  if (rank < 0 || rank >= world_size_) {
+absl::Status CheckRankInJob(const char* rpc, int rank, int world_size) {
+  if (rank < 0 || rank >= world_size) {
     return Invalid(
         "%s: rank %d is out of range: this job has %d workers (ranks 0..%d)",
-        rpc, rank, world_size_, world_size_ - 1);
+        rpc, rank, world_size, world_size - 1);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckModelFingerprint(int rank, uint64_t model_fingerprint,
+                                   uint64_t expected) {
+  if (model_fingerprint != expected) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d runs a different model (fingerprint %016x, dp-ps has %016x)",
+        rank, model_fingerprint, expected));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPullRange(int rank, int64_t offset, int64_t length,
+                            ParamRange owned) {
+  // Written so that nothing can overflow: offset in [begin, end] first.
+  if (offset < owned.offset || offset > owned.end() || length < 0 ||
+      length > owned.end() - offset) {
+    return Invalid(
+        "Pull from rank %d: range (offset %d, length %d) is outside the "
+        "range this dp-ps owns [%d, %d)",
+        rank, offset, length, owned.offset, owned.end());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEvalReport(int rank, const EvalReport& r) {
+  if (r.step < 0 || r.step > kMaxStep) {
+    return Invalid("ReportEval from rank %d: step %d is out of range [0, %d]",
+                   rank, r.step, kMaxStep);
+  }
+  if (!(r.accuracy >= 0.0 && r.accuracy <= 1.0) || !std::isfinite(r.loss) ||
+      std::fabs(r.loss) > kMaxAbsLoss || r.num_samples < 0 ||
+      r.num_samples > kMaxSamples || r.epoch < 0 || r.epoch > kMaxEpoch) {
+    return Invalid(
+        "evaluation report from rank %d is invalid (accuracy %g, loss %g, %d "
+        "samples, epoch %d)",
+        rank, r.accuracy, r.loss, r.num_samples, r.epoch);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLoss(int rank, int64_t step, float loss) {
+  if (!std::isfinite(loss) || std::fabs(loss) > kMaxAbsLoss) {
+    return Invalid(
+        "loss from rank %d for step %d is not finite or out of range (%g)",
+        rank, step, loss);
   }
   return absl::OkStatus();
 }
@@ -72,12 +120,9 @@ absl::Status CheckGradientShape(int rank, Encoding encoding, int64_t offset,
 absl::Status RequestValidator::CheckRegister(
     int rank, uint64_t model_fingerprint, const DataFingerprint* data,
     absl::string_view worker_id) const {
-  RETURN_IF_ERROR(CheckRank("Register", rank));
-  if (model_fingerprint != model_fingerprint_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "rank %d runs a different model (fingerprint %016x, dp-ps has %016x)",
-        rank, model_fingerprint, model_fingerprint_));
-  }
+  RETURN_IF_ERROR(CheckRankInJob("Register", rank, world_size_));
+  RETURN_IF_ERROR(
+      CheckModelFingerprint(rank, model_fingerprint, model_fingerprint_));
   if (data == nullptr) {
     return Invalid("Register from rank %d carries no data fingerprint", rank);
   }
@@ -97,23 +142,15 @@ absl::Status RequestValidator::CheckRegister(
 
 absl::Status RequestValidator::CheckPull(int rank, int64_t offset,
                                          int64_t length) const {
-  RETURN_IF_ERROR(CheckRank("Pull", rank));
-  // Written so that nothing can overflow: offset in [begin, end] first.
-  if (offset < owned_.offset || offset > owned_.end() || length < 0 ||
-      length > owned_.end() - offset) {
-    return Invalid(
-        "Pull from rank %d: range (offset %d, length %d) is outside the "
-        "range this dp-ps owns [%d, %d)",
-        rank, offset, length, owned_.offset, owned_.end());
-  }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(CheckRankInJob("Pull", rank, world_size_));
+  return CheckPullRange(rank, offset, length, owned_);
 }
 
 absl::Status RequestValidator::CheckPush(int rank, int64_t step, int64_t offset,
                                          int encoding, size_t gradient_bytes,
                                          float loss,
                                          int64_t num_samples) const {
-  RETURN_IF_ERROR(CheckRank("Push", rank));
+  RETURN_IF_ERROR(CheckRankInJob("Push", rank, world_size_));
   RETURN_IF_ERROR(CheckStep("Push", rank, step));
   if (encoding != static_cast<int>(Encoding::kF32) &&
       encoding != static_cast<int>(Encoding::kBf16)) {
@@ -122,11 +159,7 @@ absl::Status RequestValidator::CheckPush(int rank, int64_t step, int64_t offset,
   }
   RETURN_IF_ERROR(CheckGradientShape(rank, static_cast<Encoding>(encoding),
                                      offset, gradient_bytes, owned_));
-  if (!std::isfinite(loss) || std::fabs(loss) > kMaxAbsLoss) {
-    return Invalid(
-        "loss from rank %d for step %d is not finite or out of range (%g)",
-        rank, step, loss);
-  }
+  RETURN_IF_ERROR(CheckLoss(rank, step, loss));
   if (num_samples < 0 || num_samples > kMaxSamples) {
     return Invalid("Push from rank %d: num_samples %d is out of range", rank,
                    num_samples);
@@ -135,22 +168,13 @@ absl::Status RequestValidator::CheckPush(int rank, int64_t step, int64_t offset,
 }
 
 absl::Status RequestValidator::CheckBarrier(int rank, int64_t step) const {
-  RETURN_IF_ERROR(CheckRank("Barrier", rank));
+  RETURN_IF_ERROR(CheckRankInJob("Barrier", rank, world_size_));
   return CheckStep("Barrier", rank, step);
 }
 
 absl::Status RequestValidator::CheckEval(int rank, const EvalReport& r) const {
-  RETURN_IF_ERROR(CheckRank("ReportEval", rank));
-  RETURN_IF_ERROR(CheckStep("ReportEval", rank, r.step));
-  if (!(r.accuracy >= 0.0 && r.accuracy <= 1.0) || !std::isfinite(r.loss) ||
-      std::fabs(r.loss) > kMaxAbsLoss || r.num_samples < 0 ||
-      r.num_samples > kMaxSamples || r.epoch < 0 || r.epoch > kMaxEpoch) {
-    return Invalid(
-        "evaluation report from rank %d is invalid (accuracy %g, loss %g, %d "
-        "samples, epoch %d)",
-        rank, r.accuracy, r.loss, r.num_samples, r.epoch);
-  }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(CheckRankInJob("ReportEval", rank, world_size_));
+  return CheckEvalReport(rank, r);
 }
 
 }  // namespace dp

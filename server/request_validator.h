@@ -33,11 +33,25 @@ inline constexpr int kMaxEpoch = 1 << 24;
 inline constexpr double kMaxAbsLoss = 1e15;
 inline constexpr size_t kMaxWorkerIdBytes = 256;
 
+// The checks that the validator and the coordinator (which must never index
+// past a buffer, whoever calls it) both make, in one place each.
+// INVALID_ARGUMENT unless 0 <= rank < world_size; `rpc` names the call.
+absl::Status CheckRankInJob(const char* rpc, int rank, int world_size);
+// FAILED_PRECONDITION unless the worker's model is dp-ps's.
+absl::Status CheckModelFingerprint(int rank, uint64_t model_fingerprint,
+                                   uint64_t expected);
+// INVALID_ARGUMENT unless [offset, offset + length) lies in `owned`
+// (length 0: to its end).
+absl::Status CheckPullRange(int rank, int64_t offset, int64_t length,
+                            ParamRange owned);
 // INVALID_ARGUMENT unless a gradient of `bytes` bytes at `offset` in
-// `encoding` covers exactly the range `owned` of the vector. The validator
-// and the coordinator (which must never read past a buffer) share it.
+// `encoding` covers exactly the range `owned` of the vector.
 absl::Status CheckGradientShape(int rank, Encoding encoding, int64_t offset,
                                 size_t bytes, ParamRange owned);
+// INVALID_ARGUMENT unless the loss is finite and within kMaxAbsLoss.
+absl::Status CheckLoss(int rank, int64_t step, float loss);
+// INVALID_ARGUMENT unless every field of the report is in range.
+absl::Status CheckEvalReport(int rank, const EvalReport& report);
 
 class RequestValidator {
  public:
@@ -63,7 +77,6 @@ class RequestValidator {
                                        const EvalReport& report) const;
 
  private:
-  absl::Status CheckRank(const char* rpc, int rank) const;
   absl::Status CheckStep(const char* rpc, int rank, int64_t step) const;
 
   const int world_size_;

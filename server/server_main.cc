@@ -191,7 +191,9 @@ int Run(int argc, char** argv) {
   flags.AddInt("metrics_port", &f.metrics_port,
                "Prometheus metrics port (0 = off, -1 = any free port)");
   flags.AddString("metrics_host", &f.metrics_host,
-                  "address the metrics endpoint listens on");
+                  "address the metrics endpoint listens on (0.0.0.0 or ::: "
+                  "every IPv4 and IPv6 address; an IPv6 address with or "
+                  "without brackets)");
   flags.AddInt("workers", &f.workers, "number of workers N");
   flags.AddInt("batch_size", &f.batch_size, "batch size per worker");
   flags.AddInt("epochs", &f.epochs, "epochs to train");
@@ -215,8 +217,9 @@ int Run(int argc, char** argv) {
                   "workers compute on rounded weights, dp-ps keeps and "
                   "updates them in float32)");
   flags.AddInt("update_threads", &f.update_threads,
-               "threads for the average + Adam update (0 = one per core, at "
-               "most 4; the result is the same for any number)");
+               "threads for the average + Adam update (0 = one per usable "
+               "core, at most 4: the cgroup's CPU limit counts; the result "
+               "is the same for any number)");
   flags.AddString("checkpoint_dir", &f.checkpoint_dir,
                   "write checkpoints here and resume from the newest valid "
                   "one at start (empty = no checkpoints)");

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/security.h"
 #include "proto/dp.grpc.pb.h"
 
@@ -40,7 +41,10 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
                             : grpc::InsecureChannelCredentials(),
         args)));
   }
-  const absl::Time deadline = absl::Now() + options.timeout;
+  const absl::Time start = absl::Now();
+  // When each address last answered (start: not yet).
+  std::vector<absl::Time> answered(stubs.size(), start);
+  absl::Time logged = start;
   auto call = [&](size_t a, dp::v1::GetStatusRequest request,
                   dp::v1::GetStatusResponse* response) {
     grpc::ClientContext ctx;
@@ -59,6 +63,7 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
       request.set_with_params(true);
       dp::v1::GetStatusResponse response;
       const absl::Status s = call(a, request, &response);
+      if (s.ok()) answered[a] = absl::Now();
       if (!s.ok()) {
         waiting.push_back(
             absl::StrFormat("%s (%s)", options.addresses[a], s.message()));
@@ -96,12 +101,26 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
       if (!have[k]) missing.push_back(k);
     }
     if (missing.empty()) break;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "the weights of step %d are missing shard(s) %s after %s; not "
-          "ready: %s",
-          step, absl::StrJoin(missing, ","),
-          absl::FormatDuration(options.timeout), absl::StrJoin(waiting, "; ")));
+    const absl::Time now = absl::Now();
+    for (size_t a = 0; a < stubs.size(); ++a) {
+      const bool lacking = shard_of[a] < 0 || !have[shard_of[a]];
+      if (lacking && now - answered[a] > options.timeout) {
+        return absl::DeadlineExceededError(absl::StrFormat(
+            "the weights of step %d are missing shard(s) %s; %s has not "
+            "answered for %s; not ready: %s",
+            step, absl::StrJoin(missing, ","), options.addresses[a],
+            absl::FormatDuration(options.timeout),
+            absl::StrJoin(waiting, "; ")));
+      }
+    }
+    if (options.keep_going && !options.keep_going()) {
+      return absl::CancelledError(absl::StrFormat(
+          "the collection of the weights of step %d stopped", step));
+    }
+    if (now - logged >= options.timeout) {
+      Log("collecting the weights of step %d for %.0f s; waiting for %s", step,
+          absl::ToDoubleSeconds(now - start), absl::StrJoin(waiting, "; "));
+      logged = now;
     }
     absl::SleepFor(absl::Milliseconds(100));  // a shard still catching up
   }

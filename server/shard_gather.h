@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,15 +26,20 @@ struct GatherOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
   std::string server_name;  // TLS name to verify instead of the address's
   std::string auth_token;
-  // How long to wait for every shard to reach `step`.
+  // How long a shard may go without answering. A shard that answers at an
+  // earlier step is alive and waits for a worker (a half-applied last
+  // step): it is waited for as long as it takes, and named in the log.
   absl::Duration timeout = absl::Seconds(120);
+  // Asked between rounds; false ends the collection (CANCELLED): this
+  // shard was stopped or rolled back.
+  std::function<bool()> keep_going;
 };
 
 // The whole vector of version `step`: `own` (the range of shard
 // `own_index`) and the other `count` - 1 shards' ranges. Shards that are not
-// there yet (restarting, or a step behind) are asked again until `timeout`;
-// DEADLINE_EXCEEDED naming them then. A shard of another job shape (count,
-// range) is FAILED_PRECONDITION.
+// there yet (restarting, or a step behind) are asked again;
+// DEADLINE_EXCEEDED naming them once one has not answered for `timeout`.
+// A shard of another job shape (count, range) is FAILED_PRECONDITION.
 absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
                                                 const ModelLayout& layout,
                                                 int count, int64_t step,

@@ -1,6 +1,7 @@
 // Shared weights and gradient slots of dp-ps (see shared_plane.h).
 #include "server/shared_plane.h"
 
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <utility>
@@ -9,6 +10,19 @@
 #include "common/status_macros.h"
 
 namespace dp {
+namespace {
+
+// Unpredictable, so that no process - a previous dp-ps's worker included -
+// names a slot it was not given by chance or by counting.
+uint64_t NewSlotId() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (getrandom(&id, sizeof(id), 0) != sizeof(id)) id = 0;
+  }
+  return id;
+}
+
+}  // namespace
 
 SharedPlane::SharedPlane(std::unique_ptr<SharedMemoryOffer> offer,
                          std::unique_ptr<SharedRegion> weights, int world_size,
@@ -27,7 +41,8 @@ absl::StatusOr<std::unique_ptr<SharedPlane>> SharedPlane::Start(
   ASSIGN_OR_RETURN(
       std::unique_ptr<SharedRegion> weights,
       SharedRegion::Create("dp-ps weights",
-                           WeightsRegionBytes(num_params, weight_encoding)));
+                           WeightsRegionBytes(num_params, weight_encoding),
+                           SharedRegion::Peers::kReadOnly));
   return std::unique_ptr<SharedPlane>(new SharedPlane(
       std::move(offer), std::move(weights), world_size,
       static_cast<size_t>(num_params) * BytesPerValue(grad_encoding),
@@ -35,9 +50,9 @@ absl::StatusOr<std::unique_ptr<SharedPlane>> SharedPlane::Start(
 }
 
 absl::StatusOr<SharedPlane::Offer> SharedPlane::OfferTo(int rank) {
-  ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> slot,
+  ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region,
                    SharedRegion::Create("dp-ps gradient slot", slot_bytes_));
-  const int slot_fd = dup(slot->fd());
+  const int slot_fd = dup(region->fd());
   if (slot_fd < 0) {
     return absl::InternalError("dup of a gradient slot's descriptor");
   }
@@ -47,21 +62,29 @@ absl::StatusOr<SharedPlane::Offer> SharedPlane::OfferTo(int rank) {
     close(slot_fd);
     return weights_fd.status();
   }
-  slots_[rank] = std::move(slot);
-  return Offer{offer_->socket_name(), offer_->Add({*weights_fd, slot_fd})};
+  slots_[rank] = GradientSlot{NewSlotId(), std::move(region)};
+  return Offer{offer_->socket_name(),
+               offer_->IssueTicket(rank, {*weights_fd, slot_fd}),
+               slots_[rank].id};
 }
 
 absl::StatusOr<std::shared_ptr<const SharedRegion>> SharedPlane::Slot(
-    int rank) const {
+    int rank, uint64_t slot_id) const {
   absl::MutexLock lock(&mu_);
   if (rank < 0 || rank >= static_cast<int>(slots_.size()) ||
-      slots_[rank] == nullptr) {
+      slots_[rank].region == nullptr) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "rank %d sent its gradient through shared memory it was never given "
         "(register again)",
         rank));
   }
-  return slots_[rank];
+  if (slots_[rank].id != slot_id) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d pushed through a gradient slot it no longer holds (another "
+        "process of rank %d registered since): register again",
+        rank, rank));
+  }
+  return slots_[rank].region;
 }
 
 void SharedPlane::Publish(int64_t step, absl::string_view encoded) {

@@ -1,9 +1,10 @@
 // dp-ps's shared memory for the workers on its host (common/shared_memory.h):
 // the weights, published once per version where every worker reads them,
-// and one gradient slot per rank that only that rank's worker can write.
-// gRPC stays the control plane: a push or pull says "in shared memory"
-// instead of carrying the tensor, and everything else about it - the checks,
-// the rank-ordered average, the status codes - is the same.
+// and one gradient slot per registration of a rank, that only the process
+// that registered can write. gRPC stays the control plane: a push or pull
+// says "in shared memory" instead of carrying the tensor, and everything
+// else about it - the checks, the rank-ordered average, the status codes -
+// is the same.
 #ifndef DP_SERVER_SHARED_PLANE_H_
 #define DP_SERVER_SHARED_PLANE_H_
 
@@ -30,20 +31,27 @@ class SharedPlane {
   struct Offer {
     std::string socket;  // abstract Unix socket name
     std::string ticket;  // one-time
+    uint64_t slot_id;    // named by every push through this slot
   };
   // A fresh gradient slot for `rank` and the ticket that hands it, with a
   // read-only descriptor of the weights, to the worker. The rank's old slot
-  // is dropped: a previous process of that rank no longer writes where
-  // dp-ps reads.
+  // and any ticket of it not yet redeemed are dropped: a previous process of
+  // that rank no longer writes where dp-ps reads.
   absl::StatusOr<Offer> OfferTo(int rank);
-  // `rank`'s slot, kept alive while the caller reads it; FAILED_PRECONDITION
-  // when the rank has none (it never took the offer).
-  absl::StatusOr<std::shared_ptr<const SharedRegion>> Slot(int rank) const;
+  // `rank`'s slot, kept alive while the caller reads it. FAILED_PRECONDITION
+  // when `slot_id` is not the slot of the rank's latest registration (it
+  // never took the offer, or a newer process of the rank registered since).
+  absl::StatusOr<std::shared_ptr<const SharedRegion>> Slot(
+      int rank, uint64_t slot_id) const;
   // Writes the weights of version `step` (encoded, every value) unless that
   // version is there already.
   void Publish(int64_t step, absl::string_view encoded);
 
  private:
+  struct GradientSlot {
+    uint64_t id = 0;
+    std::shared_ptr<const SharedRegion> region;
+  };
   SharedPlane(std::unique_ptr<SharedMemoryOffer> offer,
               std::unique_ptr<SharedRegion> weights, int world_size,
               size_t slot_bytes, Encoding weight_encoding);
@@ -54,7 +62,7 @@ class SharedPlane {
   mutable absl::Mutex mu_;
   std::unique_ptr<SharedRegion> weights_ ABSL_GUARDED_BY(mu_);
   int64_t published_step_ ABSL_GUARDED_BY(mu_) = -1;
-  std::vector<std::shared_ptr<const SharedRegion>> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<GradientSlot> slots_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dp

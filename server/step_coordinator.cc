@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -62,6 +63,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   DP_CHECK(world >= 1);
   registered_.assign(world, false);
   gradients_.assign(world, std::vector<float>(n));
+  rank_sum_.resize(n);
   received_.assign(world, false);
   losses_.assign(world, 0.0f);
   arrival_.assign(world, started_);
@@ -82,14 +84,8 @@ absl::Status StepCoordinator::RefusalLocked() const {
 
 void StepCoordinator::Touch(int rank) { last_seen_[rank] = absl::Now(); }
 
-absl::Status StepCoordinator::CheckRank(int rank) const {
-  if (rank < 0 || rank >= config_.schedule.world_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d is out of range: this job has %d workers "
-        "(ranks 0..%d)",
-        rank, config_.schedule.world_size, config_.schedule.world_size - 1));
-  }
-  return absl::OkStatus();
+absl::Status StepCoordinator::CheckRank(const char* rpc, int rank) const {
+  return CheckRankInJob(rpc, rank, config_.schedule.world_size);
 }
 
 int64_t StepCoordinator::TotalStepsLocked() const {
@@ -100,13 +96,9 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
     int rank, uint64_t model_fingerprint, const DataFingerprint& data) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalLocked());
-  RETURN_IF_ERROR(CheckRank(rank));
-  if (model_fingerprint != layout_.Fingerprint()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "rank %d runs a different model (fingerprint %016x, dp-ps has "
-        "%016x)",
-        rank, model_fingerprint, layout_.Fingerprint()));
-  }
+  RETURN_IF_ERROR(CheckRank("Register", rank));
+  RETURN_IF_ERROR(
+      CheckModelFingerprint(rank, model_fingerprint, layout_.Fingerprint()));
   if (have_data_ && !(data == data_)) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "rank %d has different data (%d samples, hash %016x) from the job's "
@@ -138,18 +130,10 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
     int rank, int64_t offset, int64_t length, std::optional<int64_t> version) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalLocked());
-  RETURN_IF_ERROR(CheckRank(rank));
+  RETURN_IF_ERROR(CheckRank("Pull", rank));
+  RETURN_IF_ERROR(CheckPullRange(rank, offset, length, shard_.range));
   const int64_t begin = shard_.range.offset;
-  const int64_t end = shard_.range.end();
-  if (length == 0 && offset >= begin && offset <= end) length = end - offset;
-  // Ordered so that nothing overflows: offset is in [begin, end] before
-  // end - offset.
-  if (offset < begin || offset > end || length < 0 || length > end - offset) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "pull range (offset %d, length %d) is outside the range this dp-ps "
-        "owns [%d, %d)",
-        offset, length, begin, end));
-  }
+  if (length == 0) length = shard_.range.end() - offset;
   const Encoding encoding = config_.weight_encoding;
   const size_t width = BytesPerValue(encoding);
   const int64_t local = offset - begin;
@@ -181,109 +165,132 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
       absl::string_view(published_->data() + local * width, length * width)};
 }
 
+absl::Status StepCoordinator::ReadGradientLocked(int rank, int64_t step,
+                                                 int64_t offset,
+                                                 absl::string_view gradient,
+                                                 Encoding encoding) {
+  if (encoding != config_.grad_encoding) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "gradient from rank %d is encoded as %s; this job uses %s", rank,
+        EncodingName(encoding), EncodingName(config_.grad_encoding)));
+  }
+  // Never read past the buffer, whoever calls.
+  RETURN_IF_ERROR(CheckGradientShape(rank, encoding, offset, gradient.size(),
+                                     shard_.range));
+  // The bytes may be a worker's shared-memory slot, which it can rewrite at
+  // any time: they are read once, into private memory, and every decision
+  // is made on that copy. While the rank's buffer holds nothing of this
+  // step (received_[rank] false) the copy is made into it, so an accepted
+  // push needs no second one; a refused push then still leaves no trace.
+  // A retry's values go to scratch: they are only checked.
+  std::vector<float>& copy =
+      received_[rank] ? retry_scratch_ : gradients_[rank];
+  copy.resize(n_);
+  const int64_t bad = DecodeChecked(encoding, gradient.data(), n_,
+                                    kMaxAbsGradient, copy.data());
+  if (bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "gradient from rank %d for step %d has a non-finite or out-of-range "
+        "value (%g, limit %g) at index %d",
+        rank, step, copy[bad], kMaxAbsGradient, shard_.range.offset + bad));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank,
+                                                    int64_t step) const {
+  if (!registered_[rank]) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("rank %d has not registered", rank));
+  }
+  const int64_t current = state_.step;
+  // The step just applied: a retry whose answer was lost.
+  if (step == current - 1 || (step == current && received_[rank])) {
+    return true;
+  }
+  if (step != current) {
+    return absl::AbortedError(absl::StrFormat(
+        "rank %d pushed step %d but the job is at step %d (%s step): "
+        "re-sync",
+        rank, step, current, step < current ? "stale" : "future"));
+  }
+  if (step >= TotalStepsLocked()) {
+    return absl::AbortedError(absl::StrFormat(
+        "rank %d pushed step %d but the job finished at step %d", rank, step,
+        current));
+  }
+  return false;
+}
+
+void StepCoordinator::FoldArrivedLocked() {
+  const int world = static_cast<int>(received_.size());
+  while (folded_ < world && received_[folded_]) {
+    if (folded_ == 0) {
+      // The sum starts as rank 0's gradient: its buffer becomes the sum's.
+      std::swap(rank_sum_, gradients_[0]);
+    } else {
+      AddToRankSum(rank_sum_.data(), gradients_[folded_].data(), n_, &pool_);
+    }
+    ++folded_;
+  }
+}
+
+StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(int rank,
+                                                             float loss) {
+  AfterPush after;
+  Touch(rank);
+  received_[rank] = true;
+  losses_[rank] = loss;
+  arrival_[rank] = absl::Now();
+  FoldArrivedLocked();
+  if (folded_ == static_cast<int>(received_.size())) {
+    after.to_notify = ApplyLocked();
+    if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
+      after.checkpoint_hook = checkpoint_hook_;
+      after.checkpoint = state_;  // consistent: taken at a step boundary
+    }
+  }
+  return after;
+}
+
 absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     int rank, int64_t step, int64_t offset, absl::string_view gradient,
     float loss, Encoding encoding) {
-  std::vector<WaitCallback> to_notify;
-  std::function<void(TrainingState)> hook;
-  TrainingState checkpoint;
+  AfterPush after;
   PushResult result;
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(RefusalLocked());
-    RETURN_IF_ERROR(CheckRank(rank));
-    const int64_t n = n_;
-    if (encoding != config_.grad_encoding) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "gradient from rank %d is encoded as %s; this job uses %s", rank,
-          EncodingName(encoding), EncodingName(config_.grad_encoding)));
-    }
-    // Never read past the buffer, whoever calls.
-    RETURN_IF_ERROR(CheckGradientShape(rank, encoding, offset, gradient.size(),
-                                       shard_.range));
-    // The values are read once, before anything that depends on the step,
-    // so that a bad gradient is INVALID_ARGUMENT whatever the state. While
-    // the rank's buffer holds nothing of this step (received_[rank] false),
-    // they are decoded into it in the same pass; a refused push then still
-    // leaves no trace. Otherwise (a retry) they are only checked.
-    float* const gradient_of_rank = gradients_[rank].data();
-    const int64_t bad =
-        received_[rank]
-            ? FirstOutOfRange(encoding, gradient.data(), n, kMaxAbsGradient)
-            : DecodeChecked(encoding, gradient.data(), n, kMaxAbsGradient,
-                            gradient_of_rank);
-    if (bad >= 0) {
-      float value;
-      Decode(encoding, gradient.data() + bad * BytesPerValue(encoding), 1,
-             &value);
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "gradient from rank %d for step %d has a non-finite or out-of-range "
-          "value (%g, limit %g) at index %d",
-          rank, step, value, kMaxAbsGradient, shard_.range.offset + bad));
-    }
-    if (!registered_[rank]) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("rank %d has not registered", rank));
-    }
-    const int64_t current = state_.step;
-    // The step just applied: a retry whose answer was lost. Acknowledge it.
-    if (step == current - 1 || (step == current && received_[rank])) {
+    RETURN_IF_ERROR(CheckRank("Push", rank));
+    // The values first, before anything that depends on the step, so that
+    // a bad gradient is INVALID_ARGUMENT whatever the state.
+    RETURN_IF_ERROR(ReadGradientLocked(rank, step, offset, gradient, encoding));
+    ASSIGN_OR_RETURN(const bool retry, IsRetryLocked(rank, step));
+    if (retry) {
       Touch(rank);
-      return PushResult{current, true};
+      return PushResult{state_.step, /*duplicate=*/true};
     }
-    if (step != current) {
-      return absl::AbortedError(absl::StrFormat(
-          "rank %d pushed step %d but the job is at step %d (%s step): "
-          "re-sync",
-          rank, step, current, step < current ? "stale" : "future"));
-    }
-    if (step >= TotalStepsLocked()) {
-      return absl::AbortedError(absl::StrFormat(
-          "rank %d pushed step %d but the job finished at step %d", rank, step,
-          current));
-    }
-    if (!std::isfinite(loss)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("loss from rank %d for step %d is not finite (%f)",
-                          rank, step, loss));
-    }
-    Touch(rank);
-    received_[rank] = true;
-    losses_[rank] = loss;
-    arrival_[rank] = absl::Now();
-    bool all = true;
-    for (bool r : received_) all = all && r;
-    if (all) {
-      to_notify = ApplyLocked();
-      if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
-        hook = checkpoint_hook_;
-        checkpoint = state_;  // consistent: taken at a step boundary
-      }
-    }
+    RETURN_IF_ERROR(CheckLoss(rank, step, loss));
+    after = AcceptPushLocked(rank, loss);
     result.step = state_.step;
   }
-  for (WaitCallback& cb : to_notify) cb(absl::OkStatus(), result.step);
-  if (hook) hook(std::move(checkpoint));
+  for (WaitCallback& cb : after.to_notify) cb(absl::OkStatus(), result.step);
+  if (after.checkpoint_hook) after.checkpoint_hook(std::move(after.checkpoint));
   return result;
 }
 
 std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
   const absl::Time begin = absl::Now();
-  std::vector<const float*> grads;
-  grads.reserve(gradients_.size());
   float loss_sum = 0.0f;
-  for (size_t r = 0; r < gradients_.size(); ++r) {  // rank order
-    grads.push_back(gradients_[r].data());
-    loss_sum += losses_[r];
-  }
+  for (float loss : losses_) loss_sum += loss;  // rank order
   if (shard_.count > 1) {
     std::memcpy(previous_.data(), state_.params.data(), n_ * sizeof(float));
     holds_previous_ = true;
   }
   const absl::Time apply_start = absl::Now();
-  AverageAndAdamStep(config_.adam, state_.step + 1, grads, n_,
-                     state_.params.data(), state_.m.data(), state_.v.data(),
-                     &pool_);
+  AdamStepOnSum(config_.adam, state_.step + 1, rank_sum_.data(),
+                static_cast<int>(received_.size()), n_, state_.params.data(),
+                state_.m.data(), state_.v.data(), &pool_);
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = loss_sum / static_cast<float>(losses_.size());
   ++state_.step;
@@ -299,6 +306,7 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
     first_apply_ = last_apply_;
   }
   received_.assign(received_.size(), false);
+  folded_ = 0;
   std::vector<WaitCallback> ready;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.step < state_.step) {
@@ -343,7 +351,7 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
 absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
     int rank, int64_t step, WaitCallback done, WaitCallback* evicted) {
   RETURN_IF_ERROR(RefusalLocked());
-  RETURN_IF_ERROR(CheckRank(rank));
+  RETURN_IF_ERROR(CheckRank("WaitForStep", rank));
   if (!registered_[rank]) {
     return absl::FailedPreconditionError(
         absl::StrFormat("rank %d has not registered", rank));
@@ -394,14 +402,8 @@ bool StepCoordinator::CancelWait(int64_t id) {
 absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalLocked());
-  RETURN_IF_ERROR(CheckRank(rank));
-  if (!std::isfinite(r.accuracy) || r.accuracy < 0.0 || r.accuracy > 1.0 ||
-      !std::isfinite(r.loss) || r.num_samples < 0 || r.step < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "evaluation report from rank %d is invalid (accuracy %f, loss %f, "
-        "%d samples, step %d of %d)",
-        rank, r.accuracy, r.loss, r.num_samples, r.step, state_.step));
-  }
+  RETURN_IF_ERROR(CheckRank("ReportEval", rank));
+  RETURN_IF_ERROR(CheckEvalReport(rank, r));
   if (r.step > state_.step) {
     return absl::AbortedError(absl::StrFormat(
         "evaluation report from rank %d is about the weights of step %d, but "
@@ -504,6 +506,7 @@ absl::Status StepCoordinator::Rewind(uint64_t generation, TrainingState state) {
     holds_previous_ = false;
     published_ = nullptr;
     received_.assign(received_.size(), false);
+    folded_ = 0;
     to_abort = TakeAllWaitersLocked();
   }
   const absl::Status aborted = absl::AbortedError(absl::StrFormat(
@@ -614,8 +617,11 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   for (size_t r = 0; r < received_.size(); ++r) {
     if (!received_[r]) continue;  // a free buffer: its bytes mean nothing
     o.losses[r] = losses_[r];
-    o.gradients[r] = gradients_[r];
+    // A folded rank's gradient is in the sum, and its buffer free.
+    if (static_cast<int>(r) >= folded_) o.gradients[r] = gradients_[r];
   }
+  o.folded = folded_;
+  if (folded_ > 0) o.rank_sum = rank_sum_;
   o.last_seen = last_seen_;
   for (const auto& [id, w] : waiters_) o.waiters.emplace_back(w.rank, w.step);
   o.has_eval = has_eval_;
@@ -654,6 +660,7 @@ std::string ObservableDifferences(const StepCoordinator::ObservableState& a,
     gradients = same(a.gradients[r], b.gradients[r]);
   }
   check(gradients, "received gradients");
+  check(a.folded == b.folded && same(a.rank_sum, b.rank_sum), "rank sum");
   check(a.last_seen == b.last_seen, "leases");
   check(a.waiters == b.waiters, "waiters");
   const EvalReport& x = a.last_eval;

@@ -205,9 +205,11 @@ class StepCoordinator {
     std::optional<DataFingerprint> data;
     std::vector<bool> registered;
     std::vector<bool> received;
-    std::vector<float> losses;                     // of received ranks, else 0
-    std::vector<std::vector<float>> gradients;     // of received ranks
-    std::vector<absl::Time> last_seen;             // the leases
+    std::vector<float> losses;                  // of received ranks, else 0
+    std::vector<std::vector<float>> gradients;  // of received, unfolded ranks
+    int folded = 0;                     // ranks [0, folded) are in rank_sum
+    std::vector<float> rank_sum;        // when folded > 0
+    std::vector<absl::Time> last_seen;  // the leases
     std::vector<std::pair<int, int64_t>> waiters;  // (rank, step), oldest first
     bool has_eval = false;
     bool final_eval = false;
@@ -231,7 +233,31 @@ class StepCoordinator {
   // rank whose every request is refused is not taking part, and must be
   // reported missing.
   void Touch(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckRank(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRank(const char* rpc, int rank) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The steps of Push. Checks the gradient's encoding, shape and values,
+  // reading them once into private memory (see Push).
+  absl::Status ReadGradientLocked(int rank, int64_t step, int64_t offset,
+                                  absl::string_view gradient, Encoding encoding)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True for a retry of a push already received or applied; an error for a
+  // push the step refuses (not registered, stale, future, after the end).
+  absl::StatusOr<bool> IsRetryLocked(int rank, int64_t step) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // What an accepted push leaves to do once the lock is released.
+  struct AfterPush {
+    std::vector<WaitCallback> to_notify;  // the step was applied
+    std::function<void(TrainingState)> checkpoint_hook;
+    TrainingState checkpoint;
+  };
+  // Adds the gradients received in rank order since the last fold to the
+  // rank sum: ranks [folded_, r) when all of them have arrived. A rank
+  // waits for the ranks before it, not for the last.
+  void FoldArrivedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts the push in and folds what it can; the last of the N applies the
+  // update.
+  AfterPush AcceptPushLocked(int rank, float loss)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error every request gets once the job failed or is shutting down.
   absl::Status RefusalLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Averages the pushes, applies Adam, publishes the next version; returns
@@ -260,6 +286,14 @@ class StepCoordinator {
   // Gradients of the current step, one preallocated buffer per rank.
   std::vector<std::vector<float>> gradients_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
+  // The sum of the gradients of ranks [0, folded_) of this step, added in
+  // rank order as they arrive (AddToRankSum): at the last push only the
+  // ranks not yet folded and the update remain.
+  std::vector<float> rank_sum_ ABSL_GUARDED_BY(mu_);
+  int folded_ ABSL_GUARDED_BY(mu_) = 0;
+  // Where a retry's gradient is read to be checked (received_[rank] holds
+  // the first).
+  std::vector<float> retry_scratch_ ABSL_GUARDED_BY(mu_);
   std::vector<float> losses_ ABSL_GUARDED_BY(mu_);
   // The snapshot Pull hands out for the current version (null until the
   // first pull after an update), and the buffers snapshots are made in: one

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/parallel_for.h"
@@ -28,8 +28,7 @@ TEST(AdamTest, ConstantGradientMovesByLrPerStepInClosedForm) {
     AverageAndAdamStep(o, t, grads, g.size(), p.data(), m.data(), v.data());
   }
   for (size_t i = 0; i < g.size(); ++i) {
-    const double expected =
-        p0[i] - 3 * o.lr * g[i] / (std::fabs(g[i]) + o.eps);
+    const double expected = p0[i] - 3 * o.lr * g[i] / (std::fabs(g[i]) + o.eps);
     EXPECT_NEAR(p[i], expected, 1e-7) << "element " << i;
   }
 }
@@ -94,8 +93,8 @@ TEST(AdamTest, HundredsOfStepsMatchPyTorchAdamBitForBit) {
       const float h = (*got[k])[i];
       if (std::memcmp(&w, &h, 4) == 0) continue;
       if (++mismatches <= 5) {
-        ADD_FAILURE() << names[k] << "[" << i << "]: torch "
-                      << std::hexfloat << w << ", here " << h;
+        ADD_FAILURE() << names[k] << "[" << i << "]: torch " << std::hexfloat
+                      << w << ", here " << h;
       }
     }
     EXPECT_EQ(mismatches, 0) << names[k] << " elements differ of " << kN;
@@ -129,7 +128,8 @@ TEST(AdamTest, ThreeStepsOfAveragedGradientsMatchDoubleReference) {
   AdamOptions o;
   o.lr = 0.01;
   for (int t = 1; t <= 3; ++t) {
-    const float* grads[] = {steps_rank0[t - 1].data(), steps_rank1[t - 1].data()};
+    const float* grads[] = {steps_rank0[t - 1].data(),
+                            steps_rank1[t - 1].data()};
     AverageAndAdamStep(o, t, grads, 4, p.data(), m.data(), v.data());
     std::vector<double> avg(4);
     for (int i = 0; i < 4; ++i) {
@@ -290,6 +290,49 @@ TEST(AdamTest, GradientsAreAddedInRankOrder) {
       for (int r = 1; r < ranks; ++r) sum += g[r][i];
       ASSERT_EQ(m[i], sum / static_cast<float>(ranks))
           << "ranks " << ranks << " element " << i;
+    }
+  }
+}
+
+// dp-ps folds each gradient into the rank sum as it arrives (AddToRankSum,
+// rank order) and applies Adam to the sum (AdamStepOnSum): the same bits as
+// AverageAndAdamStep over the gradients, params, m and v alike, for every
+// number of ranks (powers of two divide by multiplying), with a pool or not.
+TEST(AdamTest, FoldingGradientsAsTheyArriveGivesTheSameBits) {
+  const int64_t n = 3000;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  WorkerPool pool(3);
+  for (int ranks = 1; ranks <= 9; ++ranks) {
+    std::vector<std::vector<float>> g(ranks, std::vector<float>(n));
+    std::vector<const float*> grads;
+    for (auto& rank : g) {
+      for (float& x : rank) x = std::ldexp(mantissa(rng), exponent(rng));
+      grads.push_back(rank.data());
+    }
+    std::vector<float> p0(n), m0(n), v0(n);
+    for (int64_t i = 0; i < n; ++i) {
+      p0[i] = mantissa(rng);
+      m0[i] = 0.01f * mantissa(rng);
+      v0[i] = 0.001f * std::fabs(mantissa(rng));
+    }
+    auto p = p0, m = m0, v = v0;
+    const AdamOptions o;
+    AverageAndAdamStep(o, 3, grads, n, p.data(), m.data(), v.data());
+    for (WorkerPool* with : {static_cast<WorkerPool*>(nullptr), &pool}) {
+      std::vector<float> sum = g[0];
+      for (int r = 1; r < ranks; ++r)
+        AddToRankSum(sum.data(), g[r].data(), n, with);
+      auto fp = p0, fm = m0, fv = v0;
+      AdamStepOnSum(o, 3, sum.data(), ranks, n, fp.data(), fm.data(), fv.data(),
+                    with);
+      EXPECT_EQ(std::memcmp(fp.data(), p.data(), n * 4), 0)
+          << ranks << " ranks";
+      EXPECT_EQ(std::memcmp(fm.data(), m.data(), n * 4), 0)
+          << ranks << " ranks";
+      EXPECT_EQ(std::memcmp(fv.data(), v.data(), n * 4), 0)
+          << ranks << " ranks";
     }
   }
 }

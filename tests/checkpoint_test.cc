@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "common/file_util.h"
@@ -33,8 +34,8 @@ Checkpoint Make(int64_t step) {
   return c;
 }
 
-bool SameState(const TrainingState& a, const TrainingState& b) {
-  auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
+bool SameState(const TrainingState &a, const TrainingState &b) {
+  auto eq = [](const std::vector<float> &x, const std::vector<float> &y) {
     return x.size() == y.size() &&
            std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
   };
@@ -104,12 +105,67 @@ TEST(CheckpointStoreTest, OnlyTheNewestKAreKept) {
   store.Flush();
   ASSERT_TRUE(store.Write(Make(60)).ok());
   std::vector<std::string> names;
-  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+  for (const auto &e : std::filesystem::directory_iterator(dir.path())) {
     names.push_back(e.path().filename());
   }
   std::sort(names.begin(), names.end());
   ASSERT_EQ(names.size(), 2u);
   EXPECT_EQ(names.back(), CheckpointFileName(60));
+  EXPECT_EQ(store.failures(), 0);
+}
+
+// The steps of the checkpoint files in `dir`, oldest first.
+std::vector<int64_t> StepsOnDisk(const std::string &dir) {
+  CheckpointStore reopened(dir, kLayout, 100);
+  EXPECT_TRUE(reopened.Open().ok());
+  return reopened.RestorableSteps();
+}
+
+// The sequence: keep 3, steps 10..50 written, then step 10 again as
+// after a rollback to step 0. Steps 30..50 belong to a history the job left;
+// the new step 10 is the only checkpoint of the history it is in.
+TEST(CheckpointStoreTest, AfterARollbackTheNewHistoryIsKeptNotTheAbandonedOne) {
+  TempDir dir;
+  CheckpointStore store(dir.path(), kLayout, 3);
+  ASSERT_TRUE(store.Open().ok());
+  for (int step = 10; step <= 50; step += 10) {
+    ASSERT_TRUE(store.Write(Make(step)).ok());
+  }
+  ASSERT_TRUE(store.Write(Make(10)).ok());
+  EXPECT_EQ(store.RestorableSteps(), std::vector<int64_t>{10});
+  EXPECT_EQ(StepsOnDisk(dir.path()), std::vector<int64_t>{10});
+  std::optional<Checkpoint> newest = store.LoadNewest();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->state.step, 10);
+  for (int step = 20; step <= 40; step += 10) store.WriteAsync(Make(step));
+  store.Flush();
+  EXPECT_EQ(store.RestorableSteps(), (std::vector<int64_t>{20, 30, 40}));
+}
+
+// Rewind is the rollback itself, before any checkpoint of the new history
+// exists: a restart then resumes at the restored step, not in the future
+// the job left. A checkpoint of that future still waiting for the disk is
+// not written.
+TEST(CheckpointStoreTest, ARewindRemovesTheCheckpointsPastTheRestoredStep) {
+  TempDir dir;
+  CheckpointStore store(dir.path(), kLayout, 10);
+  ASSERT_TRUE(store.Open().ok());
+  for (int step = 10; step <= 50; step += 10) {
+    ASSERT_TRUE(store.Write(Make(step)).ok());
+  }
+  // Written, being written or waiting when the rewind comes: all past it.
+  for (int step = 60; step <= 80; step += 10) store.WriteAsync(Make(step));
+  store.Rewind(30);
+  store.Flush();
+  EXPECT_EQ(store.RestorableSteps(), (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_EQ(StepsOnDisk(dir.path()), (std::vector<int64_t>{10, 20, 30}));
+  std::optional<Checkpoint> newest = store.LoadNewest();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->state.step, 30);
+  store.Rewind(0);
+  EXPECT_EQ(store.RestorableSteps(), std::vector<int64_t>{});
+  EXPECT_EQ(StepsOnDisk(dir.path()), std::vector<int64_t>{});
+  EXPECT_FALSE(store.LoadNewest().has_value());
   EXPECT_EQ(store.failures(), 0);
 }
 
@@ -160,9 +216,9 @@ TEST(CheckpointStoreTest, FailedWriteKeepsThePreviousCheckpoints) {
 
 // Names left in `dir` that are not checkpoints: a write that collided with
 // another leaves its temporary file behind.
-std::vector<std::string> Strays(const std::string& dir) {
+std::vector<std::string> Strays(const std::string &dir) {
   std::vector<std::string> strays;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+  for (const auto &e : std::filesystem::directory_iterator(dir)) {
     const std::string name = e.path().filename();
     if (name.rfind("ckpt-", 0) != 0 || name.find(".tmp") != std::string::npos) {
       strays.push_back(name);
@@ -192,10 +248,10 @@ TEST(CheckpointStoreTest, ConcurrentWritesOfOneStepAllSucceed) {
       }
     });
   }
-  for (std::thread& t : threads) t.join();
+  for (std::thread &t : threads) t.join();
   store.Flush();
   int failed = 0;
-  for (const auto& e : errors) {
+  for (const auto &e : errors) {
     failed += e.size();
     if (!e.empty()) ADD_FAILURE() << "first error: " << e.front();
   }
@@ -226,7 +282,7 @@ TEST(FileUtilTest, ConcurrentAtomicWritesOfOnePathAllSucceed) {
       }
     });
   }
-  for (std::thread& t : threads) t.join();
+  for (std::thread &t : threads) t.join();
   EXPECT_EQ(failed.load(), 0);
   auto back = ReadFile(path);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -234,7 +290,7 @@ TEST(FileUtilTest, ConcurrentAtomicWritesOfOnePathAllSucceed) {
               std::end(contents))
       << "a mix of " << back->size() << " bytes";
   int files = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+  for (const auto &e : std::filesystem::directory_iterator(dir.path())) {
     ++files;
     (void)e;
   }

@@ -4,12 +4,14 @@
 1. dp-worker needs no CUDA library (its DT_NEEDED entries): one
    binary for CPU and GPU hosts, and cuBLAS's thread-local storage never sits
    in the static TLS block that civetweb's small thread stacks must hold.
-2. libdp_cuda.so holds machine code for every GPU family CUDA 13 supports
-   and PTX for the newest, read from its .nv_fatbin section.
+2. libdp_cuda.so holds machine code and PTX for exactly the architectures
+   the build asked for (--architectures, CMAKE_CUDA_ARCHITECTURES), read
+   from its .nv_fatbin section.
 3. dp-worker says which backend it chose and why, and --backend=cuda that
-   cannot run is exit code 2 with the reason (where no GPU is usable).
+   cannot run here is exit code 5 with the reason (where no GPU is usable),
+   a missing module exit code 2.
 
-Usage: cuda_module_check.py --worker PATH --module PATH
+Usage: cuda_module_check.py --worker PATH --module PATH --architectures LIST
 Prints one line per check and 'N passed, N failed'; exit 1 on any failure.
 """
 import argparse
@@ -18,8 +20,6 @@ import struct
 import subprocess
 import sys
 
-SASS = {75, 80, 86, 89, 90, 100, 120}
-PTX = {120}
 CUDA_LIBS = re.compile(r"^lib(cuda|cudart|cublas|cublasLt|nvrtc|nvJitLink)\.so")
 
 results = []
@@ -105,7 +105,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", required=True)
     ap.add_argument("--module", required=True)
+    ap.add_argument("--architectures", required=True,
+                    help="the build's CMAKE_CUDA_ARCHITECTURES, e.g. "
+                         "'75-real,...,120-real,120-virtual' or '90'")
     args = ap.parse_args()
+    # "N-real": machine code only; "N-virtual": PTX only; "N": both.
+    sass, ptx = set(), set()
+    for arch in filter(None, args.architectures.replace(",", ";").split(";")):
+        number, _, kind = arch.partition("-")
+        if kind != "virtual":
+            sass.add(int(number))
+        if kind != "real":
+            ptx.add(int(number))
 
     cuda_needed = [n for n in needed(args.worker) if CUDA_LIBS.match(n)]
     check("dp-worker links no CUDA library", not cuda_needed,
@@ -119,11 +130,11 @@ def main():
     fatbins = fatbin_entries(blob) if blob else []
     check("the module has CUDA code", bool(fatbins))
     for i, entries in enumerate(fatbins):
-        sass = {arch for kind, arch in entries if kind == 2}
-        ptx = {arch for kind, arch in entries if kind == 1}
-        check(f"fatbin {i}: sm_{sorted(sass)} PTX compute_{sorted(ptx)}",
-              sass == SASS and ptx == PTX,
-              f"want sm_{sorted(SASS)} and PTX compute_{sorted(PTX)}")
+        has_sass = {arch for kind, arch in entries if kind == 2}
+        has_ptx = {arch for kind, arch in entries if kind == 1}
+        check(f"fatbin {i}: sm_{sorted(has_sass)} PTX compute_{sorted(has_ptx)}",
+              has_sass == sass and has_ptx == ptx,
+              f"want sm_{sorted(sass)} and PTX compute_{sorted(ptx)}")
 
     code, out = run_worker(args.worker, "--backend=cuda",
                            "--cuda_module=/nonexistent/libdp_cuda.so")
@@ -137,8 +148,9 @@ def main():
     if not gpu_present():
         code, out = run_worker(args.worker, "--backend=cuda",
                                f"--cuda_module={args.module}")
-        check("--backend=cuda without a GPU is exit 2 with the reason",
-              code == 2 and 'backend "cuda": ' in out, f"exit {code}")
+        check("--backend=cuda without a GPU is exit 5 (cannot run here), "
+              "with the reason",
+              code == 5 and 'backend "cuda": ' in out, f"exit {code}")
         check("--backend=auto without a GPU says why it chose the CPU",
               line is not None and line.group(1).startswith("cpu (auto: "))
     else:

@@ -84,6 +84,49 @@ TEST(DataPlaneTest, ForcedSharedMemoryWithoutAnOfferIsAConfigurationError) {
   EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
 }
 
+// A 600-step job over shared memory; with `lingering`, a second process of
+// rank 0 (a restarted pod whose predecessor still runs) joins at step 5 and
+// both run to the end. The saved model.
+std::string JobWithLingeringRank(const TempDir& dir, const std::string& name,
+                                 bool lingering) {
+  const std::string model = dir.File(name);
+  int port = 0;
+  auto ps = StartServer({"--workers=2", "--max_steps=600", "--batch_size=32",
+                         "--dataset=synthetic", "--epochs=1000", "--seed=11",
+                         "--save_model=" + model},
+                        &port);
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.push_back(StartWorker(port, r, {"--data_plane=shm"}));
+  }
+  if (lingering) {
+    EXPECT_TRUE(WaitForStep(port, 5, absl::Minutes(2))) << ps->output();
+    workers.push_back(StartWorker(port, 0, {"--data_plane=shm"}));
+    EXPECT_TRUE(workers.back()->WaitForOutput("tensors through shared memory",
+                                              absl::Minutes(2)))
+        << workers.back()->output();
+    EXPECT_LT(CurrentStep(port), 550) << "the job ended before both ran";
+  }
+  EXPECT_EQ(workers[1]->Wait(kJobTimeout), 0) << workers[1]->output();
+  for (auto& w : workers) EXPECT_TRUE(w->Wait(kJobTimeout).has_value());
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  return ReadFile(model).value_or("");
+}
+
+// The older process's pushes name a slot that is no longer its, and are
+// refused rather than read from the newer process's slot (zeros, the last
+// step's gradient, or half written): the model is the undisturbed job's.
+TEST(DataPlaneTest, ALingeringSecondProcessOfARankLeavesTheModelAsItWas) {
+  TempDir dir;
+  const std::string reference =
+      JobWithLingeringRank(dir, "reference.safetensors", false);
+  ASSERT_FALSE(reference.empty());
+  const std::string lingering =
+      JobWithLingeringRank(dir, "lingering.safetensors", true);
+  EXPECT_TRUE(lingering == reference)
+      << "two processes of rank 0 changed the model";
+}
+
 // Shared memory has no name: kill -9 of every process leaves nothing that
 // a restarted dp-ps or anyone else could find (and trust).
 TEST(DataPlaneTest, KilledProcessesLeaveNoSharedMemoryBehind) {

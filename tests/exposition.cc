@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -90,9 +92,13 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
                                     const std::string& path,
                                     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  const std::string where = absl::StrFormat("http://%s:%d%s", host, port, path);
+  // An IPv6 literal ("::1") goes in brackets in the URL and Host header.
+  const std::string authority =
+      absl::StrContains(host, ':') ? absl::StrCat("[", host, "]") : host;
+  const std::string where =
+      absl::StrFormat("http://%s:%d%s", authority, port, path);
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* addr = nullptr;
   if (getaddrinfo(host.c_str(), absl::StrCat(port).c_str(), &hints, &addr) !=
@@ -100,7 +106,7 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
       addr == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot resolve ", where));
   }
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = socket(addr->ai_family, SOCK_STREAM, 0);
   const bool connected =
       fd >= 0 && connect(fd, addr->ai_addr, addr->ai_addrlen) == 0;
   freeaddrinfo(addr);
@@ -110,7 +116,7 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
     return absl::UnavailableError(absl::StrCat("GET ", where, ": ", why));
   }
   const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host, "\r\n\r\n");
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", authority, "\r\n\r\n");
   if (write(fd, request.data(), request.size()) !=
       static_cast<ssize_t>(request.size())) {
     close(fd);
@@ -142,6 +148,18 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
         absl::StrCat("GET ", where, ": '", status_line, "'"));
   }
   return response.substr(header_end + 4);
+}
+
+bool HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_loopback;
+  const bool ok =
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
 }
 
 }  // namespace dp

@@ -1,5 +1,5 @@
 // Test helpers for the Prometheus side: parse the text exposition format into
-// series -> value, and fetch a URL over plain HTTP/1.0 on loopback.
+// series -> value, and fetch a URL over plain HTTP/1.0 (IPv4 or IPv6).
 #ifndef DP_TESTS_EXPOSITION_H_
 #define DP_TESTS_EXPOSITION_H_
 
@@ -31,6 +31,10 @@ std::optional<double> Sample(const std::map<std::string, double>& samples,
 absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
                                     const std::string& path,
                                     absl::Duration timeout = absl::Seconds(10));
+
+// Whether this host can listen on ::1 (IPv6 may be disabled): the IPv6
+// tests skip where it cannot.
+bool HasIpv6Loopback();
 
 }  // namespace dp
 

@@ -1,6 +1,6 @@
 // The metrics flags of the real dp-ps and dp-worker binaries: off by default,
 // any free port with -1, a busy port is a clear error (exit 1), a bad port a
-// configuration error (exit 2).
+// configuration error (exit 2), IPv4 and IPv6 served by default.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -134,6 +134,47 @@ TEST(MetricsJobTest, EverySeriesOfAShardCarriesItsIndex) {
       Sample(s, "dp_ps_expected_workers", {{"role", "ps"}, {"shard", "1"}}), 2);
   ps.Signal(SIGTERM);
   EXPECT_EQ(ps.Wait(kTimeout), kExitInterrupted);
+}
+
+// The exposition at host:port has dp_build_info.
+void ExpectMetricsAt(const std::string& host, int port,
+                     const Subprocess& from) {
+  auto body = HttpGet(host, port, "/metrics");
+  ASSERT_TRUE(body.ok()) << body.status() << "\n" << from.output();
+  EXPECT_NE(body->find("dp_build_info"), std::string::npos) << *body;
+}
+
+// On an IPv6-only or IPv6-primary cluster Prometheus scrapes the pod's IPv6
+// address: by default (--metrics_host=0.0.0.0, a wildcard) both binaries
+// serve metrics on every IPv4 and IPv6 address, on one port.
+TEST(MetricsJobTest, TheDefaultHostServesIpv4AndIpv6OnOnePort) {
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback on this host";
+  const std::vector<std::vector<std::string>> commands = {
+      {DP_PS_BINARY, "--host=127.0.0.1", "--port=0", "--metrics_port=-1"},
+      {DP_WORKER_BINARY, "--rank=0", "--ps=127.0.0.1:1", "--backend=cpu",
+       "--retry_for_s=60", "--metrics_port=-1"}};
+  for (const auto& argv : commands) {
+    Subprocess p(argv);
+    ASSERT_TRUE(p.WaitForOutput("metrics on ", kTimeout)) << p.output();
+    const int port = MetricsPort(p, "0.0.0.0");
+    ASSERT_GT(port, 0) << p.output();
+    ExpectMetricsAt("127.0.0.1", port, p);
+    ExpectMetricsAt("::1", port, p);
+    p.Signal(SIGTERM);
+    EXPECT_EQ(p.Wait(kTimeout), kExitInterrupted) << p.output();
+  }
+}
+
+TEST(MetricsJobTest, AnIpv6MetricsHostServesOnIt) {
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback on this host";
+  Subprocess ps({DP_PS_BINARY, "--host=127.0.0.1", "--port=0",
+                 "--metrics_port=-1", "--metrics_host=::1"});
+  ASSERT_TRUE(ps.WaitForOutput("listening on", kTimeout)) << ps.output();
+  const int port = MetricsPort(ps, "::1");
+  ASSERT_GT(port, 0) << ps.output();
+  ExpectMetricsAt("::1", port, ps);
+  ps.Signal(SIGTERM);
+  EXPECT_EQ(ps.Wait(kTimeout), kExitInterrupted) << ps.output();
 }
 
 }  // namespace

@@ -57,6 +57,13 @@ TEST(ShardPlanTest, ACutNearATensorBoundaryMovesOntoIt) {
   EXPECT_EQ(two[1].offset, layout.weight(1).offset);
   ExpectAGoodSplit(layout, 2);
   for (int s = 3; s <= 8; ++s) ExpectAGoodSplit(layout, s);
+  // 100-100-102: 20,402 values, the middle (10,201) is 101 values past the
+  // boundary at 10,100, within 2% of a share: the cut moves onto it.
+  const ModelLayout near = ModelLayout::Mlp({100, 100, 102});
+  ASSERT_EQ(near.num_params(), 20402);
+  ASSERT_EQ(near.weight(1).offset, 10100);
+  EXPECT_EQ(ShardRanges(near, 2)[1].offset, 10100);
+  ExpectAGoodSplit(near, 2);
 }
 
 TEST(ShardPlanTest, OutOfRangeShardsAreInvalidArgumentNamingTheFlags) {

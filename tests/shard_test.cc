@@ -212,14 +212,23 @@ TEST(ShardTest, ShardsOfDifferentJobsAreRefusedNamingBoth) {
       &ports[0]);
   auto w = StartWorker(PsList(ports), 0, {"--retry_for_s=5"});
   EXPECT_EQ(w->Wait(absl::Minutes(1)), 2) << w->output();
-  EXPECT_NE(w->output().find("is not a shard of the job shard 0"),
+  // Both named: the shard that differs, and shard 0 whose job it is not.
+  EXPECT_NE(w->output().find(
+                absl::StrCat("127.0.0.1:", ports[1], " (shard 1 of 2 [")),
+            std::string::npos)
+      << w->output();
+  EXPECT_NE(w->output().find(absl::StrCat("is not a shard of the job shard 0 "
+                                          "(127.0.0.1:",
+                                          ports[0], ") runs")),
             std::string::npos)
       << w->output();
   // A worker told of one shard only learns that the job has two.
   auto lone =
       StartWorker(absl::StrCat("127.0.0.1:", ports[0]), 0, {"--retry_for_s=5"});
   EXPECT_EQ(lone->Wait(absl::Minutes(1)), 2) << lone->output();
-  EXPECT_NE(lone->output().find("names 1 dp-ps address(es), but"),
+  EXPECT_NE(lone->output().find(absl::StrCat("names 1 dp-ps address(es), but "
+                                             "127.0.0.1:",
+                                             ports[0], " is shard 0 of 2")),
             std::string::npos)
       << lone->output();
   s0->Signal(SIGTERM);

@@ -2,29 +2,169 @@
 // weights, the one-time handover, and the sequence-locked weights.
 #include "common/shared_memory.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace dp {
 namespace {
 
-TEST(SharedMemoryTest, AReadOnlyDescriptorCannotBeMappedForWriting) {
-  auto region = SharedRegion::Create("test", 4096);
-  ASSERT_TRUE(region.ok()) << region.status();
+constexpr uid_t kNobody = 65534;
+
+int OpenDescriptors() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// Runs `body` in a child process as `uid` (when root can switch to it) and
+// returns what it reported: "" when every check held, else the first that
+// failed. The child keeps /proc/self/fd open to itself (dumpable), as a
+// worker started as that user is.
+std::string InChildAs(uid_t uid, const std::function<std::string()>& body) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return "pipe failed";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    std::string verdict;
+    if (uid != geteuid() &&
+        (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0)) {
+      verdict = "could not switch user";
+    } else {
+      prctl(PR_SET_DUMPABLE, 1);
+      verdict = body();
+    }
+    if (write(pipe_fds[1], verdict.data(), verdict.size()) < 0) _exit(2);
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string verdict;
+  char buf[256];
+  ssize_t n;
+  while ((n = read(pipe_fds[0], buf, sizeof(buf))) > 0) verdict.append(buf, n);
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "child crashed";
+  return verdict;
+}
+
+// What a worker of dp-ps's own user can do with the weights it was handed
+// read-only: not map them for writing, not reopen them writable through
+// /proc, not write, not resize.
+std::string TryToWriteTheWeights() {
+  auto region =
+      SharedRegion::Create("weights", 4096, SharedRegion::Peers::kReadOnly);
+  if (!region.ok()) return region.status().ToString();
   std::memset((*region)->data(), 7, 4096);
   absl::StatusOr<int> ro = (*region)->ReadOnlyDescriptor();
-  ASSERT_TRUE(ro.ok()) << ro.status();
+  if (!ro.ok()) return ro.status().ToString();
   void* w = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, *ro, 0);
-  EXPECT_EQ(w, MAP_FAILED) << "a worker could write the weights";
+  if (w != MAP_FAILED) return "the read-only descriptor mapped writable";
+  if (ftruncate(*ro, 0) == 0) return "the read-only descriptor truncated it";
+  const int rw =
+      open(absl::StrCat("/proc/self/fd/", *ro).c_str(), O_RDWR | O_CLOEXEC);
+  if (rw >= 0) {
+    void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+    if (p != MAP_FAILED) return "reopened through /proc and mapped writable";
+    const char byte = 1;
+    if (pwrite(rw, &byte, 1, 0) == 1) return "reopened and written";
+    if (ftruncate(rw, 0) == 0) return "reopened and truncated";
+    close(rw);
+  }
   auto mapped = SharedRegion::Map(*ro, 4096, /*writable=*/false);
-  ASSERT_TRUE(mapped.ok()) << mapped.status();
-  EXPECT_EQ((*mapped)->data()[4095], 7) << "the same memory";
+  if (!mapped.ok()) return mapped.status().ToString();
+  if ((*mapped)->data()[4095] != 7) return "not the same memory";
+  void* upgraded = (*mapped)->data();
+  if (mprotect(upgraded, 4096, PROT_READ | PROT_WRITE) == 0) {
+    return "the read-only mapping was made writable";
+  }
+  return "";
+}
+
+TEST(SharedMemoryTest, AReadOnlyDescriptorCannotBeMappedForWriting) {
+  EXPECT_EQ(InChildAs(geteuid(), TryToWriteTheWeights), "");
+}
+
+TEST(SharedMemoryTest, ANonRootWorkerCannotWriteTheWeightsEither) {
+  if (geteuid() != 0) {
+    EXPECT_EQ(InChildAs(geteuid(), TryToWriteTheWeights), "");
+    GTEST_SKIP() << "running as a non-root user: checked above as that user";
+  }
+  // dp-ps and its worker both as an unprivileged user.
+  EXPECT_EQ(InChildAs(kNobody, TryToWriteTheWeights), "");
+}
+
+// Only a process of dp-ps's own user gets the memory, whoever dp-ps is:
+// a dp-ps running as root hands it to root alone.
+TEST(SharedMemoryTest, AnotherUserGetsNothingEvenFromARootDpPs) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
+  auto offer = SharedMemoryOffer::Start();
+  ASSERT_TRUE(offer.ok()) << offer.status();
+  auto region = SharedRegion::Create("test", 4096);
+  ASSERT_TRUE(region.ok());
+  const std::string ticket = (*offer)->IssueTicket(0, {dup((*region)->fd())});
+  const std::string socket = (*offer)->socket_name();
+  EXPECT_EQ(InChildAs(kNobody,
+                      [&]() -> std::string {
+                        auto fds = FetchSharedMemory(socket, ticket, 1);
+                        if (fds.ok()) return "another user got the memory";
+                        return "";
+                      }),
+            "");
+  auto fds = FetchSharedMemory(socket, ticket, 1);
+  ASSERT_TRUE(fds.ok()) << "the stranger used up the ticket: " << fds.status();
+  for (int fd : *fds) close(fd);
+}
+
+// A local process that connects and sends nothing (or many such) does not
+// hold up the workers' handovers.
+TEST(SharedMemoryTest, IdleConnectionsDoNotStallTheHandover) {
+  auto offer = SharedMemoryOffer::Start();
+  ASSERT_TRUE(offer.ok()) << offer.status();
+  auto region = SharedRegion::Create("test", 4096);
+  ASSERT_TRUE(region.ok());
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string& name = (*offer)->socket_name();
+    std::memcpy(addr.sun_path + 1, name.data(), name.size());
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr),
+                      offsetof(sockaddr_un, sun_path) + 1 + name.size()),
+              0);
+    idle.push_back(fd);
+  }
+  // Each idle connection held the old one-at-a-time handover for 2 s: four
+  // of them outlast the worker's 5 s.
+  const std::string ticket = (*offer)->IssueTicket(0, {dup((*region)->fd())});
+  auto fds = FetchSharedMemory((*offer)->socket_name(), ticket, 1);
+  EXPECT_TRUE(fds.ok()) << fds.status();
+  if (fds.ok()) {
+    for (int fd : *fds) close(fd);
+  }
+  for (int fd : idle) close(fd);
 }
 
 TEST(SharedMemoryTest, ATicketHandsTheDescriptorsOverOnceAndOnlyOnce) {
@@ -33,8 +173,8 @@ TEST(SharedMemoryTest, ATicketHandsTheDescriptorsOverOnceAndOnlyOnce) {
   auto region = SharedRegion::Create("test", 4096);
   ASSERT_TRUE(region.ok());
   (*region)->data()[0] = 42;
-  const std::string ticket = (*offer)->Add({dup((*region)->fd())});
-  auto fds = FetchSharedMemory((*offer)->socket_name(), ticket);
+  const std::string ticket = (*offer)->IssueTicket(0, {dup((*region)->fd())});
+  auto fds = FetchSharedMemory((*offer)->socket_name(), ticket, 1);
   ASSERT_TRUE(fds.ok()) << fds.status();
   ASSERT_EQ(fds->size(), 1u);
   auto mapped = SharedRegion::Map((*fds)[0], 4096, /*writable=*/true);
@@ -43,19 +183,19 @@ TEST(SharedMemoryTest, ATicketHandsTheDescriptorsOverOnceAndOnlyOnce) {
   (*mapped)->data()[1] = 9;
   EXPECT_EQ((*region)->data()[1], 9) << "one memory for both sides";
 
-  auto again = FetchSharedMemory((*offer)->socket_name(), ticket);
+  auto again = FetchSharedMemory((*offer)->socket_name(), ticket, 1);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kPermissionDenied);
   std::string forged = ticket;
   forged[0] = forged[0] == 'a' ? 'b' : 'a';
-  const std::string other = (*offer)->Add({dup((*region)->fd())});
-  auto wrong = FetchSharedMemory((*offer)->socket_name(), forged);
+  const std::string other = (*offer)->IssueTicket(1, {dup((*region)->fd())});
+  auto wrong = FetchSharedMemory((*offer)->socket_name(), forged, 1);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied);
-  auto nowhere = FetchSharedMemory("dp-ps-no-such-socket", other);
+  auto nowhere = FetchSharedMemory("dp-ps-no-such-socket", other, 1);
   EXPECT_EQ(nowhere.status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(SharedMemoryTest, ReadersSeeWholeVersionsWhileTheWriterPublishes) {
-  const int64_t n = 50000;
+  const int64_t n = 5000;
   auto region =
       SharedRegion::Create("weights", WeightsRegionBytes(n, Encoding::kF32));
   ASSERT_TRUE(region.ok());
@@ -68,17 +208,30 @@ TEST(SharedMemoryTest, ReadersSeeWholeVersionsWhileTheWriterPublishes) {
                                      n * sizeof(float)));
   };
   publish(0);
+  // The writer publishes until the reader has made kOverlapping reads
+  // during which at least one publish ended: reads that raced the writer,
+  // not reads after it finished.
+  constexpr int kOverlapping = 200;
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  std::atomic<int64_t> published{0};
+  std::atomic<int> overlapping{0};
   std::atomic<bool> done{false};
   std::thread writer([&] {
-    for (int64_t v = 1; v <= 2000; ++v) publish(v);
+    for (int64_t v = 1;
+         overlapping.load() < kOverlapping && absl::Now() < give_up; ++v) {
+      publish(v);
+      published.store(v);
+    }
     done.store(true);
   });
   int reads = 0, torn = 0;
   std::vector<float> out(n);
-  while (!done.load() || reads == 0) {
+  while (!done.load()) {
+    const int64_t before = published.load();
     absl::StatusOr<int64_t> version =
         ReadWeights(**region, absl::MakeSpan(out));
-    if (!version.ok()) continue;  // rewritten throughout: asked again
+    ASSERT_TRUE(version.ok()) << version.status();
+    if (published.load() != before) overlapping.fetch_add(1);
     ++reads;
     for (float x : out) {
       if (x != static_cast<float>(*version)) {
@@ -88,11 +241,155 @@ TEST(SharedMemoryTest, ReadersSeeWholeVersionsWhileTheWriterPublishes) {
     }
   }
   writer.join();
-  EXPECT_GT(reads, 0);
+  EXPECT_GE(overlapping.load(), kOverlapping)
+      << "too few reads raced the writer to tell (" << reads << " reads)";
   EXPECT_EQ(torn, 0) << "of " << reads << " reads";
   std::vector<float> more(n + 1);
   auto wrong_size = ReadWeights(**region, absl::MakeSpan(more));
   EXPECT_EQ(wrong_size.status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A read that meets a publish waits for it instead of giving up: the writer
+// here holds the region for the copy of 64 MB.
+TEST(SharedMemoryTest, AReadThatMeetsAPublishWaitsForIt) {
+  const int64_t n = 16 << 20;
+  auto region =
+      SharedRegion::Create("weights", WeightsRegionBytes(n, Encoding::kF32));
+  ASSERT_TRUE(region.ok());
+  std::vector<float> values(n, 1.0f);
+  const absl::string_view bytes(reinterpret_cast<char*>(values.data()),
+                                n * sizeof(float));
+  PublishWeights(region->get(), 1, Encoding::kF32, bytes);
+  std::vector<float> out(n);
+  int met = 0;
+  for (int round = 0; round < 5; ++round) {
+    std::atomic<bool> writing{false};
+    std::thread writer([&] {
+      writing.store(true);
+      PublishWeights(region->get(), 2 + round, Encoding::kF32, bytes);
+    });
+    while (!writing.load()) {
+    }
+    absl::StatusOr<int64_t> version =
+        ReadWeights(**region, absl::MakeSpan(out));
+    writer.join();
+    ASSERT_TRUE(version.ok()) << "round " << round << ": " << version.status();
+    met += *version == 2 + round;
+  }
+  EXPECT_GT(met, 0) << "no read met a publish: the test did not test";
+}
+
+// A rank holds one ticket at a time, and an unredeemed ticket is withdrawn
+// after its lifetime: descriptors of workers that never take the memory
+// are closed, not kept.
+TEST(SharedMemoryTest, UnredeemedTicketsAreReplacedAndExpire) {
+  auto offer = SharedMemoryOffer::Start(absl::Milliseconds(200));
+  ASSERT_TRUE(offer.ok()) << offer.status();
+  auto region = SharedRegion::Create("test", 4096);
+  ASSERT_TRUE(region.ok());
+  const int before = OpenDescriptors();
+  std::string last;
+  for (int i = 0; i < 300; ++i) {
+    last = (*offer)->IssueTicket(/*owner=*/3, {dup((*region)->fd())});
+  }
+  (void)(*offer)->IssueTicket(/*owner=*/4, {dup((*region)->fd())});
+  EXPECT_EQ((*offer)->outstanding_tickets(), 2);
+  EXPECT_EQ(OpenDescriptors(), before + 2) << "replaced tickets kept theirs";
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((*offer)->outstanding_tickets() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ((*offer)->outstanding_tickets(), 0) << "no ticket expired";
+  EXPECT_EQ(OpenDescriptors(), before);
+  auto late = FetchSharedMemory((*offer)->socket_name(), last, 1);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+// A fake dp-ps that sends `fds` with the verdict, in control messages of
+// `per_message` descriptors each.
+std::string ServeOnce(const std::vector<int>& fds, size_t per_message,
+                      std::thread* server) {
+  const std::string name =
+      absl::StrCat("dp-ps-test-", getpid(), "-", fds.size(), "-", per_message);
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  const socklen_t len = offsetof(sockaddr_un, sun_path) + 1 + name.size();
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(listener, 1) != 0) {
+    return "";
+  }
+  *server = std::thread([listener, fds, per_message] {
+    const int conn = accept(listener, nullptr, nullptr);
+    char ticket[32];
+    (void)!read(conn, ticket, sizeof(ticket));
+    char verdict = 1;
+    iovec iov{&verdict, 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()) * 4);
+    msg.msg_control = control.data();
+    size_t used = 0;
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    for (size_t at = 0; at < fds.size(); at += per_message) {
+      const size_t k = std::min(per_message, fds.size() - at);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * k);
+      std::memcpy(CMSG_DATA(c), fds.data() + at, sizeof(int) * k);
+      used += CMSG_SPACE(sizeof(int) * k);
+      c = reinterpret_cast<cmsghdr*>(reinterpret_cast<char*>(c) +
+                                     CMSG_SPACE(sizeof(int) * k));
+    }
+    msg.msg_controllen = used;
+    (void)sendmsg(conn, &msg, MSG_NOSIGNAL);
+    close(conn);
+    close(listener);
+  });
+  return name;
+}
+
+// Descriptors a worker did not ask for - in two control messages, or more
+// than fit - are refused and closed, never kept open or half-used.
+TEST(SharedMemoryTest, AHandoverOfOtherDescriptorsIsRefusedAndClosed) {
+  auto region = SharedRegion::Create("test", 4096);
+  ASSERT_TRUE(region.ok());
+  struct Case {
+    size_t fds, per_message;
+  };
+  for (const Case& c : {Case{2, 2}, Case{4, 2}, Case{3, 1}, Case{6, 6}}) {
+    std::vector<int> fds;
+    for (size_t i = 0; i < c.fds; ++i) fds.push_back((*region)->fd());
+    const int before = OpenDescriptors();
+    std::thread server;
+    const std::string name = ServeOnce(fds, c.per_message, &server);
+    ASSERT_FALSE(name.empty());
+    auto got = FetchSharedMemory(name, std::string(32, 'a'), 2);
+    server.join();
+    if (c.fds == 2) {
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->size(), 2u);
+      for (int fd : *got) close(fd);
+    } else {
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss)
+          << c.fds << " descriptors in messages of " << c.per_message << ": "
+          << got.status();
+    }
+    EXPECT_EQ(OpenDescriptors(), before)
+        << c.fds << " descriptors in messages of " << c.per_message;
+  }
+}
+
+// A region whose size cannot be read is named as such, not with a size
+// nobody measured.
+TEST(SharedMemoryTest, MappingABadDescriptorSaysWhy) {
+  auto mapped = SharedRegion::Map(/*fd=*/-1, 4096, /*writable=*/false);
+  ASSERT_FALSE(mapped.ok());
+  EXPECT_NE(mapped.status().message().find("fstat"), std::string::npos)
+      << mapped.status();
 }
 
 }  // namespace

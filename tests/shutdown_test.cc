@@ -131,6 +131,59 @@ TEST(ShutdownTest, WorkerOnSigtermFinishesItsCurrentStepAndExitsInterrupted) {
   EXPECT_EQ(ps->Wait(kStopDeadline), kExitInterrupted) << ps->output();
 }
 
+// dp-ps drained (SIGTERM) again and again while the workers are in their
+// steps, and restarted on its port each time, as Kubernetes replaces an
+// evicted pod: a call cut off by the drain is retried, so the workers ride
+// it out and finish the job; a worker that exits on it is a failed pod.
+void WorkersRideOutRepeatedDrains(const std::string& data_plane) {
+  constexpr int kDrains = 6;
+  TempDir dir;
+  std::vector<std::string> flags = kLongJob;
+  flags.push_back("--workers=2");
+  flags.push_back("--checkpoint_dir=" + dir.File("ckpt"));
+  flags.push_back("--checkpoint_every=0");  // only the drains' own
+  int port = 0;
+  auto ps = StartServer(flags, &port);
+  ASSERT_GT(port, 0) << ps->output();
+  const std::vector<std::string> worker_flags = {"--data_plane=" + data_plane};
+  auto w0 = StartWorker(port, 0, worker_flags);
+  auto w1 = StartWorker(port, 1, worker_flags);
+  int64_t step = 0;
+  for (int drain = 0; drain < kDrains; ++drain) {
+    ASSERT_FALSE(w0->Wait(absl::ZeroDuration()).has_value()) << w0->output();
+    ASSERT_FALSE(w1->Wait(absl::ZeroDuration()).has_value()) << w1->output();
+    // Both workers in their steps: some progress since the last restart.
+    ASSERT_TRUE(WaitForStep(port, step + 20, kStartTimeout))
+        << "drain " << drain << ": " << ps->output() << w0->output()
+        << w1->output();
+    ps->Signal(SIGTERM);
+    ASSERT_EQ(ps->Wait(kStopDeadline), kExitInterrupted) << ps->output();
+    step = IntField(*ps, "stopped by signal 15 at step ");
+    int again = 0;
+    ps = StartServer(flags, &again, port);
+    ASSERT_EQ(again, port) << ps->output();
+  }
+  // Every worker is still in the job: none exited on a drain.
+  ASSERT_TRUE(WaitForStep(port, step + 20, kStartTimeout)) << ps->output();
+  w0->Signal(SIGTERM);
+  w1->Signal(SIGTERM);
+  EXPECT_EQ(w0->Wait(kStopDeadline), kExitInterrupted) << w0->output();
+  EXPECT_EQ(w1->Wait(kStopDeadline), kExitInterrupted) << w1->output();
+  for (const auto* w : {w0.get(), w1.get()}) {
+    EXPECT_EQ(w->output().find("error:"), std::string::npos) << w->output();
+  }
+  ps->Signal(SIGTERM);
+  EXPECT_EQ(ps->Wait(kStopDeadline), kExitInterrupted) << ps->output();
+}
+
+TEST(ShutdownTest, WorkersRideOutRepeatedDrainsOfDpPsOverGrpc) {
+  WorkersRideOutRepeatedDrains("grpc");
+}
+
+TEST(ShutdownTest, WorkersRideOutRepeatedDrainsOfDpPsOverSharedMemory) {
+  WorkersRideOutRepeatedDrains("shm");
+}
+
 TEST(ShutdownTest, WorkerIsNotReadyUntilJoinedAndStopsWhileWaitingForDpPs) {
   // Nothing listens on port 1: the worker retries and never joins.
   auto worker = StartWorker(

@@ -159,6 +159,26 @@ TEST(StepCoordinatorTest, AveragingIsIndependentOfArrivalOrder) {
   }
 }
 
+// Each gradient is added to the rank sum as soon as the ranks before it are
+// in: rank 2 waits for rank 1, and rank 1's arrival folds both; the result
+// is the one of summing after the last push (the arrival-order test above).
+TEST(StepCoordinatorTest, GradientsAreFoldedAsSoonAsTheRanksBeforeThemArrive) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  ASSERT_TRUE(c->Push(2, 0, 0, Bytes(Gradient(l, 2, 0)), 1.0f).ok());
+  EXPECT_EQ(c->Observe().folded, 0) << "rank 2 folded before rank 0";
+  ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
+  EXPECT_EQ(c->Observe().folded, 1);
+  EXPECT_TRUE(SameBytes(c->Observe().rank_sum, Gradient(l, 0, 0)));
+  EXPECT_EQ(c->Push(0, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f)->duplicate, true);
+  EXPECT_EQ(c->Observe().folded, 1);
+  EXPECT_TRUE(SameBytes(c->Observe().rank_sum, Gradient(l, 0, 0)))
+      << "a retry changed the sum";
+  ASSERT_TRUE(c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).ok());
+  EXPECT_EQ(c->Observe().folded, 0) << "the step is applied: a new sum";
+  EXPECT_EQ(c->Status().step, 1);
+}
+
 TEST(StepCoordinatorTest, StepIsAppliedOnlyWhenAllRanksPushed) {
   const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
   auto c = MakeCoordinator(l);

@@ -84,6 +84,12 @@ TEST_P(TrainerWaitTest, ABarrierDeadlineWaitsAgainWithoutComputingAgain) {
     EXPECT_EQ(Count(metrics0, "dp_worker_barrier_duration_seconds_count", 0),
               5 + timeouts);
   }
+  // Every push carries the whole float32 gradient and a header of a few
+  // bytes: 5 pushes, or with the fused call one more per timeout.
+  const int64_t gradient_bytes = (*ps)->layout().num_params() * 4;
+  const int64_t pushes = fused ? 5 + rank0.stats().wait_timeouts : 5;
+  EXPECT_GE(rank0.stats().bytes_sent, pushes * gradient_bytes);
+  EXPECT_LT(rank0.stats().bytes_sent, pushes * (gradient_bytes + 64));
   EXPECT_EQ(Count(metrics0, "dp_sent_bytes_total", 0),
             rank0.stats().bytes_sent);
 }

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -146,6 +147,7 @@ class CudaBackendImpl final : public CudaBackend {
   const bool tf32_;
   const int device_;
   const CudaOptions cuda_options_;
+  bool tf32_in_use_ = false;  // asked for, and the device has it
   std::string name_;
 
   cudaStream_t stream_ = nullptr;
@@ -154,6 +156,8 @@ class CudaBackendImpl final : public CudaBackend {
   bool staging_busy_ = false;
   std::map<int, cudaGraphExec_t> graphs_;  // by batch size
   std::set<int> seen_batches_;             // sizes run at least once
+  // A capture failed: launch one by one from then on.
+  bool capture_failed_ = false;
 
   bool weights_set_ = false;
   int uploaded_batch_ = 0;  // rows in x_ since the last UploadBatch
@@ -193,8 +197,11 @@ absl::Status CudaBackendImpl::Sync() {
 
 absl::Status CudaBackendImpl::Init() {
   ASSIGN_OR_RETURN(const GpuInfo gpu, OpenCudaDevice(device_));
+  // Tensor cores do TF32 from compute capability 8.0 (Ampere) on; below it
+  // cuBLAS ignores the mode and computes in float32.
+  tf32_in_use_ = tf32_ && gpu.cc_major >= 8;
   name_ = absl::StrCat("cuda (", gpu.name, ", device ", device_,
-                       tf32_ ? ", tf32" : "", ")");
+                       tf32_in_use_ ? ", tf32" : "", ")");
 
   CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -374,7 +381,10 @@ absl::Status CudaBackendImpl::EnqueueForwardBackward(int B) {
 absl::StatusOr<cudaGraphExec_t> CudaBackendImpl::Capture(int B) {
   CUDA_RETURN_IF_ERROR(
       cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  const absl::Status enqueued = EnqueueForwardBackward(B);
+  const absl::Status enqueued =
+      cuda_options_.fail_captures_for_testing
+          ? absl::InternalError("capture failed (fail_captures_for_testing)")
+          : EnqueueForwardBackward(B);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
   if (!enqueued.ok()) {
@@ -390,7 +400,9 @@ absl::StatusOr<cudaGraphExec_t> CudaBackendImpl::Capture(int B) {
 }
 
 absl::Status CudaBackendImpl::LaunchForwardBackward(int B) {
-  if (!cuda_options_.graphs) return EnqueueForwardBackward(B);
+  if (!cuda_options_.graphs || capture_failed_) {
+    return EnqueueForwardBackward(B);
+  }
   auto it = graphs_.find(B);
   if (it == graphs_.end()) {
     // The first step of a batch size runs launch by launch: it loads every
@@ -399,8 +411,22 @@ absl::Status CudaBackendImpl::LaunchForwardBackward(int B) {
     if (seen_batches_.insert(B).second || graphs_.size() >= kMaxGraphs) {
       return EnqueueForwardBackward(B);
     }
-    ASSIGN_OR_RETURN(cudaGraphExec_t exec, Capture(B));
-    it = graphs_.emplace(B, exec).first;
+    absl::StatusOr<cudaGraphExec_t> exec = Capture(B);
+    if (!exec.ok()) {
+      // Graphs are an optimisation: a capture can fail where the same
+      // launches work one by one (a library call that may not be captured,
+      // a driver's limit). Nothing of the failed capture ran, so this step
+      // and every later one launch one by one; retrying the capture every
+      // step would fail them all.
+      cudaGetLastError();  // clear it, so that later calls do not report it
+      capture_failed_ = true;
+      std::fprintf(stderr,
+                   "cuda backend: graph capture failed (%s); launching "
+                   "kernels one by one from now on\n",
+                   exec.status().ToString().c_str());
+      return EnqueueForwardBackward(B);
+    }
+    it = graphs_.emplace(B, *exec).first;
   }
   CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
   return absl::OkStatus();

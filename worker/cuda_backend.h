@@ -23,8 +23,12 @@ struct CudaOptions {
   // second step of that size; a handful of sizes are cached) and replay it:
   // one launch per step instead of ~15.
   // Off: every kernel and cuBLAS call is launched one by one. Both give
-  // bitwise-identical results.
+  // bitwise-identical results. A failed capture turns graphs off for the
+  // backend's life.
   bool graphs = true;
+  // Tests only: every graph capture fails, as one may on a device or
+  // driver that cannot capture a call; the backend then launches one by one.
+  bool fail_captures_for_testing = false;
 };
 
 // SimpleNet (any ModelLayout MLP) on one CUDA device: weights resident on the

@@ -20,7 +20,10 @@
 
 // The module and the worker must come from the same build: they share C++
 // types (std::string, absl::Status, Backend) across the boundary.
-#define DP_CUDA_MODULE_ABI "dp-cuda-module/1 dp-ps/" DP_VERSION
+// DP_CUDA_MODULE_INTERFACE is a hash of the headers that declare them
+// (worker/CMakeLists.txt): the version alone is the same for every commit.
+#define DP_CUDA_MODULE_ABI \
+  "dp-cuda-module/1 dp-ps/" DP_VERSION " interface/" DP_CUDA_MODULE_INTERFACE
 
 namespace dp {
 

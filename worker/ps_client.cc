@@ -20,6 +20,7 @@
 #include "common/tensor_codec.h"
 #include "common/tensor_message.h"
 #include "proto/dp.grpc.pb.h"
+#include "worker/exit_code.h"
 
 namespace dp {
 
@@ -44,8 +45,8 @@ constexpr char kPullMethod[] = "/dp.v1.ParameterServer/Pull";
 constexpr char kPushMethod[] = "/dp.v1.ParameterServer/Push";
 constexpr char kPushPullMethod[] = "/dp.v1.ParameterServer/PushPull";
 
-ShardState ShardOf(const dp::v1::ShardInfo& info, int64_t step,
-                   int64_t num_params) {
+ShardState ShardStateFromProto(const dp::v1::ShardInfo& info, int64_t step,
+                               int64_t num_params) {
   ShardState s;
   s.spec.index = info.index();
   s.spec.count = std::max(info.count(), 1);
@@ -60,12 +61,13 @@ ShardState ShardOf(const dp::v1::ShardInfo& info, int64_t step,
   return s;
 }
 
-JobStatus StatusOf(const dp::v1::JobConfig& config, int64_t step,
-                   const dp::v1::ShardInfo& shard, int64_t num_params) {
+JobStatus JobStatusFromProto(const dp::v1::JobConfig& config, int64_t step,
+                             const dp::v1::ShardInfo& shard,
+                             int64_t num_params) {
   JobStatus status;
   status.config = FromProto(config);
   status.step = step;
-  status.shard = ShardOf(shard, step, num_params);
+  status.shard = ShardStateFromProto(shard, step, num_params);
   return status;
 }
 
@@ -111,7 +113,19 @@ absl::Status PsClient::RawCall(Raw method, absl::Duration timeout,
   });
 }
 
-grpc::ByteBuffer PsClient::PushRequest(const Gradient& gradient) const {
+bool PsClient::PlaceInSlot(const Gradient& gradient) {
+  if (gradient.in_shared_memory) return true;
+  if (slot_ == nullptr) return false;
+  // dp-ps has read the slot's last gradient before it answered.
+  const size_t width = BytesPerValue(gradient.encoding);
+  std::memcpy(slot_->data(),
+              gradient.wire->data() + shard_.range.offset * width,
+              shard_.range.length * width);
+  return true;
+}
+
+grpc::ByteBuffer PsClient::SerializePush(const Gradient& gradient,
+                                         bool in_slot) const {
   dp::v1::PushRequest header;
   header.set_rank(gradient.rank);
   header.set_step(gradient.step);
@@ -120,19 +134,14 @@ grpc::ByteBuffer PsClient::PushRequest(const Gradient& gradient) const {
   header.set_num_samples(gradient.num_samples);
   header.set_encoding(static_cast<dp::v1::Encoding>(gradient.encoding));
   header.set_weights_in_shm(shared_memory());
-  if (gradient.in_shared_memory) {
+  if (in_slot) {
     header.set_gradient_in_shm(true);
+    header.set_shm_slot(slot_id_);
     return SerializeMessage(header);
   }
   const size_t width = BytesPerValue(gradient.encoding);
   const absl::string_view range = gradient.wire->view().substr(
       shard_.range.offset * width, shard_.range.length * width);
-  if (slot_ != nullptr) {
-    // dp-ps has read the slot's last gradient before it answered.
-    std::memcpy(slot_->data(), range.data(), range.size());
-    header.set_gradient_in_shm(true);
-    return SerializeMessage(header);
-  }
   return SerializeWithTensor(header, dp::v1::PushRequest::kGradientFieldNumber,
                              range, gradient.wire->Lend());
 }
@@ -191,6 +200,23 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The worker never cancels its own calls, so a CANCELLED comes from dp-ps:
+// a draining dp-ps (SIGTERM, a Kubernetes eviction) cancels the calls still
+// in flight when its grace period ends, including one that a retry after
+// "dp-ps is shutting down" sent to it again. It is the same event as that
+// UNAVAILABLE, and is retried the same way: a worker that exited on it
+// would be a failed pod, charged to the Job's backoffLimit.
+absl::Status DrainAsUnavailable(absl::Status s) {
+  if (s.code() != absl::StatusCode::kCancelled) return s;
+  return absl::UnavailableError(
+      absl::StrCat("dp-ps cancelled the call, as it does when it shuts down (",
+                   s.message(), ")"));
+}
+
+}  // namespace
+
 template <typename Call>
 absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
                                  Call call) {
@@ -212,7 +238,7 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
     }
     context.set_deadline(absl::ToChronoTime(deadline));
     AttachToken(options_.auth_token, &context);
-    absl::Status result = FromGrpcStatus(call(&context));
+    absl::Status result = DrainAsUnavailable(FromGrpcStatus(call(&context)));
     const bool gave_up = attempt > 1 &&
                          result.code() == absl::StatusCode::kDeadlineExceeded &&
                          absl::Now() >= give_up;
@@ -220,7 +246,7 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
     if (!gave_up) s = std::move(result);
     if (!gave_up && s.code() != absl::StatusCode::kUnavailable) return s;
     if (gave_up || absl::Now() + backoff > give_up) {
-      return absl::UnavailableError(absl::StrFormat(
+      return PsUnreachableError(absl::StrFormat(
           "dp-ps at %s is unavailable for %s after %d attempts over %s: %s "
           "(when dp-ps is up, this is also how a TLS mismatch shows: "
           "plaintext against TLS, or a certificate the other side refuses; "
@@ -247,8 +273,8 @@ absl::StatusOr<JobStatus> PsClient::GetStatus() {
       "GetStatus", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->GetStatus(c, request, &response);
       }));
-  JobStatus status = StatusOf(response.config(), response.step(),
-                              response.shard(), num_params_);
+  JobStatus status = JobStatusFromProto(response.config(), response.step(),
+                                        response.shard(), num_params_);
   status.pushed_ranks.assign(response.pushed_ranks().begin(),
                              response.pushed_ranks().end());
   return status;
@@ -268,13 +294,14 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
         return rpc_->stub->Register(c, request, &response);
       }));
   num_params_ = response.num_params();
-  JobStatus status = StatusOf(response.config(), response.step(),
-                              response.shard(), num_params_);
+  JobStatus status = JobStatusFromProto(response.config(), response.step(),
+                                        response.shard(), num_params_);
   shard_ = status.shard.spec;
   // The regions of a previous registration are dropped: dp-ps gave this
   // registration a new slot, and reads the old one no more.
   weights_.reset();
   slot_.reset();
+  slot_id_ = response.shm_slot();
   why_not_shm_.clear();
   if (options_.data_plane == DataPlane::kGrpc) return status;
   absl::Status taken =
@@ -298,12 +325,8 @@ absl::Status PsClient::TakeSharedMemory(const std::string& socket,
                                         const std::string& ticket,
                                         const JobConfig& config,
                                         int64_t num_params) {
-  ASSIGN_OR_RETURN(std::vector<int> fds, FetchSharedMemory(socket, ticket));
-  if (fds.size() != 2) {
-    for (int fd : fds) close(fd);
-    return absl::DataLossError(absl::StrFormat(
-        "dp-ps handed %d shared-memory descriptors, expected 2", fds.size()));
-  }
+  ASSIGN_OR_RETURN(std::vector<int> fds,
+                   FetchSharedMemory(socket, ticket, /*count=*/2));
   absl::StatusOr<std::unique_ptr<SharedRegion>> weights = SharedRegion::Map(
       fds[0], WeightsRegionBytes(num_params, config.weight_encoding),
       /*writable=*/false);
@@ -332,7 +355,7 @@ absl::StatusOr<ShardState> PsClient::Rollback(int64_t step,
       WithRetry("Rollback", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->Rollback(c, request, &response);
       }));
-  return ShardOf(response.shard(), response.step(), num_params_);
+  return ShardStateFromProto(response.shard(), response.step(), num_params_);
 }
 
 absl::Status PsClient::Pull(int rank, std::optional<int64_t> version,
@@ -349,7 +372,8 @@ absl::Status PsClient::Pull(int rank, std::optional<int64_t> version,
 }
 
 absl::Status PsClient::Push(const Gradient& gradient, int64_t* sent_bytes) {
-  const grpc::ByteBuffer request = PushRequest(gradient);
+  const grpc::ByteBuffer request =
+      SerializePush(gradient, PlaceInSlot(gradient));
   *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer bytes;
   RETURN_IF_ERROR(RawCall(Raw::kPush, options_.call_timeout, request, &bytes));
@@ -370,7 +394,8 @@ absl::Status PsClient::Barrier(int rank, int64_t step) {
 
 absl::Status PsClient::PushPull(const Gradient& gradient, absl::Span<float> all,
                                 Received* received, int64_t* sent_bytes) {
-  const grpc::ByteBuffer request = PushRequest(gradient);
+  const grpc::ByteBuffer request =
+      SerializePush(gradient, PlaceInSlot(gradient));
   *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer response;
   RETURN_IF_ERROR(

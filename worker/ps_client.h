@@ -1,7 +1,8 @@
 // The worker's view of dp-ps: one method per RPC in plain C++ types (the
 // dp.v1 messages stay inside ps_client.cc), every call with a deadline,
-// UNAVAILABLE retried with exponential backoff and jitter (dp-ps starting or
-// restarting), errors as absl::Status with the server's message.
+// UNAVAILABLE (dp-ps starting or restarting) and a call cancelled by dp-ps
+// (draining) retried with exponential backoff and jitter, errors as
+// absl::Status with the server's message.
 #ifndef DP_WORKER_PS_CLIENT_H_
 #define DP_WORKER_PS_CLIENT_H_
 
@@ -139,7 +140,8 @@ class PsClient {
 
  private:
   // Runs `call(context)` with a fresh context and deadline until it returns
-  // anything but UNAVAILABLE or retry_for has passed.
+  // anything but UNAVAILABLE or CANCELLED (which it returns as UNAVAILABLE),
+  // or retry_for has passed.
   template <typename Call>
   absl::Status WithRetry(const char* what, absl::Duration timeout, Call call);
 
@@ -150,9 +152,12 @@ class PsClient {
   absl::Status RawCall(Raw method, absl::Duration timeout,
                        const grpc::ByteBuffer& request,
                        grpc::ByteBuffer* response);
-  // A Push or PushPull request with this shard's range of the gradient:
-  // from gradient.wire without a copy, or copied into the slot.
-  grpc::ByteBuffer PushRequest(const Gradient& gradient) const;
+  // Puts this shard's range of the gradient into the slot when there is
+  // one (unless it is there already); true when it is there.
+  bool PlaceInSlot(const Gradient& gradient);
+  // A Push or PushPull request: naming the slot (in_slot), or carrying this
+  // shard's range of gradient.wire without a copy.
+  grpc::ByteBuffer SerializePush(const Gradient& gradient, bool in_slot) const;
   // Parses a PullResponse into this shard's range of `all`.
   absl::Status ReadWeights(const grpc::ByteBuffer& response,
                            absl::Span<float> all, Received* received);
@@ -171,6 +176,7 @@ class PsClient {
   ShardSpec shard_;
   std::unique_ptr<SharedRegion> weights_;  // read-only
   std::unique_ptr<SharedRegion> slot_;
+  uint64_t slot_id_ = 0;  // dp-ps's name for slot_, sent with every push
   std::string why_not_shm_;
   std::string scratch_;  // received weights that need decoding
 };

@@ -53,7 +53,33 @@ int64_t CommonStep(const std::vector<JobStatus>& shards, int64_t limit) {
   return -1;
 }
 
+// "3,3,2": the shards' steps, by shard.
+std::string StepsOf(const std::vector<JobStatus>& all) {
+  std::vector<std::string> steps;
+  for (const JobStatus& s : all) steps.push_back(absl::StrCat(s.step));
+  return absl::StrJoin(steps, ",");
+}
+
 }  // namespace
+
+std::vector<std::string> ShardsOfResolvedName(
+    const std::string& entry, const std::string& port,
+    const std::vector<ResolvedAddress>& resolved) {
+  // One list per family: "localhost" is 127.0.0.1 and ::1, one dp-ps.
+  std::vector<std::string> v4, v6;
+  for (const ResolvedAddress& a : resolved) {
+    std::vector<std::string>& family = a.ipv6 ? v6 : v4;
+    const std::string address = a.ipv6
+                                    ? absl::StrCat("ipv6:[", a.ip, "]:", port)
+                                    : absl::StrCat("ipv4:", a.ip, ":", port);
+    if (std::find(family.begin(), family.end(), address) == family.end()) {
+      family.push_back(address);
+    }
+  }
+  if (v4.size() > 1) return v4;
+  if (v6.size() > 1) return v6;
+  return {entry};
+}
 
 std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
   std::vector<std::string> list;
@@ -77,26 +103,17 @@ std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
   if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) {
     return list;  // the channel reports what is wrong, with retries
   }
-  // One list per family: "localhost" is 127.0.0.1 and ::1, one dp-ps.
-  std::vector<std::string> v4, v6;
+  std::vector<ResolvedAddress> resolved;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     char ip[NI_MAXHOST];
     if (getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), nullptr, 0,
                     NI_NUMERICHOST) != 0) {
       continue;
     }
-    std::vector<std::string>& family = a->ai_family == AF_INET6 ? v6 : v4;
-    const std::string address = a->ai_family == AF_INET6
-                                    ? absl::StrCat("ipv6:[", ip, "]:", port)
-                                    : absl::StrCat("ipv4:", ip, ":", port);
-    if (std::find(family.begin(), family.end(), address) == family.end()) {
-      family.push_back(address);
-    }
+    resolved.push_back({a->ai_family == AF_INET6, ip});
   }
   freeaddrinfo(found);
-  if (v4.size() > 1) return v4;
-  if (v6.size() > 1) return v6;
-  return list;
+  return ShardsOfResolvedName(entry, port, resolved);
 }
 
 PsGroup::PsGroup(std::vector<std::string> addresses,
@@ -199,47 +216,72 @@ absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
   return by_shard;
 }
 
+namespace {
+
+// What a join does with the steps the shards answered.
+struct JoinPlan {
+  // True: join at `step`; false: roll every shard back to `step` first.
+  bool join = true;
+  int64_t step = 0;
+  // The version Pull fetches, when the shards ahead by one serve the one
+  // before theirs.
+  std::optional<int64_t> version;
+};
+
+// Shards at one step: join there. A step applied on some shards and still
+// waiting on others (for this worker's push, perhaps): join at the older
+// one. Otherwise the newest step every shard is at or can restore;
+// FAILED_PRECONDITION when there is none.
+absl::StatusOr<JoinPlan> PlanJoin(const std::vector<JobStatus>& all) {
+  int64_t lo = all[0].step, hi = all[0].step;
+  for (const JobStatus& s : all) {
+    lo = std::min(lo, s.step);
+    hi = std::max(hi, s.step);
+  }
+  bool ahead_hold_previous = true;
+  for (const JobStatus& s : all) {
+    if (s.step != lo) ahead_hold_previous &= s.shard.holds_previous;
+  }
+  if (hi == lo) return JoinPlan{true, lo, std::nullopt};
+  if (hi == lo + 1 && ahead_hold_previous) return JoinPlan{true, lo, lo};
+  const int64_t target = CommonStep(all, lo);
+  if (target < 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the shards are at steps %s and share no step to roll back to",
+        StepsOf(all)));
+  }
+  return JoinPlan{false, target, std::nullopt};
+}
+
+}  // namespace
+
+absl::Status PsGroup::RollBack(const std::vector<JobStatus>& all,
+                               int64_t target) {
+  return ForEachShard([&](int k) -> absl::Status {
+    if (all[k].step == target) return absl::OkStatus();
+    return shard(k).Rollback(target, all[k].shard.generation).status();
+  });
+}
+
 absl::StatusOr<JobStatus> PsGroup::Register(const Registration& registration) {
   join_version_.reset();
   for (int round = 0; round < kMaxJoinRounds; ++round) {
     // Backoff: another worker may be rolling the same shards back.
     absl::SleepFor(absl::Milliseconds(10) * round);
     ASSIGN_OR_RETURN(std::vector<JobStatus> all, RegisterAll(registration));
-    int64_t lo = all[0].step, hi = all[0].step;
-    bool ahead_hold_previous = true;
-    std::vector<std::string> steps;
-    for (const JobStatus& s : all) {
-      lo = std::min(lo, s.step);
-      hi = std::max(hi, s.step);
-      steps.push_back(absl::StrCat(s.step));
-    }
-    for (const JobStatus& s : all) {
-      if (s.step != lo) ahead_hold_previous &= s.shard.holds_previous;
-    }
-    JobStatus joined = all[0];
-    joined.step = lo;
-    if (hi == lo) return joined;
-    // A step applied on some shards and still waiting on others (for this
-    // worker's push, perhaps): join at the older one.
-    if (hi == lo + 1 && ahead_hold_previous) {
-      join_version_ = lo;
+    ASSIGN_OR_RETURN(const JoinPlan plan, PlanJoin(all));
+    if (plan.join) {
+      join_version_ = plan.version;
+      JobStatus joined = all[0];
+      joined.step = plan.step;
       return joined;
     }
-    const int64_t target = CommonStep(all, lo);
-    if (target < 0) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "the shards are at steps %s and share no step to roll back to",
-          absl::StrJoin(steps, ",")));
-    }
     Log("rank %d: the shards are at steps %s: rolling them back to step %d",
-        registration.rank, absl::StrJoin(steps, ","), target);
-    absl::Status rolled = ForEachShard([&](int k) -> absl::Status {
-      if (all[k].step == target) return absl::OkStatus();
-      return shard(k).Rollback(target, all[k].shard.generation).status();
-    });
+        registration.rank, StepsOf(all), plan.step);
     // ABORTED: another worker rolled a shard back first, or the step is no
     // longer restorable there; look again.
-    if (!rolled.ok() && rolled.code() != absl::StatusCode::kAborted) {
+    if (absl::Status rolled = RollBack(all, plan.step);
+        !rolled.ok() && rolled.code() != absl::StatusCode::kAborted) {
       return rolled;
     }
   }

@@ -27,6 +27,18 @@ namespace dp {
 // ::1) stays a name.
 std::vector<std::string> ExpandPsAddresses(const std::string& flag);
 
+// One address a name resolved to (numeric).
+struct ResolvedAddress {
+  bool ipv6 = false;
+  std::string ip;
+};
+// The dp-ps that `entry` (host:port) names, from the addresses its host
+// resolved to: when one family has several, each is a shard ("ipv4:a:port",
+// IPv4 first); otherwise `entry` is one dp-ps.
+std::vector<std::string> ShardsOfResolvedName(
+    const std::string& entry, const std::string& port,
+    const std::vector<ResolvedAddress>& resolved);
+
 class PsGroup {
  public:
   // options.address is ignored: one client per entry of `addresses`.
@@ -64,6 +76,9 @@ class PsGroup {
   // One round of Register: the statuses by shard index.
   absl::StatusOr<std::vector<JobStatus>> RegisterAll(
       const Registration& registration);
+  // Rolls every shard not at `target` back to it, on the generation it
+  // answered in `all` (by shard index).
+  absl::Status RollBack(const std::vector<JobStatus>& all, int64_t target);
   PsClient& shard(int k) { return *clients_[order_[k]]; }
 
   const int64_t num_params_;                        // of the whole model

@@ -82,6 +82,14 @@ absl::Status Trainer::Load() {
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank %d is out of range: the job has %d workers", rank, s.world_size));
   }
+  // Fixed gradients would silently wreck a real model: the benchmark backend
+  // joins only jobs on the synthetic data, which train nothing anyone keeps.
+  if (options_.backend.null() && loaded_.dataset != "synthetic") {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the null backend is for benchmarks (it computes no gradient) and "
+        "joins only --dataset=synthetic jobs; this one trains %s",
+        loaded_.dataset));
+  }
   ASSIGN_OR_RETURN(train_, LoadDataset(loaded_.dataset, options_.data_dir,
                                        s.seed, Split::kTrain));
   if (rank == 0) {
@@ -132,7 +140,7 @@ absl::Status Trainer::Join() {
   schedule_ = schedule;
   total_ = total;
   const bool shm = client_->shared_memory();
-  if (first || shm != shared_memory_) {
+  if (first || shm != logged_shared_memory_) {
     Log("rank %d: tensors through %s", options_.rank,
         shm ? "shared memory"
             : (client_->why_not_shared_memory().empty()
@@ -141,8 +149,8 @@ absl::Status Trainer::Join() {
                                   client_->why_not_shared_memory(), ")")));
     metrics_.SetSharedMemory(shm);
   }
-  shared_memory_ = shm;
-  into_slot_ = !client_->GradientSlot().empty();
+  logged_shared_memory_ = shm;
+  gradient_into_slot_ = !client_->GradientSlot().empty();
   RETURN_IF_ERROR(Timed(metrics_, WorkerMetrics::Call::kPull, [&] {
     return client_->Pull(options_.rank, &weights_);
   }));
@@ -157,8 +165,9 @@ absl::StatusOr<Gradient> Trainer::Compute() {
   // Where the encoded gradient goes: this rank's shared-memory slot (dp-ps
   // has read the last one before it answered), or a buffer no message
   // holds.
-  LentBuffer* wire = into_slot_ ? nullptr : &wire_->Free();
-  char* const out = into_slot_ ? client_->GradientSlot().data() : wire->data();
+  LentBuffer* wire = gradient_into_slot_ ? nullptr : &wire_->Free();
+  char* const out =
+      gradient_into_slot_ ? client_->GradientSlot().data() : wire->data();
   const absl::Span<float> grad =
       encoding == Encoding::kF32
           ? absl::Span<float>(reinterpret_cast<float*>(out), grad_size_)
@@ -180,7 +189,7 @@ absl::StatusOr<Gradient> Trainer::Compute() {
   g.num_samples = schedule_.batch_size;
   g.encoding = encoding;
   g.wire = wire;
-  g.in_shared_memory = into_slot_;
+  g.in_shared_memory = gradient_into_slot_;
   return g;
 }
 

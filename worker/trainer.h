@@ -109,10 +109,11 @@ class Trainer {
   std::unique_ptr<LentBufferPool> wire_;
   std::vector<float> grad_;  // float32 gradient for the other encodings
   size_t grad_size_ = 0;     // values of a gradient
-  // As of the last join: the step's tensors go through shared memory; the
-  // gradient is computed straight into the one dp-ps's slot.
-  bool shared_memory_ = false;
-  bool into_slot_ = false;
+  // As of the last join: the path the log and the metric last named (shared
+  // memory or gRPC), and whether the backend computes the gradient straight
+  // into the one dp-ps's shared-memory slot.
+  bool logged_shared_memory_ = false;
+  bool gradient_into_slot_ = false;
 };
 
 }  // namespace dp

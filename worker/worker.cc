@@ -14,6 +14,7 @@ namespace {
 
 // The labels of dp_worker_backend_info.
 std::map<std::string, std::string> BackendLabels(const BackendChoice& choice) {
+  if (choice.null()) return {{"backend", "null"}};
   if (!choice.cuda()) return {{"backend", "cpu"}};
   const GpuInfo& gpu = choice.gpu();
   return {

@@ -28,19 +28,11 @@
 #include "common/security.h"
 #include "common/shard_plan.h"
 #include "worker/backend_choice.h"
+#include "worker/exit_code.h"
 #include "worker/worker.h"
 
 namespace dp {
 namespace {
-
-bool IsConfigurationError(const absl::Status& s) {
-  if (IsJobFailed(s)) return false;  // dp-ps gave up on the job: exit 1
-  return s.code() == absl::StatusCode::kInvalidArgument ||
-         s.code() == absl::StatusCode::kFailedPrecondition ||
-         s.code() == absl::StatusCode::kUnauthenticated ||
-         s.code() == absl::StatusCode::kNotFound ||
-         s.code() == absl::StatusCode::kDataLoss;
-}
 
 // SIGTERM/SIGINT: the handler only writes the signal number to a pipe that
 // a watcher thread reads. (sigwait would not do: OpenBLAS starts its threads
@@ -105,7 +97,9 @@ int Run(int argc, char** argv) {
   flags.AddInt("metrics_port", &metrics_port,
                "Prometheus metrics port (0 = off, -1 = any free port)");
   flags.AddString("metrics_host", &metrics_host,
-                  "address the metrics endpoint listens on");
+                  "address the metrics endpoint listens on (0.0.0.0 or ::: "
+                  "every IPv4 and IPv6 address; an IPv6 address with or "
+                  "without brackets)");
   flags.AddInt("threads", &threads, "BLAS threads of the CPU backend");
   flags.AddBool("tf32", &tf32,
                 "CUDA backend: allow TF32 tensor-core matrix products (off: "
@@ -234,11 +228,13 @@ int Run(int argc, char** argv) {
 
   absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(o);
   if (!worker.ok()) {
-    const bool config =
-        worker.status().code() != absl::StatusCode::kUnavailable;
-    Log("%s: %s", config ? "configuration error" : "error",
+    const int code = WorkerExitCode(worker.status(), /*stopped=*/false);
+    Log("%s: %s",
+        code == kExitConfigError     ? "configuration error"
+        : code == kExitCannotRunHere ? "cannot run on this node"
+                                     : "error",
         worker.status().message());
-    return config ? kExitConfigError : kExitFailure;
+    return code;
   }
   // Joined before the worker goes, so it never outlives what it uses; a
   // byte 0 on the pipe tells it to return. (A signal that came earlier
@@ -264,20 +260,16 @@ int Run(int argc, char** argv) {
   watcher.join();
   const bool stopped = (*worker)->stopped();
   worker->reset();
-  if (!s.ok() && stopped) {
+  const int code = WorkerExitCode(s, stopped);
+  if (code == kExitInterrupted) {
     if (s.code() != absl::StatusCode::kCancelled)
       Log("stopped: %s", s.ToString());
-    return kExitInterrupted;
-  }
-  if (IsJobFailed(s)) {
+  } else if (IsJobFailed(s)) {
     Log("%s", s.message());  // "the job failed: <dp-ps's reason>"
-    return kExitFailure;
+  } else if (!s.ok()) {
+    Log("error: %s (exit %d)", s.ToString(), code);
   }
-  if (!s.ok()) {
-    Log("error: %s", s.ToString());
-    return IsConfigurationError(s) ? kExitConfigError : kExitFailure;
-  }
-  return kExitOk;
+  return code;
 }
 
 }  // namespace

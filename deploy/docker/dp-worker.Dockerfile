@@ -98,8 +98,11 @@ RUN apt-get update \
  && ldconfig
 COPY --from=cuda-build /src/build/worker/libdp_cuda.so /usr/local/lib/dp-ps/libdp_cuda.so
 # What the NVIDIA container toolkit reads: the GPUs and driver parts to
-# mount, and the driver the image needs (CUDA 13: R580 or newer).
-ENV NVIDIA_VISIBLE_DEVICES=all \
+# mount, and the driver the image needs (CUDA 13: R580 or newer). No GPU
+# unless one is asked for: the device plugin (a pod's nvidia.com/gpu
+# limit) or `docker run --gpus` sets NVIDIA_VISIBLE_DEVICES to the GPUs
+# given; "all" here showed a pod without a GPU limit every GPU of its node.
+ENV NVIDIA_VISIBLE_DEVICES=void \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA="cuda>=13.0"
 USER 65532:65532

@@ -476,6 +476,11 @@ function checkDpWorker(buildDir, pods) {
   if (!/NVIDIA_DRIVER_CAPABILITIES=compute,utility/.test(env)) {
     g.push("the gpu stage does not ask for the compute driver capability");
   }
+  if (!/NVIDIA_VISIBLE_DEVICES=void\b/.test(env)) {
+    g.push("the gpu stage must set NVIDIA_VISIBLE_DEVICES=void: the GPUs a container " +
+           "sees come from its GPU request (\"all\" shows a pod without a GPU limit " +
+           "every GPU of its node)");
+  }
   report("dp-worker (gpu): the cpu image + libdp_cuda.so + CUDA 13 cudart/cuBLAS only", g);
 }
 

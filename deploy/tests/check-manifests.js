@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Offline checks of deploy/k8s, run by ctest (no cluster needed):
 //  1. `kubectl kustomize` renders the base and every variant (plain and
-//     JobSet; cpu, gpu, TLS);
+//     JobSet; cpu, gpu, TLS; another RUN_ID) and the cluster's monitoring;
 //  2. every rendered object validates against the schemas of the oldest
 //     Kubernetes the manifests support (MIN_KUBERNETES: the kubernetes-types
 //     package of that version, through TypeScript: no unknown field, every
@@ -11,11 +11,15 @@
 //  3. drift between the manifests and the binaries: each container's
 //     arguments and environment (ConfigMaps and $(VAR) references resolved
 //     as the kubelet does) are run through `dp-ps`/`dp-worker --dry_run`,
-//     and the ports, probes, Service, NetworkPolicy, worker count, shard
-//     count and addresses ({shard} expanded as the binaries do), run id,
-//     failure policies, grace periods, volumes, TLS mounts and monitoring
-//     objects are compared with the effective configuration (dp-ps once
-//     per shard);
+//     and the ports, probes, Service, NetworkPolicies (together, for a
+//     default deny), worker count, shard count and addresses ({shard}
+//     expanded as the binaries do), run id and the workloads' names,
+//     failure policies (per exit code of common/flags.h, per rank, with a
+//     deadline), dp-ps's QoS, threads and placement, grace periods,
+//     volumes, TLS mounts and certificates, GPU settings and monitoring
+//     objects (release label; rules and dashboard only in the cluster's
+//     monitoring) are compared with the effective configuration (dp-ps
+//     once per shard);
 //  4. a self-test: broken copies of the manifests must fail the checks.
 //
 // Usage: node check-manifests.js --dp-ps BIN --dp-worker BIN
@@ -39,6 +43,9 @@ const MIN_KUBERNETES = "1.29";
 // the test (the JobSet variant with TLS, and a sharded job, which no overlay
 // ships).
 const TARGETS = {
+  // The cluster's monitoring, applied once (no workloads: checked by
+  // monitoringErrors instead of the drift checks).
+  "monitoring": "monitoring",
   "base": "base",
   "overlays/cpu": "overlays/cpu",
   "overlays/gpu": "overlays/gpu",
@@ -48,6 +55,18 @@ const TARGETS = {
   "overlays/jobset + tls": {
     resources: ["overlays/jobset"],
     components: ["components/tls", "components/cert-manager", "components/workers"],
+  },
+  // A new run from an overlay (RUN_ID merged, then components/workers
+  // again): its Job is named after it, with no second suffix.
+  "overlays/gpu, run-2": {
+    resources: ["overlays/gpu"],
+    configMapGenerator: [{name: "dp-run", behavior: "merge", literals: ["RUN_ID=run-2"]}],
+    components: ["components/workers"],
+  },
+  "overlays/jobset, run-2": {
+    resources: ["overlays/jobset"],
+    configMapGenerator: [{name: "dp-run", behavior: "merge", literals: ["RUN_ID=run-2"]}],
+    components: ["components/workers"],
   },
   // S = 3 as docs/deploying.md tells: DP_SHARDS alone (DP_SHARD_ADDRESSES
   // names the pods by {shard}), then the component that copies S (the shipped
@@ -66,8 +85,27 @@ const GRAFANA_DASHBOARD = path.join(REPO, "deploy/grafana/dashboards/dp-ps.json"
 const JOBSET_CRD = path.join(HERE, "schemas/jobset.x-k8s.io_jobsets.yaml");
 // The component that copies DP_SHARDS into the StatefulSet's replicas.
 const WORKERS_COMPONENT = path.join(K8S, "components/workers/kustomization.yaml");
-// Exit code of a configuration error (common/flags.h kExitConfigError).
-const EXIT_CONFIG_ERROR = 2;
+// The binaries' exit codes, read from common/flags.h where they are
+// defined, for the Jobs' podFailurePolicy.
+const EXIT = (() => {
+  const text = fs.readFileSync(path.join(REPO, "common/flags.h"), "utf8");
+  const code = (name) => {
+    const m = new RegExp(`\\b${name} =\\s*(\\d+);`).exec(text);
+    if (!m) throw new Error(`common/flags.h defines no ${name}`);
+    return Number(m[1]);
+  };
+  return {
+    config: code("kExitConfigError"),            // FailJob
+    psUnreachable: code("kExitPsUnreachable"),   // Ignore (an outage)
+    cannotRunHere: code("kExitCannotRunHere"),   // Count, per rank
+  };
+})();
+// The `release` label of the monitoring objects, the one setting of
+// monitoring/ and components/monitoring (kube-prometheus-stack selects by
+// it).
+const RELEASE_LABEL = path.join(K8S, "monitoring/release/release-label.yaml");
+// The workloads' names before the run id (components/workers appends it).
+const WORKLOAD_NAMES = {plain: "dp-worker", jobset: "dp-train"};
 // The label whose value the monitors make the series' job label.
 const JOB_LABEL = "app.kubernetes.io/name";
 
@@ -278,6 +316,13 @@ function find(objects, kind, name) {
   return objects.find((o) => o.kind === kind && (!name || o.metadata.name === name));
 }
 
+// The workers' Job (plain variant), by its label: its name carries the run
+// id.
+function workersJob(objects) {
+  return objects.find((o) => o.kind === "Job" &&
+                             o.metadata.labels?.["app.kubernetes.io/name"] === "dp-worker");
+}
+
 function containerPort(container, name) {
   const p = (container.ports || []).find((q) => q.name === name);
   return p ? p.containerPort : undefined;
@@ -376,11 +421,11 @@ function labelsMatch(selector, labels) {
 // job}, jobset}. null when neither shape is there.
 function workloads(objects) {
   const sts = find(objects, "StatefulSet", "dp-ps");
-  const job = find(objects, "Job", "dp-worker");
+  const job = workersJob(objects);
   const jobset = find(objects, "JobSet");
   if (sts && job && !jobset) {
     return {kind: "plain", ps: {pod: sts.spec.template, job: null, sts},
-            worker: {pod: job.spec.template, job: job.spec}};
+            worker: {pod: job.spec.template, job: job.spec, obj: job}};
   }
   if (jobset && !sts && !job) {
     const rj = (name) => jobset.spec.replicatedJobs.find((r) => r.name === name);
@@ -483,14 +528,18 @@ function volumeOf(pod, container, file) {
          {name: mount.name, claimTemplate: true};
 }
 
-// The checks of the failure policy of a Job spec running `container`.
-function failurePolicyErrors(jobSpec, container, who) {
+// The checks of the failure policy of a Job spec running `container`; for
+// the workers' Job (`workers`), also per-rank retries, dp-worker's exit
+// codes and the deadline that bounds the retries it does not count.
+function failurePolicyErrors(jobSpec, container, who, workers = false) {
   const errors = [];
   const rules = jobSpec.podFailurePolicy?.rules || [];
-  if (!rules.some((r) => r.action === "FailJob" && r.onExitCodes?.operator === "In" &&
-                         r.onExitCodes.values.includes(EXIT_CONFIG_ERROR) &&
-                         r.onExitCodes.containerName === container.name)) {
-    errors.push(`${who}: no FailJob rule for exit code ${EXIT_CONFIG_ERROR} of ${container.name}`);
+  const onExit = (action, code) => rules.some(
+      (r) => r.action === action && r.onExitCodes?.operator === "In" &&
+             r.onExitCodes.values.includes(code) &&
+             r.onExitCodes.containerName === container.name);
+  if (!onExit("FailJob", EXIT.config)) {
+    errors.push(`${who}: no FailJob rule for exit code ${EXIT.config} of ${container.name}`);
   }
   if (!rules.some((r) => r.action === "Ignore" &&
                          (r.onPodConditions || []).some((c) => c.type === "DisruptionTarget"))) {
@@ -499,7 +548,41 @@ function failurePolicyErrors(jobSpec, container, who) {
   if (jobSpec.template.spec.restartPolicy !== "Never") {
     errors.push(`${who}: podFailurePolicy needs restartPolicy Never`);
   }
+  if (!(jobSpec.activeDeadlineSeconds > 0)) {
+    errors.push(`${who}: no activeDeadlineSeconds: pods that never start (a GPU ` +
+                "node's driver too old, an image not pulled) or retried for ever " +
+                "would hold their resources with no end");
+  }
+  if (!workers) return errors;
+  if (!onExit("Ignore", EXIT.psUnreachable)) {
+    errors.push(`${who}: exit code ${EXIT.psUnreachable} (dp-ps unreachable) must be ` +
+                "retried without counting (Ignore): a dp-ps outage is no worker's fault");
+  }
+  if (!onExit("Count", EXIT.cannotRunHere)) {
+    errors.push(`${who}: exit code ${EXIT.cannotRunHere} (this node cannot run the ` +
+                "backend) must be retried and counted (Count), not fail the Job");
+  }
+  if (!(jobSpec.backoffLimitPerIndex > 0) || jobSpec.maxFailedIndexes !== 0 ||
+      jobSpec.backoffLimit !== undefined) {
+    errors.push(`${who}: retries must be per rank (backoffLimitPerIndex, ` +
+                "maxFailedIndexes 0, no Job-wide backoffLimit): with a Job-wide " +
+                "limit the failures of all ranks add up");
+  }
   return errors;
+}
+
+// Whether a label selector (matchLabels, matchExpressions with In / NotIn /
+// Exists / DoesNotExist) selects `labels`.
+function selectorMatches(selector, labels) {
+  if (!selector) return false;
+  const l = labels || {};
+  return labelsMatch(selector.matchLabels, l) &&
+         (selector.matchExpressions || []).every((e) => ({
+           In: () => (e.values || []).includes(l[e.key]),
+           NotIn: () => !(e.values || []).includes(l[e.key]),
+           Exists: () => e.key in l,
+           DoesNotExist: () => !(e.key in l),
+         }[e.operator] || (() => false))());
 }
 
 // Whether a NetworkPolicy ingress rule's port list admits the named port
@@ -595,8 +678,18 @@ function driftErrors(objects, bins, target) {
   // The run's identity: checkpoints and model under RUN_ID, on the state
   // volume, which outlives the workloads.
   const runId = psRun.env.RUN_ID;
-  check(/^[a-z0-9][a-z0-9.-]{0,62}$/.test(runId || ""),
-        `RUN_ID '${runId}' must be lowercase letters, digits, '-' and '.'`);
+  // In the workloads' names too, under the limits of a JobSet's and an
+  // Indexed Job's pod host names (a DNS label of 63 characters).
+  check(/^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$/.test(runId || ""),
+        `RUN_ID '${runId}' must be 1 to 32 lowercase letters, digits and '-', ` +
+        "starting and ending with a letter or digit");
+  // A Job's pod template and a JobSet's replicatedJobs are immutable: a new
+  // run must be a new object, or `kubectl apply` leaves the finished one.
+  const workload = w.kind === "plain" ? w.worker.obj : w.jobset;
+  const wantName = `${WORKLOAD_NAMES[w.kind]}-${runId}`;
+  check(workload.metadata.name === wantName,
+        `the ${workload.kind} is named ${workload.metadata.name}, not ${wantName}: ` +
+        "without the run id a new RUN_ID applies over the finished one");
   check(pc.checkpoint_dir && path.posix.basename(pc.checkpoint_dir) === runId,
         `dp-ps --checkpoint_dir=${pc.checkpoint_dir} is not the run's (RUN_ID ${runId})`);
   check(pc.save_model && path.posix.basename(pc.save_model).startsWith(`${runId}.`),
@@ -735,7 +828,7 @@ function driftErrors(objects, bins, target) {
             w.worker.job.parallelism === Number(pc.workers),
         `workers' completions ${w.worker.job.completions} / parallelism ` +
         `${w.worker.job.parallelism} != dp-ps --workers ${pc.workers}`);
-  errors.push(...failurePolicyErrors(w.worker.job, worker, "workers' Job"));
+  errors.push(...failurePolicyErrors(w.worker.job, worker, "workers' Job", true));
 
   // Worker probes and ports.
   const wHealth = Number(wc.health_port);
@@ -770,44 +863,102 @@ function driftErrors(objects, bins, target) {
             `${c.name} lacks a ${r} request or limit`);
     }
   }
-
-  // NetworkPolicy: dp-ps's gRPC port only from the workers and, with
-  // several shards, from dp-ps's pods (shard 0 collects the model), its
-  // metrics port only from Prometheus.
-  const policies = objects.filter(
-      (o) => o.kind === "NetworkPolicy" &&
-             labelsMatch(o.spec.podSelector?.matchLabels, w.ps.pod.metadata.labels));
-  check(policies.length > 0, "no NetworkPolicy selects dp-ps");
-  for (const np of policies) {
-    check((np.spec.policyTypes || []).includes("Ingress"),
-          `NetworkPolicy ${np.metadata.name} does not restrict ingress`);
-    const rules = np.spec.ingress || [];
-    const grpcRules = rules.filter((r) => rulePortAdmits(r, "grpc", grpcPort));
-    check(grpcRules.length > 0 &&
-              grpcRules.some((r) => (r.from || []).some(
-                  (f) => !f.namespaceSelector &&
-                         labelsMatch(f.podSelector?.matchLabels, w.worker.pod.metadata.labels))),
-          `NetworkPolicy ${np.metadata.name} does not admit the workers to port grpc`);
-    if (shards > 1) {
-      check(grpcRules.some((r) => (r.from || []).some(
-                (f) => !f.namespaceSelector &&
-                       labelsMatch(f.podSelector?.matchLabels, w.ps.pod.metadata.labels))),
-            `NetworkPolicy ${np.metadata.name} does not admit dp-ps's shards to port ` +
-            "grpc (shard 0 collects the model from the others)");
+  // dp-ps: Guaranteed QoS (evicted last under node pressure) except on the
+  // laptop-sized cpu overlay, its update threads within its CPU limit, no
+  // shared memory (no worker shares its pod), no move by consolidation, and
+  // shards spread over nodes.
+  if (target !== "overlays/cpu") {
+    for (const r of ["cpu", "memory"]) {
+      check(String(ps.resources?.requests?.[r]) === String(ps.resources?.limits?.[r]),
+            `dp-ps's ${r} request ${ps.resources?.requests?.[r]} != its limit ` +
+            `${ps.resources?.limits?.[r]}: not Guaranteed QoS, evicted early`);
     }
-    for (const r of grpcRules) {
-      const open = !r.from || r.from.length === 0 || r.from.some(
-          (f) => f.ipBlock || f.namespaceSelector ||
-                 !(labelsMatch(f.podSelector?.matchLabels, w.worker.pod.metadata.labels) ||
-                   labelsMatch(f.podSelector?.matchLabels, w.ps.pod.metadata.labels)));
-      check(!open, `NetworkPolicy ${np.metadata.name} admits more than the workers and ` +
-                   `dp-ps's shards to port grpc: ${JSON.stringify(r)}`);
-    }
-    check(rules.some((r) => rulePortAdmits(r, "metrics", metricsPort) &&
-                            (r.from || []).some((f) => f.podSelector?.matchLabels?.[
-                                "app.kubernetes.io/name"] === "prometheus")),
-          `NetworkPolicy ${np.metadata.name} does not admit Prometheus to port metrics`);
   }
+  const cpuLimit = ((q) => /m$/.test(q) ? Number(q.slice(0, -1)) / 1000 : Number(q))(
+      String(ps.resources?.limits?.cpu));
+  check(Number(pc.update_threads) >= 1 && Number(pc.update_threads) <= Math.ceil(cpuLimit),
+        `dp-ps --update_threads=${pc.update_threads} is not 1..its CPU limit ` +
+        `${ps.resources?.limits?.cpu} (0 takes the node's core count: throttled)`);
+  check(pc.shared_memory === "false",
+        "dp-ps --shared_memory must be false: no worker shares its pod");
+  const podAnnotations = w.ps.pod.metadata.annotations || {};
+  check(podAnnotations["karpenter.sh/do-not-disrupt"] === "true" &&
+            podAnnotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] === "false",
+        "dp-ps pods lack the autoscalers' do-not-disrupt annotations");
+  const spread = (w.ps.pod.spec.affinity?.podAntiAffinity
+                      ?.preferredDuringSchedulingIgnoredDuringExecution || [])
+                     .some((t) => t.podAffinityTerm?.topologyKey === "kubernetes.io/hostname" &&
+                                  labelsMatch(t.podAffinityTerm.labelSelector?.matchLabels,
+                                              w.ps.pod.metadata.labels));
+  check(spread, "dp-ps's shards are not spread over nodes (preferred anti-affinity " +
+                "on kubernetes.io/hostname)");
+  for (const [who, pod] of [["dp-ps", w.ps.pod], ["dp-worker", w.worker.pod]]) {
+    check(pod.spec.automountServiceAccountToken === false,
+          `${who} pods mount a service account token they never use`);
+  }
+
+  // NetworkPolicies, for a namespace that denies everything by default
+  // (they add up: a pod may do what any policy selecting it admits):
+  // dp-ps's gRPC port only from the workers and, with several shards, from
+  // dp-ps's pods (shard 0 collects the model); both roles' metrics ports
+  // from the scraper, chosen in one place; out, DNS and dp-ps's gRPC port.
+  const psLabels = w.ps.pod.metadata.labels;
+  const wLabels = w.worker.pod.metadata.labels;
+  const selecting = (labels) => objects.filter(
+      (o) => o.kind === "NetworkPolicy" && selectorMatches(o.spec.podSelector, labels));
+  const psPolicies = selecting(psLabels);
+  const wPolicies = selecting(wLabels);
+  check(psPolicies.length > 0, "no NetworkPolicy selects dp-ps");
+  check(wPolicies.length > 0, "no NetworkPolicy selects the workers");
+  // A same-namespace pod peer that selects `labels`.
+  const peerIs = (f, labels) => !f.namespaceSelector && !f.ipBlock && f.podSelector &&
+                                selectorMatches(f.podSelector, labels);
+  const ingressOf = (pols) => pols.flatMap((np) => np.spec.ingress || []);
+  const egressOf = (pols) => pols.flatMap((np) => np.spec.egress || []);
+  for (const [who, pols] of [["dp-ps", psPolicies], ["the workers", wPolicies]]) {
+    for (const type of ["Ingress", "Egress"]) {
+      check(pols.some((np) => (np.spec.policyTypes || []).includes(type)),
+            `no NetworkPolicy restricts the ${type.toLowerCase()} of ${who}`);
+    }
+    // Egress: DNS, and dp-ps's gRPC port.
+    const egress = egressOf(pols);
+    check(egress.some((r) => (!r.to || r.to.length === 0 ||
+                              r.to.some((t) => t.namespaceSelector)) &&
+                             (r.ports || []).some((p) => p.port === 53 &&
+                                                         (p.protocol || "TCP") === "UDP")),
+          `the NetworkPolicies do not let ${who} reach DNS (port 53 UDP)`);
+    if (who === "the workers" || shards > 1) {
+      check(egress.some((r) => rulePortAdmits(r, "grpc", grpcPort) &&
+                               (r.to || []).some((t) => peerIs(t, psLabels))),
+            `the NetworkPolicies do not let ${who} reach dp-ps's port grpc`);
+    }
+  }
+  const grpcRules = ingressOf(psPolicies).filter((r) => rulePortAdmits(r, "grpc", grpcPort));
+  check(grpcRules.some((r) => (r.from || []).some((f) => peerIs(f, wLabels))),
+        "the NetworkPolicies do not admit the workers to dp-ps's port grpc");
+  if (shards > 1) {
+    check(grpcRules.some((r) => (r.from || []).some((f) => peerIs(f, psLabels))),
+          "the NetworkPolicies do not admit dp-ps's shards to port grpc (shard 0 " +
+          "collects the model from the others)");
+  }
+  for (const r of grpcRules) {
+    const open = !r.from || r.from.length === 0 ||
+                 r.from.some((f) => !(peerIs(f, wLabels) || peerIs(f, psLabels)));
+    check(!open, "a NetworkPolicy admits more than the workers and dp-ps's shards to " +
+                 `port grpc: ${JSON.stringify(r)}`);
+  }
+  const scrapers = new Set();
+  for (const [who, pols, port] of [["dp-ps", psPolicies, metricsPort],
+                                   ["the workers", wPolicies, Number(wc.metrics_port)]]) {
+    const rules = ingressOf(pols).filter((r) => rulePortAdmits(r, "metrics", port));
+    check(rules.some((r) => (r.from || []).some(
+              (f) => f.podSelector?.matchLabels?.["app.kubernetes.io/name"] === "prometheus")),
+          `the NetworkPolicies do not admit Prometheus to the metrics port of ${who}`);
+    for (const r of rules) scrapers.add(canonical(r.from));
+  }
+  check(scrapers.size === 1, "the scraper is chosen in more than one place (every " +
+                             "metrics rule must admit the same peers): " +
+                             [...scrapers].join(" vs "));
 
   // TLS: when dp-ps has a certificate, the workers verify it, both sides'
   // files come from mounted Secrets, and dp-ps's names the host workers
@@ -867,6 +1018,13 @@ function driftErrors(objects, bins, target) {
             "the workers' Certificate lacks the usage client auth");
       check(server && client && server.spec.issuerRef.name === client.spec.issuerRef.name,
             "dp-ps's and the workers' certificates come from different issuers");
+      // A CA renewed with a new key leaves the leaves' ca.crt stale until
+      // each is renewed: restarted peers reject each other meanwhile.
+      for (const ca of certs.filter((c) => c.spec.isCA)) {
+        check(ca.spec.privateKey?.rotationPolicy === "Never",
+              `CA Certificate ${ca.metadata.name} gets a new key at renewal ` +
+              "(rotationPolicy is not Never)");
+      }
     }
   }
 
@@ -881,13 +1039,28 @@ function driftErrors(objects, bins, target) {
     const cache = wRun.env.CUDA_CACHE_PATH;
     const v = cache && volumeOf(w.worker.pod, worker, cache);
     check(v && v.emptyDir, `${target}: CUDA_CACHE_PATH=${cache} is not on an emptyDir`);
+    check(wRun.env.NVIDIA_DISABLE_REQUIRE === "true",
+          `${target}: GPU workers need NVIDIA_DISABLE_REQUIRE=true: on a driver older ` +
+          "than the image's CUDA the toolkit refuses the container, and the pod sits in " +
+          "CreateContainerError holding its GPU; dp-worker says why and exits " +
+          `${EXIT.cannotRunHere} instead`);
   }
   if (target === "overlays/cpu") {
     check(gpus === undefined, "cpu overlay asks for a GPU");
     check(wc.backend === "cpu", `cpu overlay: --backend=${wc.backend}`);
   }
 
-  // Monitoring, where the component is included.
+  // Monitoring, where the component is included: the release label that
+  // kube-prometheus-stack selects them by.
+  const release = YAML.parse(fs.readFileSync(RELEASE_LABEL, "utf8")).labels?.release;
+  check(release, `${path.relative(REPO, RELEASE_LABEL)} sets no release label`);
+  for (const m of objects.filter((o) => ["ServiceMonitor", "PodMonitor",
+                                         "PrometheusRule"].includes(o.kind))) {
+    check(m.metadata.labels?.release === release,
+          `${m.kind} ${m.metadata.name} has release label ` +
+          `'${m.metadata.labels?.release}', not '${release}' (release-label.yaml): ` +
+          "kube-prometheus-stack would not select it");
+  }
   for (const sm of objects.filter((o) => o.kind === "ServiceMonitor")) {
     check(labelsMatch(sm.spec.selector?.matchLabels, svc.metadata.labels || {}),
           `ServiceMonitor ${sm.metadata.name} does not select the Service`);
@@ -909,19 +1082,44 @@ function driftErrors(objects, bins, target) {
       check(containerPort(worker, ep.port), `PodMonitor port ${ep.port} is not a worker port`);
     }
   }
-  const monitored = objects.some((o) => o.kind === "PodMonitor");
-  const rule = find(objects, "PrometheusRule");
-  if (monitored) {
-    check(rule && canonical(rule.spec.groups) === canonical(ruleGroups()),
-          "the PrometheusRule is not deploy/prometheus/rules (run " +
-          "deploy/tests/render-prometheus-rule.js)");
+  // The rules and the dashboard are the cluster's, applied once
+  // (monitoring/): a copy per experiment duplicates every series and alert,
+  // and deleting one experiment would delete the shared dashboard.
+  for (const o of objects.filter((x) => x.kind === "PrometheusRule" ||
+                                        x.metadata.labels?.grafana_dashboard === "1")) {
+    check(false, `${o.kind} ${o.metadata.name} belongs to the cluster's monitoring ` +
+                 "(deploy/k8s/monitoring, applied once), not to each experiment");
   }
-  for (const cm of objects.filter((o) => o.kind === "ConfigMap" &&
-                                         o.metadata.labels?.grafana_dashboard === "1")) {
+  return errors;
+}
+
+// The checks of the cluster-wide monitoring (deploy/k8s/monitoring): the
+// promtool-tested rules, the dashboard, the release label, one namespace.
+function monitoringErrors(objects) {
+  const errors = [];
+  const check = (cond, message) => {
+    if (!cond) errors.push(message);
+  };
+  const rule = find(objects, "PrometheusRule");
+  check(rule && canonical(rule.spec.groups) === canonical(ruleGroups()),
+        "the PrometheusRule is not deploy/prometheus/rules (run " +
+        "deploy/tests/render-prometheus-rule.js)");
+  const release = YAML.parse(fs.readFileSync(RELEASE_LABEL, "utf8")).labels?.release;
+  check(rule?.metadata.labels?.release === release,
+        `PrometheusRule has release label '${rule?.metadata.labels?.release}', not ` +
+        `'${release}' (release-label.yaml): kube-prometheus-stack would not load it`);
+  const dashboards = objects.filter((o) => o.kind === "ConfigMap" &&
+                                           o.metadata.labels?.grafana_dashboard === "1");
+  check(dashboards.length === 1, `${dashboards.length} dashboard ConfigMaps, not 1`);
+  for (const cm of dashboards) {
     check(JSON.stringify(Object.keys(cm.data || {})) === '["dp-ps.json"]' &&
               cm.data["dp-ps.json"] === fs.readFileSync(GRAFANA_DASHBOARD, "utf8"),
           `ConfigMap ${cm.metadata.name} is not deploy/grafana/dashboards/dp-ps.json`);
   }
+  const namespaces = new Set(objects.map((o) => o.metadata.namespace));
+  check(namespaces.size === 1 && !namespaces.has(undefined),
+        "the cluster's monitoring objects must go to one namespace, the stack's " +
+        `(got ${[...namespaces].join(", ")})`);
   return errors;
 }
 
@@ -958,7 +1156,8 @@ function variantsAgree(plain, jobset) {
                   `  plain:  ${x}\n  jobset: ${y}`);
     }
   }
-  for (const key of ["backoffLimit", "podFailurePolicy", "completionMode"]) {
+  for (const key of ["backoffLimit", "backoffLimitPerIndex", "maxFailedIndexes",
+                     "activeDeadlineSeconds", "podFailurePolicy", "completionMode"]) {
     if (canonical(a.worker.job[key]) !== canonical(b.worker.job[key])) {
       errors.push(`the workers' ${key} differs between the plain and JobSet variants`);
     }
@@ -994,7 +1193,7 @@ const MUTATIONS = [
   }, true],
   ["a field newer than Kubernetes " + MIN_KUBERNETES + " (Job managedBy)", "overlays/gpu",
    (objs) => {
-     find(objs, "Job", "dp-worker").spec.managedBy = "kueue.x-k8s.io/multikueue";
+     workersJob(objs).spec.managedBy = "kueue.x-k8s.io/multikueue";
    }, true],
   ["unknown field in the JobSet", "overlays/jobset", (objs) => {
     find(objs, "JobSet").spec.successPolicy.targetReplicatedJob = ["workers"];
@@ -1003,7 +1202,7 @@ const MUTATIONS = [
     workerContainer(objs).imagePullPolicyy = "Always";
   }, true],
   ["wrong type (completions as a string)", "overlays/gpu", (objs) => {
-    find(objs, "Job", "dp-worker").spec.completions = "2";
+    workersJob(objs).spec.completions = "2";
   }],
   ["dp-ps probe on the TLS port", "overlays/tls", (objs) => {
     psContainer(objs).readinessProbe.grpc.port = 5000;
@@ -1012,7 +1211,7 @@ const MUTATIONS = [
     cm(objs, "dp-ps-config").DP_EPOCH = "3";
   }],
   ["worker count differs from completions", "overlays/gpu", (objs) => {
-    find(objs, "Job", "dp-worker").spec.parallelism = 3;
+    workersJob(objs).spec.parallelism = 3;
   }],
   ["JobSet worker count differs", "overlays/jobset", (objs) => {
     workloads(objs).worker.job.completions = 3;
@@ -1062,7 +1261,7 @@ const MUTATIONS = [
   }],
   ["NetworkPolicy keeping shard 0 from the other shards", "overlays/tls, 3 shards",
    (objs) => {
-     const rule = find(objs, "NetworkPolicy").spec.ingress[0];
+     const rule = find(objs, "NetworkPolicy", "dp-ps").spec.ingress[0];
      rule.from = rule.from.filter(
          (f) => f.podSelector?.matchLabels?.["app.kubernetes.io/name"] !== "dp-ps");
    }],
@@ -1082,7 +1281,7 @@ const MUTATIONS = [
     psContainer(objs).args = ["--bogus=1"];
   }],
   ["missing FailJob rule", "overlays/gpu", (objs) => {
-    find(objs, "Job", "dp-worker").spec.podFailurePolicy.rules.shift();
+    workersJob(objs).spec.podFailurePolicy.rules.shift();
   }],
   ["checkpoints outside the run's directory", "overlays/gpu", (objs) => {
     psContainer(objs).env.find((e) => e.name === "DP_CHECKPOINT_DIR").value =
@@ -1095,12 +1294,19 @@ const MUTATIONS = [
                       selector: {matchLabels: {"app.kubernetes.io/name": "dp-ps"}}}});
   }],
   ["NetworkPolicy open to every pod", "overlays/gpu", (objs) => {
-    find(objs, "NetworkPolicy").spec.ingress[0].from = [];
+    find(objs, "NetworkPolicy", "dp-ps").spec.ingress[0].from = [];
   }],
   ["PodMonitor without jobLabel", "overlays/gpu", (objs) => {
     delete find(objs, "PodMonitor").spec.jobLabel;
   }],
-  ["PrometheusRule differs from the promtool-tested rules", "overlays/gpu", (objs) => {
+  ["an experiment with its own copy of the rules", "overlays/gpu", (objs) => {
+    objs.push({apiVersion: "monitoring.coreos.com/v1", kind: "PrometheusRule",
+               metadata: {name: "dp-ps"}, spec: {groups: ruleGroups()}});
+  }, false, /PrometheusRule dp-ps belongs to the cluster's monitoring/],
+  ["a PrometheusRule without the release label", "monitoring", (objs) => {
+    delete find(objs, "PrometheusRule").metadata.labels.release;
+  }, false, /PrometheusRule has release label 'undefined'/],
+  ["PrometheusRule differs from the promtool-tested rules", "monitoring", (objs) => {
     find(objs, "PrometheusRule").spec.groups[0].rules.pop();
   }],
   ["worker TLS key outside the Secret", "overlays/tls", (objs) => {
@@ -1115,6 +1321,78 @@ const MUTATIONS = [
   ["JobSet workers not waiting for dp-ps", "overlays/jobset", (objs) => {
     delete workloads(objs).worker.rj.dependsOn;
   }],
+  ["a Job-wide backoffLimit instead of retries per rank", "overlays/gpu", (objs) => {
+    const spec = workersJob(objs).spec;
+    delete spec.backoffLimitPerIndex;
+    delete spec.maxFailedIndexes;
+    spec.backoffLimit = 6;
+  }, false, /retries must be per rank/],
+  ["dp-ps unreachable (exit 4) counted against the workers", "overlays/gpu", (objs) => {
+    const rules = workersJob(objs).spec.podFailurePolicy.rules;
+    rules.splice(rules.findIndex((r) => r.onExitCodes?.values.includes(4)), 1);
+  }, false, /exit code 4 \(dp-ps unreachable\)/],
+  ["a node that cannot run the backend (exit 5) failing the JobSet", "overlays/jobset",
+   (objs) => {
+     const rule = workloads(objs).worker.job.podFailurePolicy.rules.find(
+         (r) => r.onExitCodes?.values.includes(5));
+     rule.action = "FailJob";
+   }, false, /exit code 5 \(this node cannot run/],
+  ["workers without a deadline", "overlays/gpu", (objs) => {
+    delete workersJob(objs).spec.activeDeadlineSeconds;
+  }, false, /no activeDeadlineSeconds/],
+  ["the workers' Job named without the run id", "overlays/gpu", (objs) => {
+    workersJob(objs).metadata.name = "dp-worker";
+  }, false, /named dp-worker, not dp-worker-run-1/],
+  ["the JobSet named without the run id", "overlays/jobset", (objs) => {
+    find(objs, "JobSet").metadata.name = "dp-train";
+  }, false, /named dp-train, not dp-train-run-1/],
+  ["a run id too long for the pods' host names", "overlays/gpu", (objs) => {
+    cm(objs, "dp-run").RUN_ID = "a".repeat(40);
+  }, false, /RUN_ID 'a+' must be 1 to 32/],
+  ["a PodMonitor without the release label", "overlays/gpu", (objs) => {
+    delete find(objs, "PodMonitor").metadata.labels.release;
+  }, false, /PodMonitor dp-worker has release label 'undefined'/],
+  ["GPU workers behind the toolkit's driver check", "overlays/gpu", (objs) => {
+    delete cm(objs, "dp-worker-config").NVIDIA_DISABLE_REQUIRE;
+  }, false, /NVIDIA_DISABLE_REQUIRE/],
+  ["workers cut off from DNS under a default deny", "overlays/gpu", (objs) => {
+    const np = find(objs, "NetworkPolicy", "dp-worker");
+    np.spec.egress = np.spec.egress.filter((r) => !(r.ports || []).some((p) => p.port === 53));
+  }, false, /do not let the workers reach DNS/],
+  ["workers cut off from dp-ps under a default deny", "overlays/jobset", (objs) => {
+    const np = find(objs, "NetworkPolicy", "dp-worker");
+    np.spec.egress = np.spec.egress.filter((r) => r.to === undefined);
+  }, false, /do not let the workers reach dp-ps's port grpc/],
+  ["shard 0 cut off from the other shards' gRPC port", "overlays/tls, 3 shards",
+   (objs) => {
+     const np = find(objs, "NetworkPolicy", "dp-ps");
+     np.spec.egress = np.spec.egress.filter((r) => r.to === undefined);
+   }, false, /do not let dp-ps reach dp-ps's port grpc/],
+  ["worker metrics closed to Prometheus", "overlays/gpu", (objs) => {
+    find(objs, "NetworkPolicy", "dp-metrics").spec.podSelector.matchExpressions[0].values =
+        ["dp-ps"];
+  }, false, /do not admit Prometheus to the metrics port of the workers/],
+  ["a second place choosing the scraper", "overlays/gpu", (objs) => {
+    find(objs, "NetworkPolicy", "dp-worker").spec.ingress = [{
+      from: [{podSelector: {matchLabels: {"app.kubernetes.io/name": "prometheus"}}}],
+      ports: [{port: "metrics"}],
+    }];
+  }, false, /the scraper is chosen in more than one place/],
+  ["dp-ps Burstable (request below limit)", "overlays/gpu", (objs) => {
+    psContainer(objs).resources.requests.cpu = "1";
+  }, false, /dp-ps's cpu request 1 != its limit 2/],
+  ["dp-ps update threads over its CPU limit", "overlays/cpu", (objs) => {
+    cm(objs, "dp-ps-config").DP_UPDATE_THREADS = "0";
+  }, false, /--update_threads=0 is not 1\.\.its CPU limit/],
+  ["shards free to share a node", "overlays/tls, 3 shards", (objs) => {
+    delete workloads(objs).ps.pod.spec.affinity;
+  }, false, /not spread over nodes/],
+  ["a CA that renews with a new key", "overlays/tls", (objs) => {
+    delete find(objs, "Certificate", "dp-ps-ca").spec.privateKey.rotationPolicy;
+  }, false, /CA Certificate dp-ps-ca gets a new key/],
+  ["workers with a service account token", "overlays/jobset", (objs) => {
+    delete workloads(objs).worker.pod.spec.automountServiceAccountToken;
+  }, false, /dp-worker pods mount a service account token/],
   ["GPU worker without a CUDA cache volume", "overlays/gpu", (objs) => {
     cm(objs, "dp-worker-config").CUDA_CACHE_PATH = "/root/.nv";
   }],
@@ -1146,8 +1424,13 @@ function main() {
   report(`Kubernetes ${MIN_KUBERNETES} API and CRD types: no unknown field, ` +
          "none missing (all variants)", unknownFieldErrors(all));
   for (const [target, objects] of Object.entries(rendered)) {
-    report(`drift: ${target} against dp-ps/dp-worker --dry_run`,
-           driftErrors(objects, bins, target));
+    if (target === "monitoring") {
+      report("the cluster's monitoring: rules, dashboard, release label",
+             monitoringErrors(objects));
+    } else {
+      report(`drift: ${target} against dp-ps/dp-worker --dry_run`,
+             driftErrors(objects, bins, target));
+    }
   }
   if (rendered["base"] && rendered["jobset"]) {
     report("the JobSet runs the same pods as the plain variant",
@@ -1166,7 +1449,8 @@ function main() {
     const errorsOf = (objs) => [
       ...objs.flatMap((o) => schemaErrors(o)),
       ...(strict ? unknownFieldErrors(objs.map((obj) => ({label: target, obj}))) : []),
-      ...driftErrors(objs, bins, target),
+      ...(target === "monitoring" ? monitoringErrors(objs)
+                                  : driftErrors(objs, bins, target)),
     ];
     const key = `${target}/${Boolean(strict)}`;
     baselines[key] ??= new Set(errorsOf(rendered[target]));

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Renders deploy/prometheus/rules/*.yml (the rules promtool tests) as the
-// prometheus-operator's PrometheusRule of components/monitoring, so that a
+// prometheus-operator's PrometheusRule of deploy/k8s/monitoring, so that a
 // kube-prometheus-stack gets exactly those rules.
 //   node deploy/tests/render-prometheus-rule.js          # rewrite the file
 //   node deploy/tests/render-prometheus-rule.js --check  # exit 1 if stale
@@ -12,7 +12,7 @@ const YAML = require("yaml");
 
 const REPO = path.resolve(__dirname, "../..");
 const RULES = path.join(REPO, "deploy/prometheus/rules");
-const OUT = path.join(REPO, "deploy/k8s/components/monitoring/prometheus-rule.yaml");
+const OUT = path.join(REPO, "deploy/k8s/monitoring/prometheus-rule.yaml");
 
 // The rule groups of every rules file, in file-name order.
 function ruleGroups() {

@@ -14,6 +14,9 @@ and the dashboard and the rules name only metrics the daemons export.
 
 Rank 0 uses the fused PushPull protocol and rank 1 the plain Push, Barrier,
 Pull one (a job may mix them), so every latency histogram gets samples.
+The workers serve metrics on their default address, every IPv4 and IPv6
+one, and Prometheus scrapes them over IPv6 ([::1], as on an IPv6-only
+cluster) where the host has an IPv6 loopback.
 
 Prometheus applies discovered targets in batches, up to 5 s apart. So that
 the scrapes see training from its first steps, rank 1 is paused (SIGSTOP)
@@ -105,6 +108,16 @@ class Process:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def ipv6_loopback():
+    """Whether this host can listen on ::1 (IPv6 may be disabled)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
 
 
 def free_port():
@@ -251,24 +264,26 @@ def run(args, tmp, processes):
             f"--rank={rank}",
             # auto: where the CUDA module is built, the workers load it (and
             # fall back to the CPU without a GPU) before serving metrics.
-            "--backend=auto", f"--protocol={protocol}", "--metrics_port=-1",
-            "--metrics_host=127.0.0.1"], tmp)
+            "--backend=auto", f"--protocol={protocol}", "--metrics_port=-1"],
+            tmp)
         processes.append(w)
         workers.append(w)
         print(f"[{time.monotonic() - start:5.1f}s] worker {rank} backend: " +
               w.wait_for_line(r"backend: (.*)", deadline)[1])
         worker_metrics.append(int(w.wait_for_line(
-            r"metrics on 127\.0\.0\.1:(\d+)", deadline)[1]))
+            r"metrics on 0\.0\.0\.0:(\d+)", deadline)[1]))
     workers[1].proc.send_signal(signal.SIGSTOP)  # holds the job at step 0
-    write_targets(worker_targets, [f"127.0.0.1:{p}" for p in worker_metrics])
+    worker_host = "[::1]" if ipv6_loopback() else "127.0.0.1"
+    write_targets(worker_targets, [f"{worker_host}:{p}" for p in worker_metrics])
     daemons = shards + workers
     print(f"[{time.monotonic() - start:5.1f}s] dp-ps metrics :{ps_metrics[0]} "
-          f":{ps_metrics[1]}, workers :{worker_metrics[0]} :{worker_metrics[1]}; "
+          f":{ps_metrics[1]}, workers {worker_host}:{worker_metrics[0]} "
+          f":{worker_metrics[1]}; "
           "rank 1 paused")
 
     def scraping():
         active = api.get("/api/v1/targets", state="active")["activeTargets"]
-        health = {int(t["scrapeUrl"].split(":")[2].split("/")[0]): t["health"]
+        health = {int(re.search(r":(\d+)/", t["scrapeUrl"])[1]): t["health"]
                   for t in active}
         return (set(health) == {*ps_metrics, *worker_metrics} and
                 all(health[p] == "up" for p in ps_metrics) and

@@ -128,16 +128,22 @@ def check_net(args, c, links_before):
                 "h1's link carried next to nothing of it")
 
         # A process left in the net: `down` must stop it, or the namespace
-        # (and its links) would outlive `ip netns del`.
-        stray = net.popen(1, ["sleep", "60"])
+        # (and its links) would outlive `ip netns del`. It says when it runs
+        # in the namespace, so that `down` cannot come first (the process
+        # would then fail to enter and exit by itself); stopped by `down`,
+        # it dies of a signal (netsim.sh exec execs into it).
+        stray = net.popen(1, ["sh", "-c", "echo in; exec sleep 60"],
+                          stdout=subprocess.PIPE, text=True)
+        entered = read_line(stray, 30) == "in"
         net.down()
         try:
             stray.wait(timeout=15)
-            c.check(True, "down stops the processes left in the net")
         except subprocess.TimeoutExpired:
             stray.kill()
             stray.wait()
-            c.check(False, "down stops the processes left in the net")
+        c.check(entered and stray.returncode in (-signal.SIGTERM, -signal.SIGKILL),
+                f"down stops the processes left in the net (entered {entered}, "
+                f"exit {stray.returncode})")
         c.check(netsim.namespaces(net.name) == [], "down leaves no namespace")
         check_no_leak(c, links_before, "down leaves no link")
         r = subprocess.run([args.netsim, "down", net.name], capture_output=True)
@@ -161,19 +167,22 @@ def check_interrupted_caller(args, c, sig):
     proc = subprocess.Popen(["bash", "-c", script, args.netsim], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True,
                             preexec_fn=netsim.default_signals)
+    left = None
     try:
         came_up = read_line(proc, 60).endswith("up") and len(netsim.namespaces(name)) == 3
         proc.send_signal(sig)
         proc.wait(timeout=60)
+        # What the caller's own trap left, before the cleanup below.
+        left = netsim.namespaces(name)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         subprocess.run([args.netsim, "down", name], capture_output=True)
     signame = signal.Signals(sig).name
-    c.check(came_up and proc.returncode == 130 and netsim.namespaces(name) == [],
+    c.check(came_up and proc.returncode == 130 and left == [],
             f"a caller with `trap down EXIT` killed by {signame} leaves nothing "
-            f"(came up {came_up}, exit {proc.returncode})")
+            f"(came up {came_up}, exit {proc.returncode}, left {left})")
 
 
 def check_interrupted_up(args, c, sig):

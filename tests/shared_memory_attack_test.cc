@@ -1,0 +1,296 @@
+// A local worker that misuses the shared memory dp-ps gave it, against a
+// real dp-ps process: it may shrink or grow its slot, reopen the weights for
+// writing, rewrite its gradient while dp-ps reads it, push through a slot
+// that a newer process of its rank replaced, or register without ever taking
+// the memory. dp-ps refuses what must be refused, keeps training, and no NaN
+// reaches the weights.
+#include <dirent.h>
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_layout.h"
+#include "common/shared_memory.h"
+#include "gtest/gtest.h"
+#include "proto/dp.grpc.pb.h"
+#include "tests/job_runner.h"
+
+namespace dp {
+namespace {
+
+constexpr int64_t kNumParams = 235146;
+
+// A worker speaking dp.v1 by hand, with the memory dp-ps handed it.
+class Intruder {
+ public:
+  Intruder(int port, int rank)
+      : rank_(rank),
+        stub_(dp::v1::ParameterServer::NewStub(
+            grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                grpc::InsecureChannelCredentials()))) {}
+  ~Intruder() {
+    for (int fd : fds_) close(fd);
+    if (slot_ != nullptr) munmap(slot_, kNumParams * sizeof(float));
+  }
+
+  // Register asking for shared memory; the answer's ticket and slot id.
+  grpc::Status Register(dp::v1::RegisterResponse* response) {
+    dp::v1::RegisterRequest request;
+    request.set_rank(rank_);
+    request.set_model_fingerprint(ModelLayout::SimpleNet().Fingerprint());
+    request.mutable_data()->set_num_samples(1000);
+    request.mutable_data()->set_hash(7);
+    request.set_shared_memory(true);
+    grpc::ClientContext ctx;
+    return stub_->Register(&ctx, request, response);
+  }
+
+  // Registers and takes the memory: fds_[0] the weights (read-only),
+  // fds_[1] the slot, mapped at slot().
+  void Join() {
+    dp::v1::RegisterResponse response;
+    ASSERT_TRUE(Register(&response).ok());
+    ASSERT_FALSE(response.shm_socket().empty()) << "no shared memory offered";
+    slot_id_ = response.shm_slot();
+    auto fds =
+        FetchSharedMemory(response.shm_socket(), response.shm_ticket(), 2);
+    ASSERT_TRUE(fds.ok()) << fds.status();
+    fds_ = *fds;
+    void* p = mmap(nullptr, kNumParams * sizeof(float), PROT_READ | PROT_WRITE,
+                   MAP_SHARED, fds_[1], 0);
+    ASSERT_NE(p, MAP_FAILED);
+    slot_ = static_cast<float*>(p);
+  }
+
+  float* slot() { return slot_; }
+  int weights_fd() const { return fds_[0]; }
+  int slot_fd() const { return fds_[1]; }
+  uint64_t slot_id() const { return slot_id_; }
+
+  // PushPull of the gradient in the slot, weights over gRPC (or published
+  // in shared memory with weights_in_shm).
+  grpc::Status PushPull(int64_t step, dp::v1::PullResponse* response,
+                        bool weights_in_shm = false,
+                        std::optional<uint64_t> slot_id = std::nullopt) {
+    dp::v1::PushRequest request;
+    request.set_rank(rank_);
+    request.set_step(step);
+    request.set_loss(1.0f);
+    request.set_num_samples(8);
+    request.set_gradient_in_shm(true);
+    request.set_shm_slot(slot_id.value_or(slot_id_));
+    request.set_weights_in_shm(weights_in_shm);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    return stub_->PushPull(&ctx, request, response);
+  }
+
+  absl::StatusOr<dp::v1::PullResponse> PullOverGrpc() {
+    dp::v1::PullRequest request;
+    request.set_rank(rank_);
+    dp::v1::PullResponse response;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Pull(&ctx, request, &response);
+    if (!s.ok()) return absl::InternalError(s.error_message());
+    return response;
+  }
+
+  int64_t Step() {
+    dp::v1::GetStatusRequest request;
+    dp::v1::GetStatusResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return stub_->GetStatus(&ctx, request, &response).ok() ? response.step()
+                                                           : -1;
+  }
+
+ private:
+  const int rank_;
+  std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
+  std::vector<int> fds_;
+  float* slot_ = nullptr;
+  uint64_t slot_id_ = 0;
+};
+
+std::unique_ptr<Subprocess> StartPs(int* port, int workers = 1) {
+  return StartServer({absl::StrCat("--workers=", workers), "--batch_size=8",
+                      "--dataset=synthetic", "--max_steps=100000"},
+                     port);
+}
+
+void Fill(float* slot, float value) {
+  std::fill(slot, slot + kNumParams, value);
+}
+
+int OpenDescriptors(pid_t pid) {
+  int n = 0;
+  if (DIR* d = opendir(absl::StrCat("/proc/", pid, "/fd").c_str())) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+bool AllFinite(const dp::v1::PullResponse& r) {
+  std::vector<float> w(r.params().size() / sizeof(float));
+  std::memcpy(w.data(), r.params().data(), r.params().size());
+  for (float x : w) {
+    if (!std::isfinite(x)) return false;
+  }
+  return !w.empty();
+}
+
+// A slot shrunk under dp-ps (or the weights, reopened for writing) would
+// make dp-ps's next read or publish a SIGBUS: the sizes are sealed.
+TEST(SharedMemoryAttackTest, ShrinkingTheMemoryCannotCrashDpPs) {
+  int port = 0;
+  auto ps = StartPs(&port);
+  Intruder w(port, 0);
+  w.Join();
+  Fill(w.slot(), 0.001f);
+  EXPECT_NE(ftruncate(w.slot_fd(), 0), 0) << "the slot could be shrunk";
+  EXPECT_NE(ftruncate(w.slot_fd(), 64 << 20), 0) << "the slot could grow";
+  dp::v1::PullResponse response;
+  grpc::Status pushed = w.PushPull(0, &response, /*weights_in_shm=*/true);
+  EXPECT_TRUE(pushed.ok() ||
+              pushed.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+      << pushed.error_message();
+
+  const int rw = open(absl::StrCat("/proc/self/fd/", w.weights_fd()).c_str(),
+                      O_RDWR | O_CLOEXEC);
+  if (rw >= 0) {  // root may reopen it; the size is still sealed
+    EXPECT_NE(ftruncate(rw, 0), 0) << "the weights could be shrunk";
+    close(rw);
+  }
+  const int64_t step = w.Step();
+  ASSERT_GE(step, 0) << "dp-ps stopped answering: " << ps->output();
+  Fill(w.slot(), 0.001f);
+  ASSERT_TRUE(w.PushPull(step, &response, /*weights_in_shm=*/true).ok())
+      << ps->output();
+  EXPECT_EQ(w.Step(), step + 1) << ps->output();
+  EXPECT_FALSE(ps->Wait(absl::ZeroDuration()).has_value()) << ps->output();
+}
+
+// A worker that rewrites a value between NaN and 0 while dp-ps reads its
+// slot: every push is either refused or accepted with what was checked.
+TEST(SharedMemoryAttackTest, RewritingTheSlotDuringAPushCannotPoisonTheModel) {
+  int port = 0;
+  auto ps = StartPs(&port);
+  Intruder w(port, 0);
+  w.Join();
+  Fill(w.slot(), 0.001f);
+  std::atomic<bool> stop{false};
+  std::thread flipper([&] {
+    volatile float* x = w.slot() + 4321;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    while (!stop.load(std::memory_order_relaxed)) {
+      *x = nan;
+      *x = 0.0f;
+    }
+  });
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    dp::v1::PullResponse response;
+    const grpc::Status s = w.PushPull(w.Step(), &response);
+    if (s.ok()) {
+      ++accepted;
+    } else {
+      ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << s.error_message();
+      ++refused;
+    }
+  }
+  stop.store(true);
+  flipper.join();
+  Fill(w.slot(), 0.001f);
+  dp::v1::PullResponse response;
+  ASSERT_TRUE(w.PushPull(w.Step(), &response).ok());
+  auto weights = w.PullOverGrpc();
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_TRUE(AllFinite(*weights))
+      << "a NaN reached the weights (" << accepted << " pushes accepted, "
+      << refused << " refused)";
+}
+
+// The weights are dp-ps's to write: a worker that reopens its read-only
+// descriptor through /proc cannot map or write it.
+TEST(SharedMemoryAttackTest, AWorkerCannotWriteTheWeightsOthersRead) {
+  int port = 0;
+  auto ps = StartPs(&port);
+  Intruder w(port, 0);
+  w.Join();
+  Fill(w.slot(), 0.001f);
+  dp::v1::PullResponse response;
+  ASSERT_TRUE(w.PushPull(0, &response, /*weights_in_shm=*/true).ok());
+  const int rw = open(absl::StrCat("/proc/self/fd/", w.weights_fd()).c_str(),
+                      O_RDWR | O_CLOEXEC);
+  if (rw < 0) {
+    SUCCEED() << "not even reopened (a non-root worker)";
+    return;
+  }
+  void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+  EXPECT_EQ(p, MAP_FAILED) << "the weights could be mapped for writing";
+  if (p != MAP_FAILED) munmap(p, 4096);
+  const char byte = 1;
+  EXPECT_NE(pwrite(rw, &byte, 1, 4096), 1) << "the weights could be written";
+  close(rw);
+}
+
+// Two processes of one rank (a restarted pod whose predecessor lingers): a
+// push through the slot of the older registration is refused, not read from
+// the newer process's slot.
+TEST(SharedMemoryAttackTest, APushThroughAReplacedSlotIsRefused) {
+  int port = 0;
+  auto ps = StartPs(&port);
+  Intruder old_process(port, 0);
+  old_process.Join();
+  Intruder new_process(port, 0);
+  new_process.Join();
+  ASSERT_NE(old_process.slot_id(), new_process.slot_id());
+  Fill(old_process.slot(), 0.5f);
+  Fill(new_process.slot(), 0.001f);
+  dp::v1::PullResponse response;
+  const grpc::Status stale = old_process.PushPull(0, &response);
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << stale.error_message();
+  EXPECT_EQ(new_process.Step(), 0) << "the stale push counted";
+  const grpc::Status forged =
+      new_process.PushPull(0, &response, false, new_process.slot_id() ^ 1);
+  EXPECT_EQ(forged.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << forged.error_message();
+  ASSERT_TRUE(new_process.PushPull(0, &response).ok());
+  EXPECT_EQ(new_process.Step(), 1);
+}
+
+// A worker from another host asks for shared memory at every registration
+// and never takes it: dp-ps keeps one ticket per rank, not one per
+// registration.
+TEST(SharedMemoryAttackTest, TicketsNeverRedeemedDoNotLeakDescriptors) {
+  int port = 0;
+  auto ps = StartPs(&port, /*workers=*/2);
+  Intruder w(port, 0);
+  Intruder other(port, 1);
+  dp::v1::RegisterResponse response;
+  ASSERT_TRUE(w.Register(&response).ok());
+  ASSERT_TRUE(other.Register(&response).ok());
+  const int before = OpenDescriptors(ps->pid());
+  ASSERT_GT(before, 0);
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(w.Register(&response).ok());
+    ASSERT_FALSE(response.shm_ticket().empty());
+  }
+  EXPECT_LE(OpenDescriptors(ps->pid()), before + 2)
+      << "300 unredeemed registrations took dp-ps from " << before;
+}
+
+}  // namespace
+}  // namespace dp
