@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 # dp-worker refuse any DP_* variable that is not one of their flags, and
 # the tests start them with this environment.
 skip_sanitize=${DP_SKIP_SANITIZE:-0}
+skip_containers=${DP_SKIP_CONTAINERS:-0}
 fuzz_seconds=${DP_FUZZ_SECONDS:-45}
-unset DP_SKIP_SANITIZE DP_FUZZ_SECONDS
+unset DP_SKIP_SANITIZE DP_SKIP_CONTAINERS DP_FUZZ_SECONDS
 scripts/setup.sh
 # Wherever nvcc is, the suite runs on a build with the CUDA module: dp-worker
 # is the same binary either way, and the workers of the whole-job tests that
@@ -26,7 +27,7 @@ scripts/build.sh
 # The images built and run as a user would, with the manifests' settings
 # (docs/deploying.md); a few minutes once Podman's cache holds the bases.
 # DP_SKIP_CONTAINERS=1 skips it.
-if [ "${DP_SKIP_CONTAINERS:-0}" != 1 ]; then
+if [ "$skip_containers" != 1 ]; then
   scripts/container-check.sh build
 fi
 
