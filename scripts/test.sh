@@ -4,15 +4,17 @@
 # and the libFuzzer target: it runs every test except the whole-job training
 # tests (6 minutes under ASan instead of 1; they pass there too), and the
 # fuzzer for DP_FUZZ_SECONDS (45) from its seed corpus. DP_SKIP_SANITIZE=1
-# skips it.
+# skips it. Between the two, scripts/container-check.sh builds the container
+# images and runs a job in them (DP_SKIP_CONTAINERS=1 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # This script's own settings, taken out of the environment: dp-ps and
 # dp-worker refuse any DP_* variable that is not one of their flags, and
 # the tests start them with this environment.
 skip_sanitize=${DP_SKIP_SANITIZE:-0}
+skip_containers=${DP_SKIP_CONTAINERS:-0}
 fuzz_seconds=${DP_FUZZ_SECONDS:-45}
-unset DP_SKIP_SANITIZE DP_FUZZ_SECONDS
+unset DP_SKIP_SANITIZE DP_SKIP_CONTAINERS DP_FUZZ_SECONDS
 scripts/setup.sh
 # Wherever nvcc is, the suite runs on a build with the CUDA module: dp-worker
 # is the same binary either way, and the workers of the whole-job tests that
@@ -22,6 +24,12 @@ scripts/setup.sh
 # links no CUDA library. The sanitizer build below is the CPU-only build.
 scripts/build.sh
 (cd build && ctest --output-on-failure --timeout 900 -j 2 "$@")
+# The images built and run as a user would, with the manifests' settings
+# (docs/deploying.md); a few minutes once Podman's cache holds the bases.
+# DP_SKIP_CONTAINERS=1 skips it.
+if [ "$skip_containers" != 1 ]; then
+  scripts/container-check.sh build
+fi
 
 if [ "$skip_sanitize" = 1 ]; then
   exit 0

@@ -20,8 +20,10 @@ COPY server server
 COPY worker worker
 COPY tests tests
 COPY bench bench
+# Both binaries, in both Dockerfiles: their build stages are the same, so
+# the second image reuses the first one's compile from the layer cache.
 RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDP_ENABLE_CUDA=OFF \
- && cmake --build build --target dp-ps
+ && cmake --build build --target dp-ps --target dp-worker
 
 FROM debian:12-slim
 # The packages of the libraries dp-ps links (ldd), beyond libc6, libgcc-s1,
@@ -31,7 +33,11 @@ RUN apt-get update \
       libabsl20220623 libc-ares2 libcivetweb1 libgrpc++1.51 libgrpc29 \
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprotobuf32 \
       libre2-9 libssl3 \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* \
+ && install -d -o 65532 -g 65532 /var/lib/dp-ps
+# /var/lib/dp-ps (above) is where the state volume goes: Docker and Podman
+# give a new named volume mounted there its owner, the image's user, as
+# fsGroup does in Kubernetes.
 COPY --from=build /src/build/server/dp-ps /usr/local/bin/dp-ps
 # The uid/gid of the pods' securityContext in deploy/k8s.
 USER 65532:65532

@@ -30,8 +30,10 @@ COPY server server
 COPY worker worker
 COPY tests tests
 COPY bench bench
+# Both binaries, in both Dockerfiles: their build stages are the same, so
+# the second image reuses the first one's compile from the layer cache.
 RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDP_ENABLE_CUDA=OFF \
- && cmake --build build --target dp-worker
+ && cmake --build build --target dp-ps --target dp-worker
 
 # The CUDA backend module, built on Debian 12 like dp-worker (same C++
 # runtime) with NVIDIA's CUDA 13 packages for Debian 12.
