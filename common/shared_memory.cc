@@ -357,8 +357,8 @@ void SharedMemoryOffer::Serve() {
       } else if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) !=
                      0 ||
                  peer.uid != geteuid()) {
-        // Only a process of this user, root included: whoever is another
-        // user (root when dp-ps is not) gets nothing.
+        // Only a process of dp-ps's own uid: another user gets nothing, and
+        // so does root when dp-ps is not root.
         SendVerdict(conn, {});
         close(conn);
       } else {
