@@ -137,6 +137,56 @@ TEST(SharedMemoryTest, AnotherUserGetsNothingEvenFromARootDpPs) {
   for (int fd : *fds) close(fd);
 }
 
+// ... and a non-root dp-ps hands it to no one else, root included: root
+// can read any process's memory anyway, but not through dp-ps's handover.
+TEST(SharedMemoryTest, ANonRootDpPsHandsNothingToRoot) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  ASSERT_EQ(pipe(to_child), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {  // dp-ps, as an unprivileged user
+    close(to_parent[0]);
+    close(to_child[1]);
+    if (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 ||
+        setuid(kNobody) != 0) {
+      _exit(2);
+    }
+    auto offer = SharedMemoryOffer::Start();
+    auto region = SharedRegion::Create("test", 4096);
+    if (!offer.ok() || !region.ok()) _exit(3);
+    const std::string ticket = (*offer)->IssueTicket(0, {dup((*region)->fd())});
+    const std::string line = (*offer)->socket_name() + " " + ticket;
+    if (write(to_parent[1], line.data(), line.size()) < 0) _exit(4);
+    close(to_parent[1]);
+    char done;
+    (void)!read(to_child[0], &done, 1);  // until the parent has tried
+    _exit((*offer)->outstanding_tickets() == 1 ? 0 : 5);
+  }
+  close(to_parent[1]);
+  close(to_child[0]);
+  std::string line;
+  char buf[256];
+  ssize_t n;
+  while ((n = read(to_parent[0], buf, sizeof(buf))) > 0) line.append(buf, n);
+  close(to_parent[0]);
+  const size_t space = line.find(' ');
+  ASSERT_NE(space, std::string::npos) << "the child did not start: " << line;
+  auto fds =
+      FetchSharedMemory(line.substr(0, space), line.substr(space + 1), 1);
+  EXPECT_EQ(fds.status().code(), absl::StatusCode::kPermissionDenied)
+      << "root got the memory of a non-root dp-ps";
+  if (fds.ok()) {
+    for (int fd : *fds) close(fd);
+  }
+  close(to_child[1]);  // the child's read returns
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the ticket was used up by the refused peer (or the child failed: "
+      << status << ")";
+}
+
 // A local process that connects and sends nothing (or many such) does not
 // hold up the workers' handovers.
 TEST(SharedMemoryTest, IdleConnectionsDoNotStallTheHandover) {
