@@ -27,8 +27,6 @@
 namespace dp {
 namespace {
 
-constexpr int64_t kNumParams = 235146;
-
 // A worker speaking dp.v1 by hand, with the memory dp-ps handed it.
 class Intruder {
  public:
@@ -39,7 +37,7 @@ class Intruder {
                                 grpc::InsecureChannelCredentials()))) {}
   ~Intruder() {
     for (int fd : fds_) close(fd);
-    if (slot_ != nullptr) munmap(slot_, kNumParams * sizeof(float));
+    if (slot_ != nullptr) munmap(slot_, length_ * sizeof(float));
   }
 
   // Register asking for shared memory; the answer's ticket and slot id.
@@ -61,17 +59,21 @@ class Intruder {
     ASSERT_TRUE(Register(&response).ok());
     ASSERT_FALSE(response.shm_socket().empty()) << "no shared memory offered";
     slot_id_ = response.shm_slot();
+    offset_ = response.shard().offset();
+    length_ = response.shard().length();
     auto fds =
         FetchSharedMemory(response.shm_socket(), response.shm_ticket(), 2);
     ASSERT_TRUE(fds.ok()) << fds.status();
     fds_ = *fds;
-    void* p = mmap(nullptr, kNumParams * sizeof(float), PROT_READ | PROT_WRITE,
+    void* p = mmap(nullptr, length_ * sizeof(float), PROT_READ | PROT_WRITE,
                    MAP_SHARED, fds_[1], 0);
     ASSERT_NE(p, MAP_FAILED);
     slot_ = static_cast<float*>(p);
   }
 
   float* slot() { return slot_; }
+  // Writes `value` into every value of the slot.
+  void Fill(float value) { std::fill(slot_, slot_ + length_, value); }
   int weights_fd() const { return fds_[0]; }
   int slot_fd() const { return fds_[1]; }
   uint64_t slot_id() const { return slot_id_; }
@@ -84,6 +86,7 @@ class Intruder {
     dp::v1::PushRequest request;
     request.set_rank(rank_);
     request.set_step(step);
+    request.set_offset(offset_);
     request.set_loss(1.0f);
     request.set_num_samples(8);
     request.set_gradient_in_shm(true);
@@ -97,6 +100,7 @@ class Intruder {
   absl::StatusOr<dp::v1::PullResponse> PullOverGrpc() {
     dp::v1::PullRequest request;
     request.set_rank(rank_);
+    request.set_offset(offset_);
     dp::v1::PullResponse response;
     grpc::ClientContext ctx;
     grpc::Status s = stub_->Pull(&ctx, request, &response);
@@ -119,17 +123,36 @@ class Intruder {
   std::vector<int> fds_;
   float* slot_ = nullptr;
   uint64_t slot_id_ = 0;
+  int64_t offset_ = 0;  // the dp-ps's range of the vector (a shard's)
+  int64_t length_ = 0;
 };
 
-std::unique_ptr<Subprocess> StartPs(int* port, int workers = 1) {
-  return StartServer({absl::StrCat("--workers=", workers), "--batch_size=8",
-                      "--dataset=synthetic", "--max_steps=100000"},
-                     port);
-}
+// Each attack against one dp-ps, and against the last of two shards: every
+// shard has its own shared memory and checks.
+class SharedMemoryAttackTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    const std::vector<std::string> args = {"--workers=1", "--batch_size=8",
+                                           "--dataset=synthetic",
+                                           "--max_steps=100000"};
+    std::vector<int> ports;
+    ps_ = StartShards(GetParam(), args, &ports);
+    port_ = ports.back();
+    ASSERT_GT(port_, 0);
+  }
+  // The dp-ps (shard) under attack.
+  Subprocess& ps() { return *ps_.back(); }
 
-void Fill(float* slot, float value) {
-  std::fill(slot, slot + kNumParams, value);
-}
+  std::vector<std::unique_ptr<Subprocess>> ps_;
+  int port_ = 0;
+};
+
+INSTANTIATE_TEST_SUITE_P(OneDpPsAndAShard, SharedMemoryAttackTest,
+                         ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 1 ? std::string("OneDpPs")
+                                                  : std::string("Shard1Of2");
+                         });
 
 int OpenDescriptors(pid_t pid) {
   int n = 0;
@@ -151,12 +174,10 @@ bool AllFinite(const dp::v1::PullResponse& r) {
 
 // A slot shrunk under dp-ps (or the weights, reopened for writing) would
 // make dp-ps's next read or publish a SIGBUS: the sizes are sealed.
-TEST(SharedMemoryAttackTest, ShrinkingTheMemoryCannotCrashDpPs) {
-  int port = 0;
-  auto ps = StartPs(&port);
-  Intruder w(port, 0);
+TEST_P(SharedMemoryAttackTest, ShrinkingTheMemoryCannotCrashDpPs) {
+  Intruder w(port_, 0);
   w.Join();
-  Fill(w.slot(), 0.001f);
+  w.Fill(0.001f);
   EXPECT_NE(ftruncate(w.slot_fd(), 0), 0) << "the slot could be shrunk";
   EXPECT_NE(ftruncate(w.slot_fd(), 64 << 20), 0) << "the slot could grow";
   dp::v1::PullResponse response;
@@ -172,22 +193,21 @@ TEST(SharedMemoryAttackTest, ShrinkingTheMemoryCannotCrashDpPs) {
     close(rw);
   }
   const int64_t step = w.Step();
-  ASSERT_GE(step, 0) << "dp-ps stopped answering: " << ps->output();
-  Fill(w.slot(), 0.001f);
+  ASSERT_GE(step, 0) << "dp-ps stopped answering: " << ps().output();
+  w.Fill(0.001f);
   ASSERT_TRUE(w.PushPull(step, &response, /*weights_in_shm=*/true).ok())
-      << ps->output();
-  EXPECT_EQ(w.Step(), step + 1) << ps->output();
-  EXPECT_FALSE(ps->Wait(absl::ZeroDuration()).has_value()) << ps->output();
+      << ps().output();
+  EXPECT_EQ(w.Step(), step + 1) << ps().output();
+  EXPECT_FALSE(ps().Wait(absl::ZeroDuration()).has_value()) << ps().output();
 }
 
 // A worker that rewrites a value between NaN and 0 while dp-ps reads its
 // slot: every push is either refused or accepted with what was checked.
-TEST(SharedMemoryAttackTest, RewritingTheSlotDuringAPushCannotPoisonTheModel) {
-  int port = 0;
-  auto ps = StartPs(&port);
-  Intruder w(port, 0);
+TEST_P(SharedMemoryAttackTest,
+       RewritingTheSlotDuringAPushCannotPoisonTheModel) {
+  Intruder w(port_, 0);
   w.Join();
-  Fill(w.slot(), 0.001f);
+  w.Fill(0.001f);
   std::atomic<bool> stop{false};
   std::thread flipper([&] {
     volatile float* x = w.slot() + 4321;
@@ -211,7 +231,7 @@ TEST(SharedMemoryAttackTest, RewritingTheSlotDuringAPushCannotPoisonTheModel) {
   }
   stop.store(true);
   flipper.join();
-  Fill(w.slot(), 0.001f);
+  w.Fill(0.001f);
   dp::v1::PullResponse response;
   ASSERT_TRUE(w.PushPull(w.Step(), &response).ok());
   auto weights = w.PullOverGrpc();
@@ -223,12 +243,10 @@ TEST(SharedMemoryAttackTest, RewritingTheSlotDuringAPushCannotPoisonTheModel) {
 
 // The weights are dp-ps's to write: a worker that reopens its read-only
 // descriptor through /proc cannot map or write it.
-TEST(SharedMemoryAttackTest, AWorkerCannotWriteTheWeightsOthersRead) {
-  int port = 0;
-  auto ps = StartPs(&port);
-  Intruder w(port, 0);
+TEST_P(SharedMemoryAttackTest, AWorkerCannotWriteTheWeightsOthersRead) {
+  Intruder w(port_, 0);
   w.Join();
-  Fill(w.slot(), 0.001f);
+  w.Fill(0.001f);
   dp::v1::PullResponse response;
   ASSERT_TRUE(w.PushPull(0, &response, /*weights_in_shm=*/true).ok());
   const int rw = open(absl::StrCat("/proc/self/fd/", w.weights_fd()).c_str(),
@@ -248,16 +266,14 @@ TEST(SharedMemoryAttackTest, AWorkerCannotWriteTheWeightsOthersRead) {
 // Two processes of one rank (a restarted pod whose predecessor lingers): a
 // push through the slot of the older registration is refused, not read from
 // the newer process's slot.
-TEST(SharedMemoryAttackTest, APushThroughAReplacedSlotIsRefused) {
-  int port = 0;
-  auto ps = StartPs(&port);
-  Intruder old_process(port, 0);
+TEST_P(SharedMemoryAttackTest, APushThroughAReplacedSlotIsRefused) {
+  Intruder old_process(port_, 0);
   old_process.Join();
-  Intruder new_process(port, 0);
+  Intruder new_process(port_, 0);
   new_process.Join();
   ASSERT_NE(old_process.slot_id(), new_process.slot_id());
-  Fill(old_process.slot(), 0.5f);
-  Fill(new_process.slot(), 0.001f);
+  old_process.Fill(0.5f);
+  new_process.Fill(0.001f);
   dp::v1::PullResponse response;
   const grpc::Status stale = old_process.PushPull(0, &response);
   EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
@@ -274,21 +290,17 @@ TEST(SharedMemoryAttackTest, APushThroughAReplacedSlotIsRefused) {
 // A worker from another host asks for shared memory at every registration
 // and never takes it: dp-ps keeps one ticket per rank, not one per
 // registration.
-TEST(SharedMemoryAttackTest, TicketsNeverRedeemedDoNotLeakDescriptors) {
-  int port = 0;
-  auto ps = StartPs(&port, /*workers=*/2);
-  Intruder w(port, 0);
-  Intruder other(port, 1);
+TEST_P(SharedMemoryAttackTest, TicketsNeverRedeemedDoNotLeakDescriptors) {
+  Intruder w(port_, 0);
   dp::v1::RegisterResponse response;
   ASSERT_TRUE(w.Register(&response).ok());
-  ASSERT_TRUE(other.Register(&response).ok());
-  const int before = OpenDescriptors(ps->pid());
+  const int before = OpenDescriptors(ps().pid());
   ASSERT_GT(before, 0);
   for (int i = 0; i < 300; ++i) {
     ASSERT_TRUE(w.Register(&response).ok());
     ASSERT_FALSE(response.shm_ticket().empty());
   }
-  EXPECT_LE(OpenDescriptors(ps->pid()), before + 2)
+  EXPECT_LE(OpenDescriptors(ps().pid()), before + 2)
       << "300 unredeemed registrations took dp-ps from " << before;
 }
 
