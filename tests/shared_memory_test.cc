@@ -36,6 +36,21 @@ int OpenDescriptors() {
   return n;
 }
 
+// Drops this (child) process's privileges to `uid`: false if it cannot.
+bool BecomeUser(uid_t uid) {
+  return setgroups(0, nullptr) == 0 && setgid(uid) == 0 && setuid(uid) == 0;
+}
+
+// Everything written to `fd` until its writers close it; closes it.
+std::string ReadAll(int fd) {
+  std::string all;
+  char buf[256];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) all.append(buf, n);
+  close(fd);
+  return all;
+}
+
 // Runs `body` in a child process as `uid` (when root can switch to it) and
 // returns what it reported: "" when every check held, else the first that
 // failed. The child keeps /proc/self/fd open to itself (dumpable), as a
@@ -47,8 +62,7 @@ std::string InChildAs(uid_t uid, const std::function<std::string()>& body) {
   if (pid == 0) {
     close(pipe_fds[0]);
     std::string verdict;
-    if (uid != geteuid() &&
-        (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0)) {
+    if (uid != geteuid() && !BecomeUser(uid)) {
       verdict = "could not switch user";
     } else {
       prctl(PR_SET_DUMPABLE, 1);
@@ -58,11 +72,7 @@ std::string InChildAs(uid_t uid, const std::function<std::string()>& body) {
     _exit(0);
   }
   close(pipe_fds[1]);
-  std::string verdict;
-  char buf[256];
-  ssize_t n;
-  while ((n = read(pipe_fds[0], buf, sizeof(buf))) > 0) verdict.append(buf, n);
-  close(pipe_fds[0]);
+  const std::string verdict = ReadAll(pipe_fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "child crashed";
@@ -148,10 +158,7 @@ TEST(SharedMemoryTest, ANonRootDpPsHandsNothingToRoot) {
   if (pid == 0) {  // dp-ps, as an unprivileged user
     close(to_parent[0]);
     close(to_child[1]);
-    if (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 ||
-        setuid(kNobody) != 0) {
-      _exit(2);
-    }
+    if (!BecomeUser(kNobody)) _exit(2);
     auto offer = SharedMemoryOffer::Start();
     auto region = SharedRegion::Create("test", 4096);
     if (!offer.ok() || !region.ok()) _exit(3);
@@ -165,11 +172,7 @@ TEST(SharedMemoryTest, ANonRootDpPsHandsNothingToRoot) {
   }
   close(to_parent[1]);
   close(to_child[0]);
-  std::string line;
-  char buf[256];
-  ssize_t n;
-  while ((n = read(to_parent[0], buf, sizeof(buf))) > 0) line.append(buf, n);
-  close(to_parent[0]);
+  const std::string line = ReadAll(to_parent[0]);
   const size_t space = line.find(' ');
   ASSERT_NE(space, std::string::npos) << "the child did not start: " << line;
   auto fds =
