@@ -18,11 +18,6 @@ steps=${2:-500}
 TARGETS="dp-ps dp-worker exchange_bench" scripts/build.sh >/dev/null
 # shellcheck source=scripts/perf-lib.sh
 . scripts/perf-lib.sh
-# dp-ps's default update threads (one per online core, at most 4), named
-# explicitly so that the floor runs with as many. (Not nproc: it follows
-# OMP_NUM_THREADS.)
-threads=$(getconf _NPROCESSORS_ONLN)
-if ((threads > 4)); then threads=4; fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 work=$(mktemp -d "${TMPDIR:-/tmp}/dp-perf-null-XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -39,12 +34,14 @@ job() {
   local plane=$1 n=$2 dir ps w rate v values=()
   if ! dir=$(launch_run "null $plane N=$n" --workers "$n" --backend null \
                --worker_flag=--data_plane="$plane" --dataset=synthetic \
-               --batch_size=1 --epochs=100000 --max_steps="$steps" \
-               --update_threads="$threads"); then
+               --batch_size=1 --epochs=100000 --max_steps="$steps"); then
     echo "- - - - -" >>"$work/$plane-$n"
     return
   fi
   ps=$(cat "$dir/dp-ps.log")
+  # dp-ps's default update threads, for the floor.
+  v=$(field 's/.*the update runs on \([0-9]*\) thread.*/\1/p' "$ps")
+  [ -z "$v" ] || echo "$v" >"$work/threads"
   w=$(grep "finished at step" "$dir/worker-0.log" || true)
   rate=$(field 's/.* \([0-9.]*\) samples\/s while training.*/\1/p' "$ps")
   for v in \
@@ -59,11 +56,15 @@ job() {
   rm -rf "$dir"
 }
 
+echo 1 >"$work/threads"
 for ((i = 1; i <= repeats; i++)); do
-  build/bench/exchange_bench --update_only="$threads" >>"$work/floor"
   for n in $sizes; do
     for plane in $planes; do job "$plane" "$n"; done
   done
+  # With the threads dp-ps chose in its jobs (all the same: the model's
+  # size decides).
+  threads=$(cat "$work/threads")
+  build/bench/exchange_bench --update_only="$threads" >>"$work/floor"
 done
 
 declare -A med  # med[plane-n,column]

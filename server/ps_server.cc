@@ -39,16 +39,14 @@ ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
   return p;
 }
 
-// Workers wait while the update runs, so its threads take no CPU from them;
-// beyond 4 the update is bound by memory, not cores. In a container the
-// CPUs are its CPU limit, not the node's: more threads than that only wait
-// for the quota.
-int UpdateThreads(int asked) {
-  if (asked > 0) return asked;
-  return std::clamp(UsableCpus(), 1, 4);
-}
-
 }  // namespace
+
+int DefaultUpdateThreads(int64_t values, int usable_cpus) {
+  const int64_t worth =
+      (values + kValuesPerUpdateThread - 1) / kValuesPerUpdateThread;
+  return static_cast<int>(std::clamp<int64_t>(
+      std::min<int64_t>(usable_cpus, worth), 1, kMaxUpdateThreads));
+}
 
 PsServer::PsServer(PsServerOptions options) : options_(std::move(options)) {}
 
@@ -136,7 +134,10 @@ absl::Status PsServer::MakeCoordinator(std::optional<Checkpoint> resumed) {
   }
   metrics_ = std::make_unique<ServerMetrics>(o.config.schedule.world_size,
                                              shard_.index);
-  const int threads = UpdateThreads(o.update_threads);
+  const int threads =
+      o.update_threads > 0
+          ? o.update_threads
+          : DefaultUpdateThreads(shard_.range.length, UsableCpus());
   coordinator_ = std::make_unique<StepCoordinator>(
       layout_, o.config, std::move(state), threads, shard_);
   Log("the update runs on %d thread%s", threads, threads == 1 ? "" : "s");

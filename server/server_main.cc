@@ -217,9 +217,10 @@ int Run(int argc, char** argv) {
                   "workers compute on rounded weights, dp-ps keeps and "
                   "updates them in float32)");
   flags.AddInt("update_threads", &f.update_threads,
-               "threads for the average + Adam update (0 = one per usable "
-               "core, at most 4: the cgroup's CPU limit counts; the result "
-               "is the same for any number)");
+               "threads for the average + Adam update (0 = one per 1Mi "
+               "parameters: SimpleNet gets one; at most one per usable core "
+               "(the cgroup's CPU limit counts) and 4; the result is the "
+               "same for any number)");
   flags.AddString("checkpoint_dir", &f.checkpoint_dir,
                   "write checkpoints here and resume from the newest valid "
                   "one at start (empty = no checkpoints)");

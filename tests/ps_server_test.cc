@@ -54,6 +54,21 @@ absl::Status Train(const PsServer& server, int rank) {
   return trainer.Run();
 }
 
+TEST(PsServerTest, TheDefaultUpdateThreadsGrowWithTheModelNotTheMachine) {
+  // SimpleNet (and any shard of it) is updated on one thread however many
+  // cores there are: waking a second costs more than it saves.
+  const int64_t simple_net = ModelLayout::SimpleNet().num_params();
+  EXPECT_EQ(DefaultUpdateThreads(simple_net, 64), 1);
+  EXPECT_EQ(DefaultUpdateThreads(simple_net / 2, 64), 1);
+  EXPECT_EQ(DefaultUpdateThreads(kValuesPerUpdateThread, 64), 1);
+  EXPECT_EQ(DefaultUpdateThreads(kValuesPerUpdateThread + 1, 64), 2);
+  // Never more than the CPUs this process may use, nor than the cap.
+  EXPECT_EQ(DefaultUpdateThreads(10 * kValuesPerUpdateThread, 2), 2);
+  EXPECT_EQ(DefaultUpdateThreads(10 * kValuesPerUpdateThread, 64),
+            kMaxUpdateThreads);
+  EXPECT_EQ(DefaultUpdateThreads(10 * kValuesPerUpdateThread, 0), 1);
+}
+
 TEST(PsServerTest, AJobRunsToItsEndAndSavesTheModel) {
   TempDir dir;
   PsServerOptions o = SyntheticJob(2, 6);
