@@ -1,10 +1,13 @@
 // Round-trip cost of the dp.v1 calls over loopback gRPC with SimpleNet-sized
-// tensors: Pull, Push, PushPull (world size 1, so no waiting for peers), and
-// the server-side update alone. Prints medians; asserts nothing.
+// tensors: Pull, Push, PushPull (world size 1, so no waiting for peers), the
+// empty round trip and PushPull also over a Unix socket (what a co-located
+// worker would save on the control call without TCP), and the server-side
+// update alone. Prints medians; asserts nothing.
 // --update_only[=T]: only the update alone for N = 1, 2, 4, 8 with T threads
 // (dp-ps's --update_threads), one "N ms" line each: the floor that
 // scripts/perf-null.sh sets the null-compute steps against.
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -86,10 +89,22 @@ int Main() {
   options.max_message_bytes = MessageBytesFor(layout.num_params());
   auto running = StartGrpcServer(options, {&service});
   if (!running.ok()) return 1;
-  auto stub = dp::v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", running->port),
-      grpc::InsecureChannelCredentials(),
-      ClientChannelArguments(options.max_message_bytes)));
+  // The same coordinator behind a second server on a Unix socket in the
+  // abstract namespace.
+  PsService unix_service(&coordinator);
+  GrpcServerOptions unix_options = options;
+  unix_options.address =
+      absl::StrCat("unix-abstract:dp-exchange-bench-", getpid());
+  auto unix_running = StartGrpcServer(unix_options, {&unix_service});
+  if (!unix_running.ok()) return 1;
+  auto stub_at = [&](const std::string& target) {
+    return dp::v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
+        target, grpc::InsecureChannelCredentials(),
+        ClientChannelArguments(options.max_message_bytes)));
+  };
+  auto tcp_stub = stub_at(absl::StrCat("127.0.0.1:", running->port));
+  auto unix_stub = stub_at(unix_options.address);
+  dp::v1::ParameterServer::Stub* stub = tcp_stub.get();
   if (!coordinator.Register(0, layout.Fingerprint(), {1000000, 1}).ok())
     return 1;
 
@@ -138,6 +153,13 @@ int Main() {
               MedianMs(7, 50, push_only));
   std::printf("%-34s %10.3f\n", "PushPull (+ apply, N=1)",
               MedianMs(7, 50, push_pull));
+  stub = unix_stub.get();
+  for (int i = 0; i < 20; ++i) push_pull();
+  std::printf("%-34s %10.3f\n", "GetStatus, Unix socket",
+              MedianMs(7, 50, status));
+  std::printf("%-34s %10.3f\n", "PushPull (N=1), Unix socket",
+              MedianMs(7, 50, push_pull));
+  stub = tcp_stub.get();
   WorkerPool* const calling_thread_only = nullptr;
   for (WorkerPool* threads : {calling_thread_only, &two_threads}) {
     for (int n : {1, 2, 4, 8}) {
@@ -165,6 +187,7 @@ int Main() {
   }
   coordinator.Shutdown();
   running->server->Shutdown();
+  unix_running->server->Shutdown();
   return 0;
 }
 
