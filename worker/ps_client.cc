@@ -169,13 +169,8 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
           "dp-ps answered with weights in shared memory this worker does "
           "not have");
     }
-    ASSIGN_OR_RETURN(const int64_t version, dp::ReadWeights(*weights_, out));
-    if (version != header.step()) {
-      return absl::AbortedError(absl::StrFormat(
-          "the shared weights are of version %d, dp-ps answered %d: re-sync",
-          version, header.step()));
-    }
-    return absl::OkStatus();
+    // ABORTED when its buffer holds another version: re-sync.
+    return dp::ReadWeights(*weights_, header.step(), out);
   }
   const dp::v1::Encoding e = header.encoding();
   if (e != dp::v1::ENCODING_F32 && e != dp::v1::ENCODING_BF16) {
