@@ -47,6 +47,18 @@ std::vector<ParamRange> ShardRanges(const ModelLayout& layout, int shards) {
   return ranges;
 }
 
+ParamRange WholeTensors(const ModelLayout& layout, ParamRange range) {
+  // Tensors are contiguous and in order: those inside are one run of them.
+  int64_t begin = -1, end = -1;
+  for (const TensorInfo& t : layout.tensors()) {
+    if (t.offset < range.offset || t.offset + t.size > range.end()) continue;
+    if (begin < 0) begin = t.offset;
+    end = t.offset + t.size;
+  }
+  if (begin < 0) return ParamRange{range.offset, 0};
+  return ParamRange{begin, end - begin};
+}
+
 absl::Status MakeShardSpec(const ModelLayout& layout, int count, int index,
                            ShardSpec* spec) {
   if (count < 1 || count > kMaxShards) {

@@ -43,6 +43,12 @@ struct ShardSpec {
 // that no two shards' update loops share a cache line).
 std::vector<ParamRange> ShardRanges(const ModelLayout& layout, int shards);
 
+// The part of `range` that the tensors of `layout` lying wholly inside it
+// fill (a tensor cut by the range's ends is not in it): what a worker may
+// read in place from the shard that owns `range`. Empty (length 0) when no
+// tensor lies wholly inside.
+ParamRange WholeTensors(const ModelLayout& layout, ParamRange range);
+
 // The spec of shard `index` of `count`; INVALID_ARGUMENT naming the flags
 // when the pair is out of range.
 absl::Status MakeShardSpec(const ModelLayout& layout, int count, int index,

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 
 namespace dp {
 namespace {
@@ -29,9 +30,9 @@ absl::Status Errno(const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
-// The weights region's header: the sequence counter (odd while dp-ps
-// writes), the version, the encoding and the number of values. 64 bytes, so
-// that the values start on a cache line.
+// A weights buffer's header: the sequence counter (odd while dp-ps writes),
+// the version, the encoding and the number of values. 64 bytes, so that the
+// values start on a cache line.
 struct WeightsHeader {
   std::atomic<uint64_t> seq;
   int64_t step;
@@ -43,8 +44,21 @@ static_assert(sizeof(WeightsHeader) <= kWeightsHeaderBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "the sequence counter is shared between processes");
 
-WeightsHeader* HeaderOf(const SharedRegion& region) {
-  return reinterpret_cast<WeightsHeader*>(region.data());
+// The buffer of version `step`: the first half of the region for even
+// versions, the second for odd ones (WeightsRegionBytes makes both halves
+// the same size, whole cache lines).
+char* BufferOf(const SharedRegion& region, int64_t step) {
+  return region.data() + static_cast<size_t>(step & 1) * (region.size() / 2);
+}
+
+WeightsHeader* HeaderOf(const SharedRegion& region, int64_t step) {
+  return reinterpret_cast<WeightsHeader*>(BufferOf(region, step));
+}
+
+absl::Status KeptChanging(absl::Duration patience) {
+  return absl::AbortedError(
+      absl::StrCat("the shared weights kept changing while read for ",
+                   absl::FormatDuration(patience)));
 }
 
 constexpr size_t kTicketBytes = 16;  // 128 random bits, hex on the wire
@@ -185,13 +199,15 @@ absl::StatusOr<int> SharedRegion::ReadOnlyDescriptor() const {
 }
 
 size_t WeightsRegionBytes(int64_t num_values, Encoding encoding) {
-  return kWeightsHeaderBytes +
-         static_cast<size_t>(num_values) * BytesPerValue(encoding);
+  const size_t values =
+      static_cast<size_t>(num_values) * BytesPerValue(encoding);
+  const size_t line = kWeightsHeaderBytes;
+  return 2 * (kWeightsHeaderBytes + (values + line - 1) / line * line);
 }
 
 void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
                     absl::string_view encoded) {
-  WeightsHeader* h = HeaderOf(*region);
+  WeightsHeader* h = HeaderOf(*region, step);
   const uint64_t seq = h->seq.load(std::memory_order_relaxed);
   h->seq.store(seq + 1, std::memory_order_relaxed);  // odd: being written
   // The odd counter is visible before any of the writes below.
@@ -200,18 +216,17 @@ void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
   h->encoding = static_cast<uint32_t>(encoding);
   h->num_values =
       static_cast<int64_t>(encoded.size() / BytesPerValue(encoding));
-  std::memcpy(region->data() + kWeightsHeaderBytes, encoded.data(),
+  std::memcpy(BufferOf(*region, step) + kWeightsHeaderBytes, encoded.data(),
               encoded.size());
   h->seq.store(seq + 2, std::memory_order_release);
 }
 
-absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
-                                    absl::Span<float> out,
-                                    absl::Duration patience) {
-  const WeightsHeader* h = HeaderOf(region);
-  const int64_t num_values = static_cast<int64_t>(out.size());
-  // A writer rewrites the region only after an update, which needs this
-  // worker's next push, and a publish is one copy of the weights: a read
+absl::StatusOr<SharedWeights> FindWeights(const SharedRegion& region,
+                                          int64_t step, int64_t num_values,
+                                          absl::Duration patience) {
+  const WeightsHeader* h = HeaderOf(region, step);
+  // dp-ps rewrites this buffer only after an update that needs this
+  // worker's next push, and a publish is one copy of the weights: a look
   // that meets one waits for it to end. Many in a row mean dp-ps is stuck
   // or something else writes here.
   const absl::Time give_up = absl::Now() + patience;
@@ -220,28 +235,57 @@ absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
       if (absl::Now() > give_up) break;
       sched_yield();  // let a descheduled writer finish
     }
-    const uint64_t before = h->seq.load(std::memory_order_acquire);
-    if (before % 2 == 1) continue;
-    const int64_t step = h->step;
+    const uint64_t seq = h->seq.load(std::memory_order_acquire);
+    if (seq % 2 == 1) continue;
+    SharedWeights found;
+    found.step = h->step;
+    found.num_values = h->num_values;
+    found.seq = seq;
     const uint32_t e = h->encoding;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (h->seq.load(std::memory_order_relaxed) != seq) continue;
     if ((e != static_cast<uint32_t>(Encoding::kF32) &&
          e != static_cast<uint32_t>(Encoding::kBf16)) ||
-        h->num_values != num_values ||
+        found.num_values != num_values ||
         WeightsRegionBytes(num_values, static_cast<Encoding>(e)) >
             region.size()) {
-      if (h->seq.load(std::memory_order_acquire) != before) continue;
       return absl::DataLossError(absl::StrFormat(
-          "the shared weights hold %d values in encoding %d; expected %d",
-          h->num_values, e, num_values));
+          "the shared weights' buffer %d holds %d values in encoding %d; "
+          "expected %d",
+          step & 1, found.num_values, e, num_values));
     }
-    Decode(static_cast<Encoding>(e), region.data() + kWeightsHeaderBytes,
-           num_values, out.data());
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (h->seq.load(std::memory_order_relaxed) == before) return step;
+    if (found.step != step) {
+      return absl::AbortedError(absl::StrFormat(
+          "the shared weights' buffer of version %d holds version %d: "
+          "re-sync",
+          step, found.step));
+    }
+    found.encoding = static_cast<Encoding>(e);
+    found.values = BufferOf(region, step) + kWeightsHeaderBytes;
+    return found;
   }
-  return absl::AbortedError(
-      absl::StrCat("the shared weights kept changing while read for ",
-                   absl::FormatDuration(patience)));
+  return KeptChanging(patience);
+}
+
+bool StillHolds(const SharedRegion& region, const SharedWeights& found) {
+  // Every read of the values before the fence happened before this load.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return HeaderOf(region, found.step)->seq.load(std::memory_order_relaxed) ==
+         found.seq;
+}
+
+absl::Status ReadWeights(const SharedRegion& region, int64_t step,
+                         absl::Span<float> out, absl::Duration patience) {
+  const absl::Time give_up = absl::Now() + patience;
+  for (;;) {
+    ASSIGN_OR_RETURN(
+        const SharedWeights found,
+        FindWeights(region, step, static_cast<int64_t>(out.size()),
+                    std::max(give_up - absl::Now(), absl::ZeroDuration())));
+    Decode(found.encoding, found.values, found.num_values, out.data());
+    if (StillHolds(region, found)) return absl::OkStatus();
+    if (absl::Now() > give_up) return KeptChanging(patience);
+  }
 }
 
 SharedMemoryOffer::SharedMemoryOffer(int listen_fd, std::string name,

@@ -72,20 +72,46 @@ class SharedRegion {
   size_t size_;
 };
 
-// The weights in a region, one version at a time: a header (sequence
-// counter, version, encoding) and the encoded values.
+// The weights in a region, two versions at a time: version v is written
+// into buffer v % 2, each a header (sequence counter, version, encoding,
+// number of values) and the encoded values. A worker reads version v while
+// it computes step v, and pushes step v after that; dp-ps writes v + 2 into
+// the same buffer only after an update that needs this push. So no honest
+// publish touches the buffer a worker reads, and a worker may compute from
+// it in place; the sequence counter tells it when something did (a second
+// process of its rank pushing for it, a shard rolled back).
 size_t WeightsRegionBytes(int64_t num_values, Encoding encoding);
-// dp-ps: writes version `step` (the encoded bytes of every value).
+// dp-ps: writes version `step` (the encoded bytes of every value) into its
+// buffer.
 void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
                     absl::string_view encoded);
-// A worker: the version in the region and its values decoded to float32
-// into `out` (its size is the number of values). A read that meets a
-// publish waits for it. ABORTED when dp-ps kept rewriting it for
+
+// A version of the weights where it lies in the region.
+struct SharedWeights {
+  int64_t step = 0;
+  Encoding encoding = Encoding::kF32;
+  const char* values = nullptr;  // num_values encoded values
+  int64_t num_values = 0;
+  uint64_t seq = 0;  // its buffer's sequence counter when found
+};
+// A worker: version `step` of `num_values` values, in its buffer. A look
+// that meets a publish waits for it. ABORTED when the buffer holds another
+// version (dp-ps moved on or back: re-sync) or dp-ps kept rewriting it for
 // `patience` (a reader this slow should ask over gRPC); DATA_LOSS for a
-// region that does not hold what it should.
-absl::StatusOr<int64_t> ReadWeights(const SharedRegion& region,
-                                    absl::Span<float> out,
-                                    absl::Duration patience = absl::Seconds(2));
+// buffer that does not hold what it should.
+absl::StatusOr<SharedWeights> FindWeights(
+    const SharedRegion& region, int64_t step, int64_t num_values,
+    absl::Duration patience = absl::Seconds(2));
+// Whether the buffer of `found` still holds it, untouched since
+// FindWeights: then every value read from it in between was of that
+// version.
+bool StillHolds(const SharedRegion& region, const SharedWeights& found);
+// A worker: version `step` decoded to float32 into `out` (its size is the
+// number of values), as FindWeights finds it; a read that a publish
+// overtook is read again.
+absl::Status ReadWeights(const SharedRegion& region, int64_t step,
+                         absl::Span<float> out,
+                         absl::Duration patience = absl::Seconds(2));
 
 // dp-ps's side of the handover: a Unix socket in the abstract namespace
 // with an unguessable name, and the descriptors waiting for each ticket.

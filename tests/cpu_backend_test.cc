@@ -467,6 +467,175 @@ TEST(CpuBackendTest, TakeWeightsIsSetWeightsWithoutTheCopy) {
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0);
 }
 
+// Each tensor of `params` copied into `memory` at its own place, `skew`
+// floats past a 64-byte boundary and apart from the one before (shared
+// memory puts them 64 bytes apart; a worker's own buffer anywhere): the
+// spans ViewWeights takes.
+std::vector<absl::Span<const float>> ScatteredTensors(
+    const ModelLayout& layout, const std::vector<float>& params, int skew,
+    std::vector<float>* memory) {
+  memory->assign(params.size() + 32 * layout.tensors().size() + 16, NAN);
+  float* at = memory->data();
+  while (reinterpret_cast<uintptr_t>(at) % 64 != 0) ++at;
+  std::vector<absl::Span<const float>> tensors;
+  for (const TensorInfo& t : layout.tensors()) {
+    at += skew;
+    std::copy(params.begin() + t.offset, params.begin() + t.offset + t.size,
+              at);
+    tensors.emplace_back(at, t.size);
+    at += t.size + 16;
+  }
+  return tensors;
+}
+
+// What the worker computes from weights it views in shared memory is what it
+// computes from its own copy, bit for bit, wherever the tensors lie: the
+// model of a job does not depend on its data plane.
+TEST(CpuBackendTest, ViewedWeightsGiveTheGradientsOfOwnedOnesBitForBit) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> params = InitParams(layout, 91);
+  std::unique_ptr<Backend> owned = MakeCpu(layout, 64);
+  std::unique_ptr<Backend> viewed = MakeCpu(layout, 64);
+  ASSERT_TRUE(owned != nullptr && viewed != nullptr);
+  ASSERT_TRUE(owned->SetWeights(params).ok());
+  const int64_t n = layout.num_params();
+  for (int batch : {1, 7, 64}) {
+    const Batch b = RandomBatch(layout, batch, 92 + batch);
+    std::vector<float> want(n);
+    auto want_loss =
+        owned->ForwardBackward(b.x, b.labels, absl::MakeSpan(want));
+    ASSERT_TRUE(want_loss.ok());
+    auto want_eval = owned->Evaluate(b.x, b.labels);
+    ASSERT_TRUE(want_eval.ok());
+    for (int skew : {0, 1, 3, 8}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "batch " << batch << ", skew " << skew);
+      std::vector<float> memory;
+      const std::vector<absl::Span<const float>> tensors =
+          ScatteredTensors(layout, params, skew, &memory);
+      ASSERT_TRUE(viewed->ViewWeights(tensors).ok());
+      std::vector<float> got(n, NAN);
+      auto loss = viewed->ForwardBackward(b.x, b.labels, absl::MakeSpan(got));
+      ASSERT_TRUE(loss.ok());
+      EXPECT_EQ(std::memcmp(&*loss, &*want_loss, sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+      auto eval = viewed->Evaluate(b.x, b.labels);
+      ASSERT_TRUE(eval.ok());
+      EXPECT_EQ(eval->correct, want_eval->correct);
+      EXPECT_EQ(
+          std::memcmp(&eval->loss_sum, &want_eval->loss_sum, sizeof(double)),
+          0);
+    }
+  }
+}
+
+// A view is not a copy: the backend computes from the memory as it is at
+// each call, and SetWeights makes it compute from its own copy again.
+TEST(CpuBackendTest, AViewIsReadWhereItLies) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const std::vector<float> first = InitParams(layout, 93);
+  const std::vector<float> second = InitParams(layout, 94);
+  const Batch b = RandomBatch(layout, 8, 95);
+  const int64_t n = layout.num_params();
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  ASSERT_TRUE(backend != nullptr);
+  auto gradient = [&](const std::vector<float>& p) {
+    std::vector<float> g(n);
+    EXPECT_TRUE(backend->SetWeights(p).ok());
+    EXPECT_TRUE(
+        backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+    return g;
+  };
+  const std::vector<float> of_first = gradient(first);
+  const std::vector<float> of_second = gradient(second);
+  ASSERT_NE(of_first, of_second);
+  std::vector<float> memory = first;
+  std::vector<absl::Span<const float>> tensors;
+  for (const TensorInfo& t : layout.tensors()) {
+    tensors.emplace_back(memory.data() + t.offset, t.size);
+  }
+  ASSERT_TRUE(backend->ViewWeights(tensors).ok());
+  std::vector<float> g(n);
+  ASSERT_TRUE(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+  EXPECT_EQ(g, of_first);
+  memory = second;  // same buffer, new values
+  ASSERT_TRUE(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+  EXPECT_EQ(g, of_second) << "the backend computed from a copy";
+  ASSERT_TRUE(backend->SetWeights(first).ok());
+  std::fill(memory.begin(), memory.end(), NAN);
+  ASSERT_TRUE(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+  EXPECT_EQ(g, of_first) << "SetWeights left the backend on the view";
+}
+
+TEST(CpuBackendTest, AViewOfTheWrongShapeIsInvalidArgument) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  ASSERT_TRUE(backend != nullptr);
+  std::vector<float> memory(layout.num_params(), 0.0f);
+  std::vector<absl::Span<const float>> tensors;
+  for (const TensorInfo& t : layout.tensors()) {
+    tensors.emplace_back(memory.data() + t.offset, t.size);
+  }
+  std::vector<absl::Span<const float>> fewer(tensors.begin(),
+                                             tensors.end() - 1);
+  const absl::Status missing = backend->ViewWeights(fewer);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find("fc3.bias"), std::string::npos) << missing;
+  std::vector<absl::Span<const float>> shorter = tensors;
+  shorter[2] = shorter[2].subspan(1);
+  const absl::Status wrong = backend->ViewWeights(shorter);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("fc2.weight"), std::string::npos) << wrong;
+  // Neither counts as weights.
+  const Batch b = RandomBatch(layout, 2, 96);
+  std::vector<float> g(layout.num_params());
+  EXPECT_EQ(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// A backend that keeps the default ViewWeights (the CUDA one, which uploads
+// anyway) is handed one flat copy of the tensors in order; where they lie
+// in one piece already, that piece itself.
+class RecordingBackend : public Backend {
+ public:
+  std::string Name() const override { return "recording"; }
+  absl::Status SetWeights(absl::Span<const float> params) override {
+    set.assign(params.begin(), params.end());
+    set_from = params.data();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<float> ForwardBackward(absl::Span<const float>,
+                                        absl::Span<const int32_t>,
+                                        absl::Span<float>) override {
+    return 0.0f;
+  }
+  absl::StatusOr<EvalResult> Evaluate(absl::Span<const float>,
+                                      absl::Span<const int32_t>) override {
+    return EvalResult{};
+  }
+  std::vector<float> set;
+  const float* set_from = nullptr;
+};
+
+TEST(BackendTest, TheDefaultViewSetsACopyOfTheTensorsInOrder) {
+  const ModelLayout layout = ModelLayout::Mlp({3, 4, 2});
+  const std::vector<float> params = InitParams(layout, 97);
+  std::vector<float> memory;
+  RecordingBackend backend;
+  ASSERT_TRUE(
+      backend.ViewWeights(ScatteredTensors(layout, params, 1, &memory)).ok());
+  EXPECT_EQ(backend.set, params);
+  std::vector<absl::Span<const float>> in_one_piece;
+  for (const TensorInfo& t : layout.tensors()) {
+    in_one_piece.emplace_back(params.data() + t.offset, t.size);
+  }
+  ASSERT_TRUE(backend.ViewWeights(in_one_piece).ok());
+  EXPECT_EQ(backend.set, params);
+  EXPECT_EQ(backend.set_from, params.data()) << "copied before SetWeights";
+}
+
 TEST(CpuBackendTest, SimpleNetLossAtInitIsNearLn10) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> params = InitParams(layout, 81);

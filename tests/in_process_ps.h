@@ -44,6 +44,8 @@ class InProcessPs {
   grpc::Server& server() { return *server_; }
   const std::string& address() const { return address_; }
   dp::v1::ParameterServer::Stub& stub() { return *stub_; }
+  // Null unless options.shared_memory.
+  SharedPlane* shared_plane() { return shared_.get(); }
 
  private:
   InProcessPs() = default;

@@ -210,27 +210,55 @@ TEST_F(PsServiceTest, OversizedMessageIsResourceExhaustedAndChangesNothing) {
 namespace dp {
 namespace {
 
+// The values of `w`, from wherever each tensor lies.
+std::vector<float> Flat(const Weights& w) {
+  std::vector<float> all;
+  for (absl::Span<const float> t : w.tensors) {
+    all.insert(all.end(), t.begin(), t.end());
+  }
+  return all;
+}
+
+// A one-worker dp-ps offering shared memory, and a client registered with
+// it over `plane`.
+struct SharedMemoryJob {
+  void Start(DataPlane plane) {
+    InProcessPsOptions options;
+    options.world_size = 1;
+    options.shared_memory = true;
+    auto started = InProcessPs::Start(options);
+    ASSERT_TRUE(started.ok()) << started.status();
+    ps = *std::move(started);
+    const ModelLayout& layout = ps->layout();
+    PsClientOptions client_options;
+    client_options.address = ps->address();
+    client_options.max_message_bytes = MessageBytesFor(layout.num_params());
+    client_options.data_plane = plane;
+    client = std::make_unique<PsGroup>(
+        std::vector<std::string>{client_options.address}, client_options);
+    Registration registration;
+    registration.rank = 0;
+    registration.model_fingerprint = layout.Fingerprint();
+    registration.data = DataFingerprint{1000, 7};
+    ASSERT_TRUE(client->Register(registration).ok());
+  }
+  std::unique_ptr<InProcessPs> ps;
+  std::unique_ptr<PsGroup> client;
+};
+
 // A gradient in shared memory passes the checks a gRPC one does, and a
 // refused one changes nothing; the weights come back through shared memory
 // equal to what gRPC sends.
 TEST(PsServiceSharedMemoryTest, AGradientInItsSlotIsCheckedLikeOneOverGrpc) {
-  InProcessPsOptions options;
-  options.world_size = 1;
-  options.shared_memory = true;
-  auto ps = InProcessPs::Start(options);
-  ASSERT_TRUE(ps.ok()) << ps.status();
-  const ModelLayout& layout = (*ps)->layout();
-  PsClientOptions client_options;
-  client_options.address = (*ps)->address();
-  client_options.max_message_bytes = MessageBytesFor(layout.num_params());
-  client_options.data_plane = DataPlane::kShm;
-  PsGroup client({client_options.address}, client_options);
-  Registration registration;
-  registration.rank = 0;
-  registration.model_fingerprint = layout.Fingerprint();
-  registration.data = DataFingerprint{1000, 7};
-  ASSERT_TRUE(client.Register(registration).ok());
+  SharedMemoryJob job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(DataPlane::kShm));
+  auto& ps = job.ps;
+  PsGroup& client = *job.client;
+  const ModelLayout& layout = ps->layout();
   ASSERT_TRUE(client.shared_memory());
+  PsClientOptions client_options;
+  client_options.address = ps->address();
+  client_options.max_message_bytes = MessageBytesFor(layout.num_params());
   absl::Span<char> slot = client.GradientSlot();
   ASSERT_EQ(slot.size(), layout.num_params() * sizeof(float));
 
@@ -242,7 +270,9 @@ TEST(PsServiceSharedMemoryTest, AGradientInItsSlotIsCheckedLikeOneOverGrpc) {
   Weights sent;
   ASSERT_TRUE(over_grpc.Pull(0, &sent).ok());
   EXPECT_EQ(shared.step, sent.step);
-  EXPECT_EQ(shared.params, sent.params);
+  EXPECT_TRUE(shared.in_place);
+  EXPECT_FALSE(sent.in_place);
+  EXPECT_EQ(Flat(shared), sent.params);
 
   std::vector<float> g(layout.num_params(), 0.25f);
   g[1234] = std::numeric_limits<float>::quiet_NaN();
@@ -253,12 +283,12 @@ TEST(PsServiceSharedMemoryTest, AGradientInItsSlotIsCheckedLikeOneOverGrpc) {
   gradient.loss = 2.0f;
   gradient.num_samples = 8;
   gradient.in_shared_memory = true;
-  const auto before = (*ps)->coordinator().Observe();
+  const auto before = ps->coordinator().Observe();
   int64_t sent_bytes = 0;
   absl::Status refused = client.Push(gradient, &sent_bytes);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_NE(refused.message().find("index 1234"), std::string::npos) << refused;
-  EXPECT_EQ(ObservableDifferences(before, (*ps)->coordinator().Observe()), "");
+  EXPECT_EQ(ObservableDifferences(before, ps->coordinator().Observe()), "");
 
   g[1234] = 0.25f;
   std::memcpy(slot.data(), g.data(), slot.size());
@@ -267,7 +297,47 @@ TEST(PsServiceSharedMemoryTest, AGradientInItsSlotIsCheckedLikeOneOverGrpc) {
   EXPECT_EQ(next.step, 1);
   EXPECT_LT(sent_bytes, 100) << "the gradient did not travel over gRPC";
   ASSERT_TRUE(over_grpc.Pull(0, &sent).ok());
-  EXPECT_EQ(next.params, sent.params);
+  EXPECT_EQ(Flat(next), sent.params);
+}
+
+// One dp-ps's float32 weights are read in place, every tensor of them, and
+// left there: no copy in the worker's buffer. A version that lands in their
+// buffer behind the worker's back (v + 2 while it computes from v) is
+// caught by the check the worker makes before it pushes; v + 1 is not in
+// its way.
+TEST(PsServiceSharedMemoryTest, WeightsReadInPlaceAreCheckedBeforeAPush) {
+  SharedMemoryJob job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(DataPlane::kShm));
+  const ModelLayout& layout = job.ps->layout();
+  Weights w;
+  ASSERT_TRUE(job.client->Pull(0, &w).ok());
+  ASSERT_EQ(w.step, 0);
+  ASSERT_TRUE(w.in_place);
+  ASSERT_EQ(w.tensors.size(), layout.tensors().size());
+  const float* own = w.params.data();
+  for (absl::Span<const float> t : w.tensors) {
+    EXPECT_TRUE(t.data() < own || t.data() >= own + w.params.size())
+        << "a tensor was copied";
+  }
+  const std::vector<float> computed_from = Flat(w);
+  EXPECT_TRUE(job.client->CheckInPlaceWeights().ok());
+  const std::vector<float> other(layout.num_params(), 0.5f);
+  const absl::string_view bytes(reinterpret_cast<const char*>(other.data()),
+                                other.size() * sizeof(float));
+  job.ps->shared_plane()->Publish(1, bytes);
+  EXPECT_TRUE(job.client->CheckInPlaceWeights().ok());
+  EXPECT_EQ(Flat(w), computed_from) << "version 1 overwrote version 0";
+  job.ps->shared_plane()->Publish(2, bytes);
+  const absl::Status stale = job.client->CheckInPlaceWeights();
+  EXPECT_EQ(stale.code(), absl::StatusCode::kAborted) << stale;
+  EXPECT_NE(stale.message().find("version 0"), std::string::npos) << stale;
+  // A pull over gRPC reads nothing in place, and checks nothing.
+  SharedMemoryJob grpc;
+  ASSERT_NO_FATAL_FAILURE(grpc.Start(DataPlane::kGrpc));
+  ASSERT_TRUE(grpc.client->Pull(0, &w).ok());
+  EXPECT_FALSE(w.in_place);
+  EXPECT_EQ(Flat(w), w.params);
+  EXPECT_TRUE(grpc.client->CheckInPlaceWeights().ok());
 }
 
 }  // namespace

@@ -66,6 +66,44 @@ TEST(ShardPlanTest, ACutNearATensorBoundaryMovesOntoIt) {
   ExpectAGoodSplit(near, 2);
 }
 
+// What a worker may read in place from one shard: the tensors wholly inside
+// its range, never a piece of one that another shard holds the rest of.
+TEST(ShardPlanTest, WholeTensorsAreTheTensorsThatLieWhollyInARange) {
+  const ModelLayout layout = ModelLayout::SimpleNet();
+  const int64_t n = layout.num_params();
+  EXPECT_EQ(WholeTensors(layout, ParamRange{0, n}), (ParamRange{0, n}));
+  // 2 shards: the cut lies inside fc1.weight, which neither holds whole.
+  const std::vector<ParamRange> two = ShardRanges(layout, 2);
+  EXPECT_EQ(WholeTensors(layout, two[0]).length, 0);
+  EXPECT_EQ(WholeTensors(layout, two[1]),
+            (ParamRange{layout.bias(0).offset, n - layout.bias(0).offset}));
+  // A range from inside fc1.bias to inside fc3.weight: fc2.weight, fc2.bias.
+  const ParamRange inner{layout.bias(0).offset + 1,
+                         layout.weight(2).offset + 5 - layout.bias(0).offset};
+  EXPECT_EQ(WholeTensors(layout, inner),
+            (ParamRange{layout.weight(1).offset,
+                        layout.weight(2).offset - layout.weight(1).offset}));
+  // Exactly one tensor.
+  EXPECT_EQ(WholeTensors(
+                layout, ParamRange{layout.bias(1).offset, layout.bias(1).size}),
+            (ParamRange{layout.bias(1).offset, layout.bias(1).size}));
+  for (int s = 1; s <= kMaxShards; ++s) {
+    for (const ParamRange& r : ShardRanges(layout, s)) {
+      const ParamRange whole = WholeTensors(layout, r);
+      EXPECT_GE(whole.offset, r.offset);
+      EXPECT_LE(whole.end(), r.end());
+      for (const TensorInfo& t : layout.tensors()) {
+        const bool inside =
+            t.offset >= r.offset && t.offset + t.size <= r.end();
+        const bool covered = whole.length > 0 && t.offset >= whole.offset &&
+                             t.offset + t.size <= whole.end();
+        EXPECT_EQ(inside, covered) << t.name << " in [" << r.offset << ", "
+                                   << r.end() << ") of " << s << " shards";
+      }
+    }
+  }
+}
+
 TEST(ShardPlanTest, OutOfRangeShardsAreInvalidArgumentNamingTheFlags) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   ShardSpec spec;

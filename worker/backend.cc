@@ -1,10 +1,54 @@
-// The input checks shared by every backend (the CPU one here, the CUDA one in
-// its module), so that all refuse the same inputs with the same messages.
+// The default ViewWeights (a copy), and the input checks shared by every
+// backend (the CPU one here, the CUDA one in its module), so that all refuse
+// the same inputs with the same messages.
 #include "worker/backend.h"
+
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace dp {
+
+absl::Status Backend::ViewWeights(
+    absl::Span<const absl::Span<const float>> tensors) {
+  size_t total = 0;
+  bool one_piece = true;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    one_piece = one_piece &&
+                (i == 0 || tensors[i].data() ==
+                               tensors[i - 1].data() + tensors[i - 1].size());
+    total += tensors[i].size();
+  }
+  if (one_piece && !tensors.empty()) {
+    return SetWeights(absl::MakeConstSpan(tensors[0].data(), total));
+  }
+  // Reused from call to call: a worker views new weights every step.
+  thread_local std::vector<float> flat;
+  flat.clear();
+  for (absl::Span<const float> t : tensors) {
+    flat.insert(flat.end(), t.begin(), t.end());
+  }
+  return SetWeights(flat);
+}
+
+absl::Status CheckTensorViews(
+    const ModelLayout& layout,
+    absl::Span<const absl::Span<const float>> tensors) {
+  const std::vector<TensorInfo>& want = layout.tensors();
+  if (tensors.size() != want.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ViewWeights: ", tensors.size(), " tensors, the model has ",
+        want.size(), " (", want.front().name, " to ", want.back().name, ")"));
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (static_cast<int64_t>(tensors[i].size()) != want[i].size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ViewWeights: ", want[i].name, " has ",
+                       tensors[i].size(), " floats, expected ", want[i].size));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckBackendInputs(const char* what, const ModelLayout& layout,
                                 bool weights_set, int max_batch,

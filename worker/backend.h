@@ -42,6 +42,15 @@ class Backend {
   [[nodiscard]] virtual absl::Status TakeWeights(std::vector<float>* params) {
     return SetWeights(*params);
   }
+  // SetWeights from the weights where they lie, one span per tensor of the
+  // layout (ModelLayout::tensors() order and sizes): in dp-ps's shared
+  // memory, or the worker's own buffer. The caller keeps that memory
+  // unchanged until the next SetWeights, TakeWeights or ViewWeights, so a
+  // backend may compute from it without a copy (CpuBackend, NullBackend).
+  // The default copies it: SetWeights of the tensors in one piece, straight
+  // from the spans when they are one already.
+  [[nodiscard]] virtual absl::Status ViewWeights(
+      absl::Span<const absl::Span<const float>> tensors);
 
   // x is (batch, input_dim) row-major, labels (batch) in [0, num_classes).
   // Writes the gradient of the mean cross-entropy over the batch w.r.t. every
@@ -62,6 +71,12 @@ struct BackendOptions {
   bool tf32 = false;    // CUDA: allow TF32 tensor-core math
   int device = 0;       // CUDA: the device ordinal to run on
 };
+
+// INVALID_ARGUMENT, naming the tensor, unless `tensors` has one span of the
+// right size per tensor of `layout`: the check of ViewWeights.
+absl::Status CheckTensorViews(
+    const ModelLayout& layout,
+    absl::Span<const absl::Span<const float>> tensors);
 
 // The input checks every backend makes before computing, so that all refuse
 // the same inputs with the same messages. `what` names the call

@@ -149,7 +149,8 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(
 CpuBackend::CpuBackend(const ModelLayout& layout, const BackendOptions& options)
     : layout_(layout),
       max_batch_(options.max_batch),
-      params_(layout.num_params(), 0.0f) {
+      params_(layout.num_params(), 0.0f),
+      tensors_(layout.tensors().size(), nullptr) {
   const std::vector<int>& d = layout_.dims();
   const int L = layout_.num_layers();
   int max_hidden = 0;
@@ -170,7 +171,7 @@ absl::Status CpuBackend::SetWeights(absl::Span<const float> params) {
         layout_.num_params(), " parameters"));
   }
   std::copy(params.begin(), params.end(), params_.begin());
-  weights_set_ = true;
+  UseOwnWeights();
   return absl::OkStatus();
 }
 
@@ -179,8 +180,24 @@ absl::Status CpuBackend::TakeWeights(std::vector<float>* params) {
     return SetWeights(*params);  // the size error
   }
   params_.swap(*params);
+  UseOwnWeights();
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ViewWeights(
+    absl::Span<const absl::Span<const float>> tensors) {
+  RETURN_IF_ERROR(CheckTensorViews(layout_, tensors));
+  for (size_t i = 0; i < tensors.size(); ++i) tensors_[i] = tensors[i].data();
   weights_set_ = true;
   return absl::OkStatus();
+}
+
+void CpuBackend::UseOwnWeights() {
+  const std::vector<TensorInfo>& t = layout_.tensors();
+  for (size_t i = 0; i < t.size(); ++i) {
+    tensors_[i] = params_.data() + t[i].offset;
+  }
+  weights_set_ = true;
 }
 
 void CpuBackend::Forward(const float* x, int B) {
@@ -188,11 +205,9 @@ void CpuBackend::Forward(const float* x, int B) {
   const int L = layout_.num_layers();
   const float* in = x;
   for (int l = 0; l < L; ++l) {
-    const float* w = params_.data() + layout_.weight(l).offset;
-    const float* b = params_.data() + layout_.bias(l).offset;
     float* y = act_[l].data();
-    MatmulForward(in, w, y, B, d[l], d[l + 1]);
-    BiasRelu(y, b, B, d[l + 1], /*relu=*/l + 1 < L);
+    MatmulForward(in, weight(l), y, B, d[l], d[l + 1]);
+    BiasRelu(y, bias(l), B, d[l + 1], /*relu=*/l + 1 < L);
     in = y;
   }
 }
@@ -225,8 +240,7 @@ absl::StatusOr<float> CpuBackend::ForwardBackward(
                          d[l + 1]);
     if (l > 0) {  // no gradient w.r.t. the input data
       float* dx = dbuf_[l % 2].data();
-      LinearReluBackwardInput(dy, params_.data() + layout_.weight(l).offset, in,
-                              dx, B, d[l], d[l + 1]);
+      LinearReluBackwardInput(dy, weight(l), in, dx, B, d[l], d[l + 1]);
       dy = dx;
     }
   }

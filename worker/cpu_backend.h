@@ -33,6 +33,9 @@ class CpuBackend : public Backend {
   [[nodiscard]] absl::Status TakeWeights(std::vector<float>* params) override;
   [[nodiscard]] absl::Status SetWeights(
       absl::Span<const float> params) override;
+  // Computes from the tensors where they lie: no copy.
+  [[nodiscard]] absl::Status ViewWeights(
+      absl::Span<const absl::Span<const float>> tensors) override;
 
   // FAILED_PRECONDITION before the first SetWeights; INVALID_ARGUMENT on any
   // size mismatch or label outside [0, num_classes).
@@ -52,11 +55,18 @@ class CpuBackend : public Backend {
   // of layer l, (B, dims[l+1]): after ReLU for hidden layers, logits for the
   // last one.
   void Forward(const float* x, int B);
+  // Computes from params_ from now on.
+  void UseOwnWeights();
+  const float* weight(int layer) const { return tensors_[2 * layer]; }
+  const float* bias(int layer) const { return tensors_[2 * layer + 1]; }
 
   ModelLayout layout_;
   int max_batch_;
   bool weights_set_ = false;
-  std::vector<float> params_;            // (num_params) flat layout
+  std::vector<float> params_;  // (num_params) flat layout
+  // Where each tensor of the layout is read from: params_, or the memory
+  // of the last ViewWeights.
+  std::vector<const float*> tensors_;
   std::vector<std::vector<float>> act_;  // act_[l] is (max_batch, dims[l+1])
   std::vector<float> dbuf_[2];           // (max_batch, max hidden dim) each
   std::vector<float> dlogits_;           // (max_batch, num_classes)

@@ -27,6 +27,13 @@ absl::Status NullBackend::TakeWeights(std::vector<float>* params) {
   return SetWeights(*params);
 }
 
+absl::Status NullBackend::ViewWeights(
+    absl::Span<const absl::Span<const float>> tensors) {
+  RETURN_IF_ERROR(CheckTensorViews(layout_, tensors));
+  weights_set_ = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<float> NullBackend::ForwardBackward(
     absl::Span<const float> x, absl::Span<const int32_t> labels,
     absl::Span<float> grad) {

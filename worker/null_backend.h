@@ -36,6 +36,9 @@ class NullBackend : public Backend {
       absl::Span<const float> params) override;
   // Leaves *params as it is (no copy, no swap).
   [[nodiscard]] absl::Status TakeWeights(std::vector<float>* params) override;
+  // Checks the tensors' sizes; reads nothing.
+  [[nodiscard]] absl::Status ViewWeights(
+      absl::Span<const absl::Span<const float>> tensors) override;
 
   // The same input checks as every backend, then grad filled with
   // kGradientValue; the loss of zero logits, ln(num_classes).

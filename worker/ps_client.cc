@@ -93,6 +93,7 @@ PsClient::PsClient(const PsClientOptions& options)
   // Until a registration says otherwise: one dp-ps holding the whole model.
   num_params_ = ModelLayout::SimpleNet().num_params();
   shard_.range = ParamRange{0, num_params_};
+  whole_tensors_ = shard_.range;
 }
 
 PsClient::~PsClient() = default;
@@ -163,19 +164,15 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
       all.subspan(shard_.range.offset, shard_.range.length);
   received->step = header.step();
   received->wire_bytes = static_cast<int64_t>(response.Length());
+  received->in_place = {};
+  in_place_.reset();
   if (header.params_in_shm()) {
     if (weights_ == nullptr) {
       return absl::DataLossError(
           "dp-ps answered with weights in shared memory this worker does "
           "not have");
     }
-    ASSIGN_OR_RETURN(const int64_t version, dp::ReadWeights(*weights_, out));
-    if (version != header.step()) {
-      return absl::AbortedError(absl::StrFormat(
-          "the shared weights are of version %d, dp-ps answered %d: re-sync",
-          version, header.step()));
-    }
-    return absl::OkStatus();
+    return ReadSharedWeights(header.step(), all, received);
   }
   const dp::v1::Encoding e = header.encoding();
   if (e != dp::v1::ENCODING_F32 && e != dp::v1::ENCODING_BF16) {
@@ -198,6 +195,46 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
            out.data());
   }
   return absl::OkStatus();
+}
+
+absl::Status PsClient::ReadSharedWeights(int64_t step, absl::Span<float> all,
+                                         Received* received) {
+  const absl::Span<float> out =
+      all.subspan(shard_.range.offset, shard_.range.length);
+  if (weight_encoding_ != Encoding::kF32) {
+    return dp::ReadWeights(*weights_, step, out);
+  }
+  ASSIGN_OR_RETURN(const SharedWeights found,
+                   FindWeights(*weights_, step, shard_.range.length));
+  if (found.encoding != Encoding::kF32) {
+    return absl::DataLossError(absl::StrFormat(
+        "dp-ps at %s published its weights in %s; the job's are f32",
+        options_.address, EncodingName(found.encoding)));
+  }
+  // The pieces of the tensors cut by the range's ends are copied, so that
+  // those tensors are whole in `all` once the other shards wrote theirs.
+  // They come from the buffer CheckInPlaceWeights checks, like the rest.
+  const float* values = reinterpret_cast<const float*>(found.values);
+  const int64_t head = whole_tensors_.offset - shard_.range.offset;
+  const int64_t tail = whole_tensors_.end() - shard_.range.offset;
+  std::copy(values, values + head, out.begin());
+  std::copy(values + tail, values + shard_.range.length, out.begin() + tail);
+  received->in_place =
+      absl::MakeConstSpan(values + head, whole_tensors_.length);
+  received->in_place_offset = whole_tensors_.offset;
+  in_place_ = found;
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::CheckInPlaceWeights() const {
+  if (!in_place_.has_value() || StillHolds(*weights_, *in_place_)) {
+    return absl::OkStatus();
+  }
+  return absl::AbortedError(absl::StrFormat(
+      "the weights of version %d in the shared memory of dp-ps at %s were "
+      "rewritten while this worker computed from them: the gradient is "
+      "dropped; re-sync",
+      in_place_->step, options_.address));
 }
 
 namespace {
@@ -297,8 +334,10 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
   JobStatus status = JobStatusFromProto(response.config(), response.step(),
                                         response.shard(), num_params_);
   shard_ = status.shard.spec;
+  whole_tensors_ = WholeTensors(ModelLayout::SimpleNet(), shard_.range);
   // The regions of a previous registration are dropped: dp-ps gave this
   // registration a new slot, and reads the old one no more.
+  in_place_.reset();
   weights_.reset();
   slot_.reset();
   slot_id_ = response.shm_slot();
@@ -336,6 +375,7 @@ absl::Status PsClient::TakeSharedMemory(const std::string& socket,
   if (!weights.ok()) return weights.status();
   if (!slot.ok()) return slot.status();
   weights_ = *std::move(weights);
+  weight_encoding_ = config.weight_encoding;
   slot_ = *std::move(slot);
   return absl::OkStatus();
 }

@@ -74,16 +74,28 @@ struct Registration {
 
 // What Pull and PushPull receive.
 struct Weights {
-  int64_t step = 0;           // the version
-  std::vector<float> params;  // keeps its capacity from call to call
-  int64_t wire_bytes = 0;     // size of the message(s)
+  int64_t step = 0;  // the version
+  // The whole vector, but for the tensors read in place in shared memory
+  // (their values here are left as they were). Keeps its capacity from call
+  // to call.
+  std::vector<float> params;
+  // Where each tensor of the layout (ModelLayout::tensors()) lies: in a
+  // dp-ps's shared memory, or in params.
+  std::vector<absl::Span<const float>> tensors;
+  bool in_place = false;   // some tensor lies in shared memory
+  int64_t wire_bytes = 0;  // size of the message(s)
 };
 
-// What one dp-ps's answer held besides the values, which it writes into
-// its range of the whole vector.
+// What one dp-ps's answer held besides the values it writes into its range
+// of the whole vector.
 struct Received {
   int64_t step = 0;
   int64_t wire_bytes = 0;
+  // Values [in_place_offset, in_place_offset + in_place.size()) of the whole
+  // vector, read in place in shared memory instead of written into it: the
+  // tensors wholly inside the range (float32 weights only).
+  absl::Span<const float> in_place;
+  int64_t in_place_offset = 0;
 };
 
 // One step's gradient, in `encoding`: the whole vector in `wire`, of which
@@ -125,7 +137,9 @@ class PsClient {
   // writes the encoded gradient here and pushes with in_shared_memory.
   absl::Span<char> GradientSlot() const;
   // The weights of this shard's range, of the current version or of
-  // `version`, into their place in `all` (the whole vector).
+  // `version`, into their place in `all` (the whole vector); float32 weights
+  // in shared memory are read in place instead (Received::in_place), but
+  // for the pieces of tensors that other shards hold the rest of.
   absl::Status Pull(int rank, std::optional<int64_t> version,
                     absl::Span<float> all, Received* received);
   // Push, Barrier and Pull; or PushPull: push, wait at the barrier, receive
@@ -135,6 +149,10 @@ class PsClient {
   absl::Status PushPull(const Gradient& gradient, absl::Span<float> all,
                         Received* received, int64_t* sent_bytes);
   absl::Status ReportEval(int rank, const EvalReport& report);
+  // After computing from weights read in place: ABORTED when their buffer
+  // no longer holds the version it held (rewritten under the computation),
+  // so that a gradient of no version is never pushed.
+  absl::Status CheckInPlaceWeights() const;
 
   const std::string& address() const { return options_.address; }
 
@@ -161,6 +179,11 @@ class PsClient {
   // Parses a PullResponse into this shard's range of `all`.
   absl::Status ReadWeights(const grpc::ByteBuffer& response,
                            absl::Span<float> all, Received* received);
+  // Version `step` in shared memory: float32 read in place, but for the
+  // pieces of tensors shared with another shard, copied into `all`;
+  // another encoding decoded into `all`.
+  absl::Status ReadSharedWeights(int64_t step, absl::Span<float> all,
+                                 Received* received);
 
   // The generated stub and the raw methods (ps_client.cc).
   struct Rpc;
@@ -174,7 +197,11 @@ class PsClient {
   std::unique_ptr<Rpc> rpc_;
   int64_t num_params_ = 0;  // of the whole vector
   ShardSpec shard_;
-  std::unique_ptr<SharedRegion> weights_;  // read-only
+  ParamRange whole_tensors_;                   // of shard_.range (WholeTensors)
+  std::unique_ptr<SharedRegion> weights_;      // read-only
+  Encoding weight_encoding_ = Encoding::kF32;  // of weights_
+  // The weights last read in place, while they are.
+  std::optional<SharedWeights> in_place_;
   std::unique_ptr<SharedRegion> slot_;
   uint64_t slot_id_ = 0;  // dp-ps's name for slot_, sent with every push
   std::string why_not_shm_;

@@ -118,7 +118,8 @@ std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
 
 PsGroup::PsGroup(std::vector<std::string> addresses,
                  const PsClientOptions& options)
-    : num_params_(ModelLayout::SimpleNet().num_params()),
+    : layout_(ModelLayout::SimpleNet()),
+      num_params_(layout_.num_params()),
       pool_(static_cast<int>(addresses.size())) {
   for (const std::string& address : addresses) {
     PsClientOptions o = options;
@@ -314,10 +315,8 @@ absl::Span<char> PsGroup::GradientSlot() const {
                               : absl::Span<char>();
 }
 
-namespace {
-
-// One version from every shard, or ABORTED.
-absl::Status Combine(const std::vector<Received>& received, Weights* weights) {
+absl::Status PsGroup::Combine(const std::vector<Received>& received,
+                              Weights* weights) const {
   weights->step = received[0].step;
   weights->wire_bytes = 0;
   std::vector<std::string> steps;
@@ -327,13 +326,28 @@ absl::Status Combine(const std::vector<Received>& received, Weights* weights) {
     weights->wire_bytes += r.wire_bytes;
     steps.push_back(absl::StrCat(r.step));
   }
-  if (same) return absl::OkStatus();
-  return absl::AbortedError(
-      absl::StrFormat("the shards answered with versions %s: re-sync",
-                      absl::StrJoin(steps, ",")));
+  if (!same) {
+    return absl::AbortedError(
+        absl::StrFormat("the shards answered with versions %s: re-sync",
+                        absl::StrJoin(steps, ",")));
+  }
+  // A tensor lies where a shard left it in place, else in params.
+  weights->tensors.clear();
+  weights->in_place = false;
+  for (const TensorInfo& t : layout_.tensors()) {
+    absl::Span<const float> where(weights->params.data() + t.offset, t.size);
+    for (const Received& r : received) {
+      const int64_t at = t.offset - r.in_place_offset;
+      if (!r.in_place.empty() && at >= 0 &&
+          at + t.size <= static_cast<int64_t>(r.in_place.size())) {
+        where = r.in_place.subspan(at, t.size);
+        weights->in_place = true;
+      }
+    }
+    weights->tensors.push_back(where);
+  }
+  return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::Status PsGroup::Pull(int rank, Weights* weights) {
   weights->params.resize(num_params_);
@@ -395,6 +409,11 @@ absl::StatusOr<std::vector<int>> PsGroup::Unpushed(int64_t step,
     if (lacking[r]) ranks.push_back(r);
   }
   return ranks;
+}
+
+absl::Status PsGroup::CheckInPlaceWeights() const {
+  for (const auto& c : clients_) RETURN_IF_ERROR(c->CheckInPlaceWeights());
+  return absl::OkStatus();
 }
 
 absl::Status PsGroup::ReportEval(int rank, const EvalReport& report) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model_layout.h"
 #include "common/parallel_for.h"
 #include "worker/ps_client.h"
 
@@ -63,6 +64,10 @@ class PsGroup {
   absl::Status PushPull(const Gradient& gradient, Weights* weights,
                         int64_t* sent_bytes);
   absl::Status ReportEval(int rank, const EvalReport& report);
+  // After computing from the last weights received: ABORTED when a shard's
+  // buffer that some of them were read in place from was rewritten since
+  // (PsClient::CheckInPlaceWeights).
+  absl::Status CheckInPlaceWeights() const;
   // The ranks whose push for `step` some shard still lacks (a shard past
   // `step` lacks none); NOT_FOUND when a shard is at an earlier step.
   absl::StatusOr<std::vector<int>> Unpushed(int64_t step, int world_size);
@@ -80,7 +85,11 @@ class PsGroup {
   // answered in `all` (by shard index).
   absl::Status RollBack(const std::vector<JobStatus>& all, int64_t target);
   PsClient& shard(int k) { return *clients_[order_[k]]; }
+  // One version from every shard, or ABORTED; then where each tensor lies.
+  absl::Status Combine(const std::vector<Received>& received,
+                       Weights* weights) const;
 
+  const ModelLayout layout_;
   const int64_t num_params_;                        // of the whole model
   std::vector<std::unique_ptr<PsClient>> clients_;  // by address
   std::vector<int> order_;  // client of shard k, as of the last Register

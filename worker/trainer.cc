@@ -156,7 +156,12 @@ absl::Status Trainer::Join() {
   }));
   metrics_.AddReceivedBytes(weights_.wire_bytes);
   step_ = weights_.step;
-  return backend_->TakeWeights(&weights_.params);
+  return AdoptWeights();
+}
+
+absl::Status Trainer::AdoptWeights() {
+  return weights_.in_place ? backend_->ViewWeights(weights_.tensors)
+                           : backend_->TakeWeights(&weights_.params);
 }
 
 absl::StatusOr<Gradient> Trainer::Compute() {
@@ -296,7 +301,10 @@ absl::Status Trainer::Run() {
     const absl::Time start = absl::Now();
     ASSIGN_OR_RETURN(const Gradient gradient, Compute());
     const absl::Time computed = absl::Now();
-    const absl::Status exchanged = Exchange(gradient);
+    // Weights read in place that changed under the computation (ABORTED)
+    // gave a gradient of no version: it is not pushed.
+    absl::Status exchanged = client_->CheckInPlaceWeights();
+    if (exchanged.ok()) exchanged = Exchange(gradient);
     // dp-ps ended the job: nothing to re-join or retry.
     if (IsJobFailed(exchanged)) return exchanged;
     // ABORTED: stale or future step; FAILED_PRECONDITION: dp-ps restarted
@@ -320,7 +328,7 @@ absl::Status Trainer::Run() {
     }
     RETURN_IF_ERROR(exchanged);
     resyncs_in_a_row = 0;
-    RETURN_IF_ERROR(backend_->TakeWeights(&weights_.params));
+    RETURN_IF_ERROR(AdoptWeights());
     stats_.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - computed);
     metrics_.ObserveStep(absl::Now() - start, schedule_.batch_size);
     ++stats_.steps;

@@ -70,6 +70,10 @@ class Trainer {
   // (Re-)joins: registers, adopts the job's plan and step as dp-ps has them
   // now, and pulls the weights of that step.
   absl::Status Join();
+  // Hands weights_ to the backend: viewed where they lie when some are read
+  // in place in shared memory (that memory holds them until the next
+  // exchange), else taken from the buffer they were received in.
+  absl::Status AdoptWeights();
   // Forward+backward of this rank's batch at step_, encoded for the wire.
   absl::StatusOr<Gradient> Compute();
   // Sends the gradient and returns with the next weights in weights_. A
