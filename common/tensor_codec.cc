@@ -51,39 +51,23 @@ void Encode(Encoding e, const float* x, int64_t n, char* out) {
 
 namespace {
 
-// Value i of the encoded bytes.
-template <Encoding E>
-float ValueAt(const char* bytes, int64_t i) {
-  float x;
-  if constexpr (E == Encoding::kF32) {
-    std::memcpy(&x, bytes + 4 * i, 4);
-  } else {
-    uint16_t half;
-    std::memcpy(&half, bytes + 2 * i, 2);
-    const uint32_t bits = static_cast<uint32_t>(half) << 16;
-    std::memcpy(&x, &bits, 4);
-  }
-  return x;
-}
-
 // Decodes n encoded values into out and returns the index of the first NaN,
 // Inf or value beyond `limit` in magnitude among them, or -1. The bytes may
 // be memory another process can still write: they are read once, and the
 // index is looked for in `out`, what was read. The branch-free OR-reduction
 // vectorises; only when it fires is the position looked for.
-// !(|x| <= limit) is true for NaN.
 template <Encoding E>
 int64_t DecodeAndFindOutOfRange(const char* bytes, int64_t n, float limit,
                                 float* out) {
   uint32_t any = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float x = ValueAt<E>(bytes, i);
+    const float x = DecodedValue<E>(bytes, i);
     out[i] = x;
-    any |= static_cast<uint32_t>(!(std::fabs(x) <= limit));
+    any |= static_cast<uint32_t>(OutOfRange(x, limit));
   }
   if (any == 0) return -1;
   for (int64_t i = 0; i < n; ++i) {
-    if (!(std::fabs(out[i]) <= limit)) return i;
+    if (OutOfRange(out[i], limit)) return i;
   }
   return -1;
 }
@@ -93,7 +77,7 @@ int64_t DecodeAndFindOutOfRange(const char* bytes, int64_t n, float limit,
 template <Encoding E>
 int64_t FindOutOfRange(const char* bytes, int64_t n, float limit) {
   for (int64_t i = 0; i < n; ++i) {
-    if (!(std::fabs(ValueAt<E>(bytes, i)) <= limit)) return i;
+    if (OutOfRange(DecodedValue<E>(bytes, i), limit)) return i;
   }
   return -1;
 }
@@ -105,7 +89,8 @@ void Decode(Encoding e, const char* bytes, int64_t n, float* out) {
     std::memcpy(out, bytes, n * sizeof(float));
     return;
   }
-  for (int64_t i = 0; i < n; ++i) out[i] = ValueAt<Encoding::kBf16>(bytes, i);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = DecodedValue<Encoding::kBf16>(bytes, i);
 }
 
 int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n, float limit) {

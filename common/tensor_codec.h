@@ -4,8 +4,10 @@
 #ifndef DP_COMMON_TENSOR_CODEC_H_
 #define DP_COMMON_TENSOR_CODEC_H_
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "absl/status/statusor.h"
@@ -35,6 +37,28 @@ int64_t FirstOutOfRange(Encoding e, const char* bytes, int64_t n,
 // out even when another process rewrites the bytes meanwhile.
 int64_t DecodeChecked(Encoding e, const char* bytes, int64_t n, float limit,
                       float* out);
+
+// Value i of the encoded bytes, and the check every received value passes:
+// for loops that decode as they do something else with the values
+// (server/adam.h), inline so that they vectorise there.
+template <Encoding E>
+inline float DecodedValue(const char* bytes, int64_t i) {
+  float x;
+  if constexpr (E == Encoding::kF32) {
+    std::memcpy(&x, bytes + 4 * i, 4);
+  } else {
+    uint16_t half;
+    std::memcpy(&half, bytes + 2 * i, 2);
+    const uint32_t bits = static_cast<uint32_t>(half) << 16;
+    std::memcpy(&x, &bits, 4);
+  }
+  return x;
+}
+// NaN, Inf or larger in magnitude than `limit` (!(|x| <= limit) is true for
+// NaN).
+inline bool OutOfRange(float x, float limit) {
+  return !(std::fabs(x) <= limit);
+}
 
 }  // namespace dp
 

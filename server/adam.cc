@@ -2,6 +2,7 @@
 #include "server/adam.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -147,6 +148,56 @@ void AverageAndUpdate(const Coefficients& c, const float* const* grads,
       c, grads, count, begin, end, params, m, v);
 }
 
+// out[begin, end) = sum + the values of `bytes`, block by block, checking
+// each value as it is read; the first out-of-range one's index (its value in
+// out), or -1. A block's values are also kept in L1 (`read`), so that the
+// position is looked for in what was read - the bytes may have changed since
+// - only when the block's branch-free OR-reduction fired.
+template <Encoding E>
+__attribute__((always_inline)) inline int64_t AddEncodedRange(
+    const char* __restrict bytes, float limit, const float* __restrict sum,
+    float* __restrict out, int64_t begin, int64_t end) {
+  alignas(64) float read[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t n = std::min(kBlock, end - b);
+    uint32_t any = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = DecodedValue<E>(bytes, b + i);
+      read[i] = g;
+      out[b + i] = sum[b + i] + g;
+      any |= static_cast<uint32_t>(OutOfRange(g, limit));
+    }
+    if (any == 0) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      if (OutOfRange(read[i], limit)) {
+        out[b + i] = read[i];
+        return b + i;
+      }
+    }
+  }
+  return -1;
+}
+
+// Compiled for AVX2 and for the baseline, as AverageAndUpdate: additions
+// only, the same bits either way.
+__attribute__((target("avx2"))) int64_t AddEncodedRangeAvx2(
+    Encoding e, const char* bytes, float limit, const float* sum, float* out,
+    int64_t begin, int64_t end) {
+  return e == Encoding::kBf16 ? AddEncodedRange<Encoding::kBf16>(
+                                    bytes, limit, sum, out, begin, end)
+                              : AddEncodedRange<Encoding::kF32>(
+                                    bytes, limit, sum, out, begin, end);
+}
+
+int64_t AddEncodedRangeBaseline(Encoding e, const char* bytes, float limit,
+                                const float* sum, float* out, int64_t begin,
+                                int64_t end) {
+  return e == Encoding::kBf16 ? AddEncodedRange<Encoding::kBf16>(
+                                    bytes, limit, sum, out, begin, end)
+                              : AddEncodedRange<Encoding::kF32>(
+                                    bytes, limit, sum, out, begin, end);
+}
+
 }  // namespace
 
 namespace {
@@ -199,6 +250,26 @@ void AddToRankSum(float* sum, const float* grad, int64_t n, WorkerPool* pool) {
   } else {
     pool->ParallelFor(n, kBlock, add);
   }
+}
+
+int64_t AddEncodedToRankSum(Encoding e, const char* bytes, int64_t n,
+                            float limit, const float* sum, float* out,
+                            WorkerPool* pool) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  const auto add_range = avx2 ? AddEncodedRangeAvx2 : AddEncodedRangeBaseline;
+  if (pool == nullptr) return add_range(e, bytes, limit, sum, out, 0, n);
+  // Each share stops at its first bad value; the first of all is the least.
+  std::atomic<int64_t> first_bad{n};
+  pool->ParallelFor(n, kBlock, [&](int64_t begin, int64_t end) {
+    const int64_t bad = add_range(e, bytes, limit, sum, out, begin, end);
+    if (bad < 0) return;
+    int64_t least = first_bad.load(std::memory_order_relaxed);
+    while (bad < least && !first_bad.compare_exchange_weak(
+                              least, bad, std::memory_order_relaxed)) {
+    }
+  });
+  const int64_t bad = first_bad.load(std::memory_order_relaxed);
+  return bad < n ? bad : -1;
 }
 
 void AdamStepOnSum(const AdamOptions& o, int64_t t, const float* sum, int ranks,

@@ -7,6 +7,7 @@
 #include "absl/types/span.h"
 #include "common/job_config.h"
 #include "common/parallel_for.h"
+#include "common/tensor_codec.h"
 
 namespace dp {
 
@@ -39,6 +40,19 @@ void AverageAndAdamStep(const AdamOptions& options, int64_t t,
 // AverageAndAdamStep's sum, so the result is bit-identical.
 void AddToRankSum(float* sum, const float* grad, int64_t n,
                   WorkerPool* pool = nullptr);
+// DecodeChecked (common/tensor_codec.h) and AddToRankSum in one pass, for a
+// gradient that arrives when the ranks before it are in: out[i] = sum[i] +
+// g[i] for the n values g encoded (as `e`) in `bytes`, each read once - the
+// bytes may be a worker's shared-memory slot, rewritten meanwhile - and
+// checked as DecodeChecked does. Returns -1 when every value is finite and
+// within `limit` in magnitude; otherwise the index of the first that is not,
+// and out[index] is then that value as read (the rest of out means nothing).
+// `sum` is never written, so a refused gradient leaves it as it was. The same
+// additions as decoding and then AddToRankSum: bit-identical, with a pool or
+// not.
+int64_t AddEncodedToRankSum(Encoding e, const char* bytes, int64_t n,
+                            float limit, const float* sum, float* out,
+                            WorkerPool* pool = nullptr);
 // AverageAndAdamStep on the rank sum of `ranks` gradients (AddToRankSum):
 // the same bits as AverageAndAdamStep on the gradients themselves.
 void AdamStepOnSum(const AdamOptions& options, int64_t t, const float* sum,

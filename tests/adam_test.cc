@@ -6,11 +6,13 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/parallel_for.h"
+#include "common/tensor_codec.h"
 #include "gtest/gtest.h"
 
 namespace dp {
@@ -335,6 +337,102 @@ TEST(AdamTest, FoldingGradientsAsTheyArriveGivesTheSameBits) {
           << ranks << " ranks";
     }
   }
+}
+
+// Random floats of every magnitude from 2^-20 to 2^20, both signs.
+std::vector<float> RandomFloats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  std::vector<float> x(n);
+  for (float& f : x) f = std::ldexp(mantissa(rng), exponent(rng));
+  return x;
+}
+
+std::string Encoded(Encoding e, const std::vector<float>& x) {
+  std::string bytes(x.size() * BytesPerValue(e), '\0');
+  Encode(e, x.data(), x.size(), bytes.data());
+  return bytes;
+}
+
+// dp-ps adds a gradient that arrives in rank order to the rank sum as it
+// reads it from the wire bytes: the sum must be the bits of decoding it and
+// then AddToRankSum, for both encodings, any pool and lengths that end
+// within a block; the sum it was given stays as it was.
+TEST(AdamTest, AddingAnEncodedGradientGivesTheBitsOfDecodingThenAdding) {
+  WorkerPool pool3(3), pool4(4);
+  for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
+    for (int64_t n : {int64_t{235146}, int64_t{1500}, int64_t{7}}) {
+      const std::vector<float> sum = RandomFloats(n, 11);
+      const std::string bytes = Encoded(e, RandomFloats(n, 12));
+      std::vector<float> g(n);
+      ASSERT_EQ(DecodeChecked(e, bytes.data(), n, 1e15f, g.data()), -1);
+      std::vector<float> expected = sum;
+      AddToRankSum(expected.data(), g.data(), n);
+      for (WorkerPool* pool :
+           {static_cast<WorkerPool*>(nullptr), &pool3, &pool4}) {
+        SCOPED_TRACE(testing::Message()
+                     << EncodingName(e) << " n " << n << " threads "
+                     << (pool ? pool->threads() : 0));
+        std::vector<float> out(n, -1.0f);
+        const std::vector<float> given = sum;
+        EXPECT_EQ(AddEncodedToRankSum(e, bytes.data(), n, 1e15f, given.data(),
+                                      out.data(), pool),
+                  -1);
+        EXPECT_TRUE(BitwiseEqual(out, expected));
+        EXPECT_TRUE(BitwiseEqual(given, sum));
+      }
+    }
+  }
+}
+
+// A value out of range anywhere - in any block, at either end of a block,
+// in any thread's share - is found, the first one when there are two, and
+// reported as it was read.
+TEST(AdamTest, AnEncodedGradientsFirstBadValueIsFoundWhereverItIs) {
+  const int64_t n = 1100;  // two full blocks and a partial one
+  const float limit = 1e15f;
+  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              -2 * limit};
+  WorkerPool pool(3);
+  const std::vector<float> sum = RandomFloats(n, 21);
+  for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
+    for (WorkerPool* with : {static_cast<WorkerPool*>(nullptr), &pool}) {
+      for (float bad : bad_values) {
+        for (int64_t at = 0; at < n; ++at) {
+          std::vector<float> g = RandomFloats(n, 22);
+          g[at] = bad;
+          // A second bad value after it, in a later block.
+          if (at + 600 < n) g[at + 600] = std::numeric_limits<float>::max();
+          const std::string bytes = Encoded(e, g);
+          std::vector<float> out(n);
+          const int64_t found = AddEncodedToRankSum(
+              e, bytes.data(), n, limit, sum.data(), out.data(), with);
+          ASSERT_EQ(found, at) << EncodingName(e) << " " << bad << " at " << at
+                               << (with ? " with a pool" : "");
+          // As it was read: in bf16, rounded.
+          const std::string sent = Encoded(e, {bad});
+          float expected;
+          Decode(e, sent.data(), 1, &expected);
+          if (std::isnan(bad)) {
+            EXPECT_TRUE(std::isnan(out[at]));
+          } else {
+            EXPECT_EQ(out[at], expected);
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> g = RandomFloats(n, 23);
+  g[n - 1] = -limit;
+  std::vector<float> out(n);
+  EXPECT_EQ(
+      AddEncodedToRankSum(Encoding::kF32, Encoded(Encoding::kF32, g).data(), n,
+                          limit, sum.data(), out.data(), &pool),
+      -1)
+      << "the limit itself is accepted";
 }
 
 }  // namespace
