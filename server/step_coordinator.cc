@@ -62,8 +62,12 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   const int world = config_.schedule.world_size;
   DP_CHECK(world >= 1);
   registered_.assign(world, false);
-  gradients_.assign(world, std::vector<float>(n));
+  // Rank 0 is always in rank order: it goes straight into the sum, and
+  // needs no buffer of its own.
+  gradients_.resize(world);
+  for (int r = 1; r < world; ++r) gradients_[r].resize(n);
   rank_sum_.resize(n);
+  next_sum_.resize(n);
   received_.assign(world, false);
   losses_.assign(world, 0.0f);
   arrival_.assign(world, started_);
@@ -179,15 +183,24 @@ absl::Status StepCoordinator::ReadGradientLocked(int rank, int64_t step,
                                      shard_.range));
   // The bytes may be a worker's shared-memory slot, which it can rewrite at
   // any time: they are read once, into private memory, and every decision
-  // is made on that copy. While the rank's buffer holds nothing of this
-  // step (received_[rank] false) the copy is made into it, so an accepted
-  // push needs no second one; a refused push then still leaves no trace.
-  // A retry's values go to scratch: they are only checked.
-  std::vector<float>& copy =
-      received_[rank] ? retry_scratch_ : gradients_[rank];
-  copy.resize(n_);
-  const int64_t bad = DecodeChecked(encoding, gradient.data(), n_,
-                                    kMaxAbsGradient, copy.data());
+  // is made on that copy. Where the copy goes leaves an accepted push
+  // nothing more to read and a refused one no trace:
+  // - a retry (received_[rank]): to scratch, only to be checked;
+  // - the next rank to fold: added to the sum as it is read, into the spare
+  //   sum, which becomes the sum when the push is accepted (rank 0's
+  //   gradient is the sum);
+  // - a rank that comes before the ones it follows: to its buffer, added
+  //   once they are in (FoldArrivedLocked).
+  const bool next = IsNextToFoldLocked(rank);  // false for a retry
+  if (received_[rank]) retry_scratch_.resize(n_);
+  float* const copy = received_[rank] ? retry_scratch_.data()
+                      : next          ? next_sum_.data()
+                                      : gradients_[rank].data();
+  const int64_t bad =
+      next && rank > 0
+          ? AddEncodedToRankSum(encoding, gradient.data(), n_, kMaxAbsGradient,
+                                rank_sum_.data(), copy, &pool_)
+          : DecodeChecked(encoding, gradient.data(), n_, kMaxAbsGradient, copy);
   if (bad >= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "gradient from rank %d for step %d has a non-finite or out-of-range "
@@ -195,6 +208,10 @@ absl::Status StepCoordinator::ReadGradientLocked(int rank, int64_t step,
         rank, step, copy[bad], kMaxAbsGradient, shard_.range.offset + bad));
   }
   return absl::OkStatus();
+}
+
+bool StepCoordinator::IsNextToFoldLocked(int rank) const {
+  return !received_[rank] && rank == folded_;
 }
 
 absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank,
@@ -225,12 +242,7 @@ absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank,
 void StepCoordinator::FoldArrivedLocked() {
   const int world = static_cast<int>(received_.size());
   while (folded_ < world && received_[folded_]) {
-    if (folded_ == 0) {
-      // The sum starts as rank 0's gradient: its buffer becomes the sum's.
-      std::swap(rank_sum_, gradients_[0]);
-    } else {
-      AddToRankSum(rank_sum_.data(), gradients_[folded_].data(), n_, &pool_);
-    }
+    AddToRankSum(rank_sum_.data(), gradients_[folded_].data(), n_, &pool_);
     ++folded_;
   }
 }
@@ -239,6 +251,11 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(int rank,
                                                              float loss) {
   AfterPush after;
   Touch(rank);
+  if (IsNextToFoldLocked(rank)) {
+    // ReadGradientLocked added it to the sum already.
+    std::swap(rank_sum_, next_sum_);
+    ++folded_;
+  }
   received_[rank] = true;
   losses_[rank] = loss;
   arrival_[rank] = absl::Now();

@@ -236,10 +236,14 @@ class StepCoordinator {
   absl::Status CheckRank(const char* rpc, int rank) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The steps of Push. Checks the gradient's encoding, shape and values,
-  // reading them once into private memory (see Push).
+  // reading them once into private memory - for the next rank to fold, into
+  // the sum that includes them (next_sum_).
   absl::Status ReadGradientLocked(int rank, int64_t step, int64_t offset,
                                   absl::string_view gradient, Encoding encoding)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `rank` has not pushed this step and every rank before it has: its
+  // gradient can be added to the sum as it is read.
+  bool IsNextToFoldLocked(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // True for a retry of a push already received or applied; an error for a
   // push the step refuses (not registered, stale, future, after the end).
   absl::StatusOr<bool> IsRetryLocked(int rank, int64_t step) const
@@ -250,12 +254,13 @@ class StepCoordinator {
     std::function<void(TrainingState)> checkpoint_hook;
     TrainingState checkpoint;
   };
-  // Adds the gradients received in rank order since the last fold to the
-  // rank sum: ranks [folded_, r) when all of them have arrived. A rank
-  // waits for the ranks before it, not for the last.
+  // Adds the gradients that came before the ranks they follow to the rank
+  // sum: ranks [folded_, r) once all of them have arrived. A rank waits for
+  // the ranks before it, not for the last.
   void FoldArrivedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts the push in and folds what it can; the last of the N applies the
-  // update.
+  // Counts the push in (the sum ReadGradientLocked made becomes the sum when
+  // the rank was next to fold) and folds what it can; the last of the N
+  // applies the update.
   AfterPush AcceptPushLocked(int rank, float loss)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error every request gets once the job failed or is shutting down.
@@ -283,13 +288,18 @@ class StepCoordinator {
   bool have_data_ ABSL_GUARDED_BY(mu_) = false;
   DataFingerprint data_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);
-  // Gradients of the current step, one preallocated buffer per rank.
+  // Gradients of the current step that came before the ranks they follow,
+  // one preallocated buffer per rank (rank 0 never does: none).
   std::vector<std::vector<float>> gradients_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
   // The sum of the gradients of ranks [0, folded_) of this step, added in
-  // rank order as they arrive (AddToRankSum): at the last push only the
-  // ranks not yet folded and the update remain.
+  // rank order as they arrive (AddEncodedToRankSum as the next rank's is
+  // read, AddToRankSum for one kept until the ranks before it came): at the
+  // last push only the ranks not yet folded and the update remain.
   std::vector<float> rank_sum_ ABSL_GUARDED_BY(mu_);
+  // rank_sum_ plus the gradient being read of the next rank to fold; it
+  // becomes rank_sum_ only if the push is accepted.
+  std::vector<float> next_sum_ ABSL_GUARDED_BY(mu_);
   int folded_ ABSL_GUARDED_BY(mu_) = 0;
   // Where a retry's gradient is read to be checked (received_[rank] holds
   // the first).

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "gtest/gtest.h"
 #include "server/adam.h"
@@ -514,6 +515,124 @@ TEST(StepCoordinatorTest, DataTooSmallForOneGlobalBatchIsRefusedAtRegister) {
   EXPECT_EQ(c.Status().total_steps, 1000 / (kWorld * 4));
 }
 
+// A kWorld job of `layout` with gradients encoded as `e`, its update on
+// `update_threads` threads, every rank registered.
+std::unique_ptr<StepCoordinator> MakeCoordinator(const ModelLayout& layout,
+                                                 Encoding e,
+                                                 int update_threads) {
+  JobConfig config = SmallJob();
+  config.grad_encoding = e;
+  TrainingState s;
+  s.params = InitParams(layout, 1);
+  auto c = std::make_unique<StepCoordinator>(layout, config, s, update_threads);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(c->Register(r, layout.Fingerprint(), kData).ok());
+  }
+  return c;
+}
+
+// `g` as it travels in encoding `e`.
+std::string Wire(Encoding e, const std::vector<float>& g) {
+  std::string bytes(g.size() * BytesPerValue(e), '\0');
+  Encode(e, g.data(), g.size(), bytes.data());
+  return bytes;
+}
+
+// What dp-ps reads from Wire(e, g).
+std::vector<float> AsRead(Encoding e, const std::vector<float>& g) {
+  std::vector<float> read(g.size());
+  Decode(e, Wire(e, g).data(), g.size(), read.data());
+  return read;
+}
+
+// A gradient whose ranks before it are in is added to the rank sum as it is
+// read; one that comes early is kept and added once they are in. Both give
+// the same bits, in either encoding, with an update pool: in rank order
+// every push after rank 0's takes the first way, in reverse order the
+// second.
+TEST(StepCoordinatorTest, GradientsInRankOrderAndEarlyOnesGiveTheSameBits) {
+  const ModelLayout l = ModelLayout::Mlp({40, 50, 10});  // five blocks
+  for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
+    SCOPED_TRACE(EncodingName(e));
+    auto in_order = MakeCoordinator(l, e, 3);
+    auto reversed = MakeCoordinator(l, e, 3);
+    for (int step = 0; step < 3; ++step) {
+      for (int r = 0; r < kWorld; ++r) {
+        ASSERT_TRUE(
+            in_order->Push(r, step, 0, Wire(e, Gradient(l, r, step)), 1.0f, e)
+                .ok());
+        if (step == 0 && r == 1) {
+          const auto o = in_order->Observe();
+          EXPECT_EQ(o.folded, 2);
+          EXPECT_TRUE(o.gradients[1].empty()) << "rank 1 is in the sum";
+          std::vector<float> sum = AsRead(e, Gradient(l, 0, 0));
+          const std::vector<float> g1 = AsRead(e, Gradient(l, 1, 0));
+          for (size_t i = 0; i < sum.size(); ++i) sum[i] += g1[i];
+          EXPECT_TRUE(SameBytes(o.rank_sum, sum));
+        }
+      }
+      for (int r = kWorld - 1; r >= 0; --r) {
+        ASSERT_TRUE(
+            reversed->Push(r, step, 0, Wire(e, Gradient(l, r, step)), 1.0f, e)
+                .ok());
+      }
+    }
+    EXPECT_EQ(in_order->Snapshot().step, 3);
+    EXPECT_TRUE(SameState(in_order->Snapshot(), reversed->Snapshot()));
+  }
+}
+
+// A bad value anywhere in a gradient that is added as it is read is refused
+// like one in a gradient kept for later: the error names the rank, the step,
+// the value and its index, and the sum and everything else are as before.
+TEST(StepCoordinatorTest, ABadValueInAGradientAddedAsItIsReadChangesNothing) {
+  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              -2 * kMaxAbsGradient};
+  for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE(testing::Message()
+                   << EncodingName(e) << ", " << threads << " threads");
+      const ModelLayout l = threads == 1 ? ModelLayout::Mlp({5, 7, 3})
+                                         : ModelLayout::Mlp({40, 50, 10});
+      auto c = MakeCoordinator(l, e, threads);
+      auto clean = MakeCoordinator(l, e, threads);
+      for (auto* k : {c.get(), clean.get()}) {
+        ASSERT_TRUE(k->Push(0, 0, 0, Wire(e, Gradient(l, 0, 0)), 1.0f, e).ok());
+      }
+      const auto before = c->Observe();
+      for (int64_t at = 0; at < l.num_params(); ++at) {
+        std::vector<float> g = Gradient(l, 1, 0);
+        g[at] = bad_values[at % 4];
+        const std::string wire = Wire(e, g);
+        const auto pushed = c->Push(1, 0, 0, wire, 1.0f, e);
+        ASSERT_EQ(pushed.status().code(), absl::StatusCode::kInvalidArgument)
+            << "at " << at << ": " << pushed.status();
+        const std::string message(pushed.status().message());
+        float read;
+        Decode(e, wire.data() + at * BytesPerValue(e), 1, &read);
+        for (const std::string& part :
+             {std::string("rank 1 "), std::string("step 0 "),
+              absl::StrFormat("(%g, limit", read),
+              absl::StrCat("index ", at)}) {
+          ASSERT_NE(message.find(part), std::string::npos)
+              << "no '" << part << "' in: " << message;
+        }
+        ASSERT_EQ(ObservableDifferences(before, c->Observe()), "")
+            << "at " << at;
+      }
+      for (int r = 1; r < kWorld; ++r) {
+        for (auto* k : {c.get(), clean.get()}) {
+          ASSERT_TRUE(
+              k->Push(r, 0, 0, Wire(e, Gradient(l, r, 0)), 1.0f, e).ok());
+        }
+      }
+      EXPECT_TRUE(SameState(c->Snapshot(), clean->Snapshot()));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dp
 
@@ -606,6 +725,31 @@ TEST(ShardedCoordinatorTest, RangesOutsideTheShardAreRefusedChangingNothing) {
   auto observed = second.Observe();
   observed.last_seen = before.last_seen;  // the accepted pull renewed it
   EXPECT_EQ(ObservableDifferences(before, observed), "");
+}
+
+// Errors name a value by its index in the whole vector, whether the
+// gradient is kept (rank 0) or added to the sum as it is read (rank 1).
+TEST(ShardedCoordinatorTest, ABadValueIsNamedByItsIndexInTheWholeVector) {
+  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
+  auto shards = MakeShards(layout, 2);
+  StepCoordinator& c = *shards[1];
+  const ParamRange range = c.shard().range;
+  for (int rank : {0, 1}) {
+    const std::vector<float> g = Gradient(layout, rank, 0);
+    std::vector<float> mine(g.begin() + range.offset, g.begin() + range.end());
+    mine[5] = std::numeric_limits<float>::quiet_NaN();
+    const auto before = c.Observe();
+    const absl::Status s =
+        c.Push(rank, 0, range.offset, Bytes(mine), 1.0f).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("index ", range.offset + 5)),
+              std::string::npos)
+        << s;
+    EXPECT_EQ(ObservableDifferences(before, c.Observe()), "");
+    ASSERT_TRUE(c.Push(rank, 0, range.offset,
+                       GradientBytes(layout, rank, 0, range), 1.0f)
+                    .ok());
+  }
 }
 
 TEST(ShardedCoordinatorTest, TheVersionBeforeIsServedAfterAnUpdate) {
