@@ -150,7 +150,8 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       restorable_steps_(options.restorable_steps),
       restore_(options.restore),
       on_rewound_(options.on_rewound),
-      on_weights_collected_(options.on_weights_collected) {}
+      on_weights_collected_(options.on_weights_collected),
+      weight_encoding_(coordinator->Status().config.weight_encoding) {}
 
 void PsService::DescribeShard(const CoordinatorStatus& s,
                               dp::v1::ShardInfo* out) const {
@@ -222,31 +223,59 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
   return FinishCall(ctx, absl::OkStatus(), request->rank());
 }
 
-bool PsService::PublishInSharedMemory(
-    const StepCoordinator::PulledWeights& weights, int64_t offset) {
-  // Shared memory holds the whole range of the current version only.
-  if (shared_ == nullptr || offset != coordinator_->shard().range.offset ||
-      weights.bytes.size() != weights.snapshot.size()) {
-    return false;
+absl::StatusOr<int64_t> PsService::PublishInSharedMemory(int rank) {
+  if (weight_encoding_ == Encoding::kF32) {
+    // The params are the encoded weights: the region is written straight
+    // from them, with no snapshot between (a gRPC response still makes one
+    // when it needs it). Under the coordinator's lock, for one copy, as
+    // Pull's encode was; the plane never calls the coordinator, so the two
+    // locks cannot deadlock.
+    return coordinator_->WithCurrentWeights(
+        rank, [this](int64_t step, absl::Span<const float> params) {
+          shared_->Publish(
+              step,
+              absl::string_view(reinterpret_cast<const char*>(params.data()),
+                                params.size() * sizeof(float)));
+        });
   }
+  // Encoded once, into the snapshot that gRPC responses share.
+  ASSIGN_OR_RETURN(
+      const StepCoordinator::PulledWeights weights,
+      coordinator_->Pull(rank, coordinator_->shard().range.offset, 0));
   shared_->Publish(weights.step, weights.snapshot);
-  return true;
+  return weights.step;
+}
+
+absl::StatusOr<grpc::ByteBuffer> PsService::RespondWithWeights(
+    int rank, int64_t offset, int64_t length, std::optional<int64_t> version,
+    bool in_shared_memory) {
+  // Shared memory holds this shard's whole range of the current version
+  // only.
+  const ParamRange range = coordinator_->shard().range;
+  if (in_shared_memory && shared_ != nullptr && !version.has_value() &&
+      offset == range.offset && (length == 0 || length == range.length)) {
+    ASSIGN_OR_RETURN(const int64_t step, PublishInSharedMemory(rank));
+    return SerializeWeights(step, offset, nullptr);
+  }
+  ASSIGN_OR_RETURN(const StepCoordinator::PulledWeights weights,
+                   coordinator_->Pull(rank, offset, length, version));
+  return SerializeWeights(weights.step, offset, &weights);
 }
 
 grpc::ByteBuffer PsService::SerializeWeights(
-    const StepCoordinator::PulledWeights& weights, int64_t offset,
-    bool in_shared_memory) const {
+    int64_t step, int64_t offset,
+    const StepCoordinator::PulledWeights* sent) const {
   dp::v1::PullResponse header;
-  header.set_step(weights.step);
+  header.set_step(step);
   header.set_offset(offset);
   header.set_done(coordinator_->done());
-  header.set_encoding(static_cast<dp::v1::Encoding>(weights.encoding));
-  header.set_params_in_shm(in_shared_memory);
+  header.set_encoding(static_cast<dp::v1::Encoding>(weight_encoding_));
+  header.set_params_in_shm(sent == nullptr);
   grpc::ByteBuffer bytes =
-      in_shared_memory ? SerializeMessage(header)
-                       : SerializeWithTensor(
-                             header, dp::v1::PullResponse::kParamsFieldNumber,
-                             weights.bytes, weights.lease);
+      sent == nullptr ? SerializeMessage(header)
+                      : SerializeWithTensor(
+                            header, dp::v1::PullResponse::kParamsFieldNumber,
+                            sent->bytes, sent->lease);
   metrics_->AddSentBytes(bytes.Length());
   return bytes;
 }
@@ -262,13 +291,11 @@ ServerUnaryReactor* PsService::Pull(CallbackServerContext* ctx,
     return FinishCall(ctx, s);
   std::optional<int64_t> version;
   if (request.has_version()) version = request.version();
-  auto weights = coordinator_->Pull(request.rank(), request.offset(),
-                                    request.length(), version);
+  absl::StatusOr<grpc::ByteBuffer> weights =
+      RespondWithWeights(request.rank(), request.offset(), request.length(),
+                         version, request.weights_in_shm());
   if (!weights.ok()) return FinishCall(ctx, weights.status());
-  // Shared memory holds the current version only.
-  const bool in_shm = request.weights_in_shm() && !version.has_value() &&
-                      PublishInSharedMemory(*weights, request.offset());
-  *response = SerializeWeights(*weights, request.offset(), in_shm);
+  *response = *std::move(weights);
   return FinishCall(ctx, absl::OkStatus(), request.rank());
 }
 
@@ -349,16 +376,15 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
   if (!pushed.ok()) return FinishCall(ctx, pushed.status());
   const int rank = request.rank();
   const bool in_shm = request.weights_in_shm();
-  return AwaitStep(rank, request.step(),
-                   [this, response, rank, in_shm](int64_t) -> absl::Status {
-                     const int64_t offset = coordinator_->shard().range.offset;
-                     auto weights = coordinator_->Pull(rank, offset, 0);
-                     if (!weights.ok()) return weights.status();
-                     *response = SerializeWeights(
-                         *weights, offset,
-                         in_shm && PublishInSharedMemory(*weights, offset));
-                     return absl::OkStatus();
-                   });
+  return AwaitStep(
+      rank, request.step(),
+      [this, response, rank, in_shm](int64_t) -> absl::Status {
+        ASSIGN_OR_RETURN(
+            *response,
+            RespondWithWeights(rank, coordinator_->shard().range.offset, 0,
+                               std::nullopt, in_shm));
+        return absl::OkStatus();
+      });
 }
 
 ServerUnaryReactor* PsService::ReportEval(

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/metrics.h"
@@ -132,16 +133,23 @@ class PsService final : public ParameterServerBase {
   // such): with respond(new step)'s status, which fills the response.
   grpc::ServerUnaryReactor* AwaitStep(
       int rank, int64_t step, std::function<absl::Status(int64_t)> respond);
-  // Publishes `weights` in shared memory when there is a plane and they are
-  // this shard's whole range of the current version; true when they are
-  // there now.
-  bool PublishInSharedMemory(const StepCoordinator::PulledWeights& weights,
-                             int64_t offset);
-  // The PullResponse for `weights`: sharing their memory, or saying they are
-  // in shared memory.
+  // The response to `rank`'s pull of [offset, offset + length) of
+  // `version` (the current one when unset; length 0: to the end of the
+  // range): in shared memory when it asks for that and the region can hold
+  // them - this shard's whole range of the current version -, else in the
+  // message.
+  absl::StatusOr<grpc::ByteBuffer> RespondWithWeights(
+      int rank, int64_t offset, int64_t length, std::optional<int64_t> version,
+      bool in_shared_memory);
+  // Writes this shard's whole range of the current version in shared memory
+  // (once a version: SharedPlane::Publish) and returns the version.
+  absl::StatusOr<int64_t> PublishInSharedMemory(int rank);
+  // The PullResponse for the weights of version `step` at `offset`: saying
+  // they are in shared memory when `sent` is null, else sending sent's bytes
+  // from their memory.
   grpc::ByteBuffer SerializeWeights(
-      const StepCoordinator::PulledWeights& weights, int64_t offset,
-      bool in_shared_memory) const;
+      int64_t step, int64_t offset,
+      const StepCoordinator::PulledWeights* sent) const;
   // Finishes a unary call with `s`; a refusal is counted in
   // dp_ps_rejected_requests_total, an accepted call of `rank` (>= 0) marks
   // the rank active.
@@ -169,6 +177,7 @@ class PsService final : public ParameterServerBase {
   const std::function<absl::StatusOr<TrainingState>(int64_t)> restore_;
   const std::function<void(int64_t)> on_rewound_;
   const std::function<void(int64_t)> on_weights_collected_;
+  const Encoding weight_encoding_;  // the job's, fixed
 };
 
 }  // namespace dp

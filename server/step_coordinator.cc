@@ -163,10 +163,22 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
     // overwritten: Free() skips it (its lease is held).
     published_ = &snapshots_.Free();
     Encode(encoding, state_.params.data(), n_, published_->data());
+    ++snapshots_made_;
   }
   return PulledWeights{
       state_.step, encoding, published_->Lend(), published_->view(),
       absl::string_view(published_->data() + local * width, length * width)};
+}
+
+absl::StatusOr<int64_t> StepCoordinator::WithCurrentWeights(
+    int rank,
+    absl::FunctionRef<void(int64_t step, absl::Span<const float> params)> use) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(RefusalLocked());
+  RETURN_IF_ERROR(CheckRank("Pull", rank));
+  Touch(rank);
+  use(state_.step, state_.params);
+  return state_.step;
 }
 
 absl::Status StepCoordinator::ReadGradientLocked(int rank, int64_t step,
@@ -618,6 +630,7 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.applies = applies_;
   s.apply_time = apply_time_;
   s.wait_time = wait_time_;
+  s.snapshots = snapshots_made_;
   return s;
 }
 

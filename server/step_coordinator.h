@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -60,6 +61,9 @@ struct CoordinatorStatus {
   int64_t applies = 0;
   absl::Duration apply_time;
   std::vector<absl::Duration> wait_time;
+  // How many times Pull encoded the weights into a snapshot: at most once a
+  // version, and never for one that only WithCurrentWeights handed out.
+  int64_t snapshots = 0;
 };
 
 class StepCoordinator {
@@ -103,6 +107,18 @@ class StepCoordinator {
   absl::StatusOr<PulledWeights> Pull(
       int rank, int64_t offset, int64_t length,
       std::optional<int64_t> version = std::nullopt);
+
+  // Calls use(step, params) with this shard's float32 params of the current
+  // version, under the coordinator's lock: they cannot change meanwhile,
+  // and nothing else can happen either, so `use` must be quick and must not
+  // call the coordinator. For copying them somewhere straight from the
+  // params, without Pull's snapshot (shared memory, when the weights travel
+  // as float32). Checks `rank` and renews its lease as Pull does; returns
+  // the version.
+  absl::StatusOr<int64_t> WithCurrentWeights(
+      int rank,
+      absl::FunctionRef<void(int64_t step, absl::Span<const float> params)>
+          use);
 
   struct PushResult {
     int64_t step = 0;        // the job's step after this push
@@ -310,6 +326,7 @@ class StepCoordinator {
   // still referenced by a response in flight is never overwritten.
   LentBuffer* published_ ABSL_GUARDED_BY(mu_) = nullptr;
   LentBufferPool snapshots_ ABSL_GUARDED_BY(mu_);
+  int64_t snapshots_made_ ABSL_GUARDED_BY(mu_) = 0;
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
   int64_t first_applied_step_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time first_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

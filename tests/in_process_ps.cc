@@ -15,6 +15,7 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
   config.schedule.batch_size = 8;
   config.schedule.max_steps = options.max_steps;
   config.dataset = "synthetic";
+  config.weight_encoding = options.weight_encoding;
   TrainingState state;
   state.params = InitParams(ps->layout_, 3);
   ps->coordinator_ =
@@ -27,7 +28,7 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
     ASSIGN_OR_RETURN(
         ps->shared_,
         SharedPlane::Start(options.world_size, ps->layout_.num_params(),
-                           Encoding::kF32, Encoding::kF32));
+                           Encoding::kF32, options.weight_encoding));
   }
   ps->service_ =
       std::make_unique<PsService>(ps->coordinator_.get(), options.metrics,

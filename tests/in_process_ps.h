@@ -25,6 +25,7 @@ struct InProcessPsOptions {
   int world_size = 2;     // a synthetic job with batch 8; SimpleNet at seed 3
   int64_t max_steps = 0;  // 0: three epochs
   bool shared_memory = false;  // offer it to workers that ask
+  Encoding weight_encoding = Encoding::kF32;
   // Records requests and update times here when not null.
   ServerMetrics* metrics = nullptr;
   bool ready = true;  // the readiness the health service starts with

@@ -222,10 +222,11 @@ std::vector<float> Flat(const Weights& w) {
 // A one-worker dp-ps offering shared memory, and a client registered with
 // it over `plane`.
 struct SharedMemoryJob {
-  void Start(DataPlane plane) {
+  void Start(DataPlane plane, Encoding weight_encoding = Encoding::kF32) {
     InProcessPsOptions options;
     options.world_size = 1;
     options.shared_memory = true;
+    options.weight_encoding = weight_encoding;
     auto started = InProcessPs::Start(options);
     ASSERT_TRUE(started.ok()) << started.status();
     ps = *std::move(started);
@@ -338,6 +339,62 @@ TEST(PsServiceSharedMemoryTest, WeightsReadInPlaceAreCheckedBeforeAPush) {
   EXPECT_FALSE(w.in_place);
   EXPECT_EQ(Flat(w), w.params);
   EXPECT_TRUE(grpc.client->CheckInPlaceWeights().ok());
+}
+
+// A job whose workers all take the weights through shared memory: each
+// version is written there straight from the params when they travel as
+// float32, with no snapshot between, and through the one snapshot of the
+// version in bf16; either way the worker reads what gRPC would send.
+TEST(PsServiceSharedMemoryTest, WeightsGoToSharedMemoryWithoutASnapshot) {
+  for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
+    SCOPED_TRACE(EncodingName(e));
+    SharedMemoryJob job;
+    ASSERT_NO_FATAL_FAILURE(job.Start(DataPlane::kShm, e));
+    PsGroup& client = *job.client;
+    ASSERT_TRUE(client.shared_memory());
+    const ModelLayout& layout = job.ps->layout();
+    StepCoordinator& coordinator = job.ps->coordinator();
+    Weights shared;
+    ASSERT_TRUE(client.Pull(0, &shared).ok());
+    const int64_t steps = 3;
+    for (int64_t step = 0; step < steps; ++step) {
+      std::vector<float> g(layout.num_params());
+      for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * std::sin(i + step);
+      absl::Span<char> slot = client.GradientSlot();
+      std::memcpy(slot.data(), g.data(), slot.size());
+      Gradient gradient;
+      gradient.rank = 0;
+      gradient.step = step;
+      gradient.loss = 2.0f;
+      gradient.num_samples = 8;
+      gradient.in_shared_memory = true;
+      int64_t sent_bytes = 0;
+      ASSERT_TRUE(client.PushPull(gradient, &shared, &sent_bytes).ok());
+      EXPECT_EQ(shared.step, step + 1);
+      EXPECT_LT(sent_bytes, 100) << "the weights came over gRPC";
+    }
+    const std::vector<float> params = coordinator.Snapshot().params;
+    std::vector<float> expected(params.size());
+    std::string encoded(params.size() * BytesPerValue(e), '\0');
+    Encode(e, params.data(), params.size(), encoded.data());
+    Decode(e, encoded.data(), params.size(), expected.data());
+    EXPECT_EQ(Flat(shared), expected);
+    EXPECT_EQ(coordinator.Status().snapshots,
+              e == Encoding::kF32 ? 0 : 1 + steps);
+
+    PsClientOptions grpc_options;
+    grpc_options.address = job.ps->address();
+    grpc_options.max_message_bytes = MessageBytesFor(layout.num_params());
+    grpc_options.data_plane = DataPlane::kGrpc;
+    PsGroup over_grpc({grpc_options.address}, grpc_options);
+    Weights sent;
+    ASSERT_TRUE(over_grpc.Pull(0, &sent).ok());
+    EXPECT_EQ(sent.step, steps);
+    EXPECT_EQ(Flat(sent), expected);
+    EXPECT_EQ(coordinator.Status().snapshots,
+              e == Encoding::kF32 ? 1 : 1 + steps)
+        << "a gRPC response made the snapshot it needed, once";
+  }
 }
 
 }  // namespace

@@ -113,6 +113,43 @@ TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
   EXPECT_LE(buffers.size(), 2u);
 }
 
+// WithCurrentWeights hands out the params themselves, with no snapshot;
+// Pull still makes one, once a version, when it is first asked.
+TEST(StepCoordinatorTest, CurrentWeightsAreHandedOutWithoutASnapshot) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  for (int step = 0; step < 2; ++step) {
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(c->Push(r, step, 0, Bytes(Gradient(l, r, step)), 1.0f).ok());
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      std::vector<float> seen;
+      int64_t seen_step = -1;
+      auto step_now = c->WithCurrentWeights(
+          r, [&](int64_t s, absl::Span<const float> params) {
+            seen_step = s;
+            seen.assign(params.begin(), params.end());
+          });
+      ASSERT_TRUE(step_now.ok()) << step_now.status();
+      EXPECT_EQ(*step_now, step + 1);
+      EXPECT_EQ(seen_step, step + 1);
+      EXPECT_TRUE(SameBytes(seen, c->Snapshot().params));
+    }
+  }
+  EXPECT_EQ(c->Status().snapshots, 0);
+  bool called = false;
+  EXPECT_EQ(
+      c->WithCurrentWeights(
+           kWorld, [&](int64_t, absl::Span<const float>) { called = true; })
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(called);
+  ASSERT_TRUE(c->Pull(0, 0, 0).ok());
+  ASSERT_TRUE(c->Pull(1, 0, 0).ok());
+  EXPECT_EQ(c->Status().snapshots, 1);
+}
+
 TEST(StepCoordinatorTest, Bf16WeightsAreTheFloat32WeightsRounded) {
   const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
   TrainingState s;
