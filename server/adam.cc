@@ -148,54 +148,80 @@ void AverageAndUpdate(const Coefficients& c, const float* const* grads,
       c, grads, count, begin, end, params, m, v);
 }
 
-// out[begin, end) = sum + the values of `bytes`, block by block, checking
-// each value as it is read; the first out-of-range one's index (its value in
-// out), or -1. A block's values are also kept in L1 (`read`), so that the
-// position is looked for in what was read - the bytes may have changed since
-// - only when the block's branch-free OR-reduction fired.
-template <Encoding E>
+// The operands of AddEncodedToRankSum.
+struct EncodedSum {
+  const char* bytes;
+  float limit;
+  const float* sum;  // null: the sum starts with the encoded gradient
+  absl::Span<const float* const> kept;
+  float* out;
+};
+
+// out[begin, end) = sum + the values of `bytes` + each kept gradient, block
+// by block, checking each value of `bytes` as it is read; the first
+// out-of-range one's index (its value in out), or -1. A block's values are
+// also kept in L1 (`read`), so that the position is looked for in what was
+// read - the bytes may have changed since - only when the block's
+// branch-free OR-reduction fired. The kept gradients are added while the
+// block of the sum is in L1, so out is written to memory once.
+template <Encoding E, bool kStart>
 __attribute__((always_inline)) inline int64_t AddEncodedRange(
-    const char* __restrict bytes, float limit, const float* __restrict sum,
-    float* __restrict out, int64_t begin, int64_t end) {
+    const EncodedSum& a, int64_t begin, int64_t end) {
+  const char* __restrict bytes = a.bytes;
+  const float limit = a.limit;
   alignas(64) float read[kBlock];
   for (int64_t b = begin; b < end; b += kBlock) {
     const int64_t n = std::min(kBlock, end - b);
+    const float* __restrict sum = kStart ? nullptr : a.sum + b;
+    float* __restrict out = a.out + b;
     uint32_t any = 0;
     for (int64_t i = 0; i < n; ++i) {
       const float g = DecodedValue<E>(bytes, b + i);
       read[i] = g;
-      out[b + i] = sum[b + i] + g;
+      out[i] = kStart ? g : sum[i] + g;
       any |= static_cast<uint32_t>(OutOfRange(g, limit));
     }
-    if (any == 0) continue;
-    for (int64_t i = 0; i < n; ++i) {
-      if (OutOfRange(read[i], limit)) {
-        out[b + i] = read[i];
-        return b + i;
+    if (any != 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (OutOfRange(read[i], limit)) {
+          out[i] = read[i];
+          return b + i;
+        }
       }
+    }
+    for (const float* kept : a.kept) {
+      const float* __restrict x = kept + b;
+      for (int64_t i = 0; i < n; ++i) out[i] += x[i];
     }
   }
   return -1;
 }
 
-// Compiled for AVX2 and for the baseline, as AverageAndUpdate: additions
-// only, the same bits either way.
-__attribute__((target("avx2"))) int64_t AddEncodedRangeAvx2(
-    Encoding e, const char* bytes, float limit, const float* sum, float* out,
-    int64_t begin, int64_t end) {
-  return e == Encoding::kBf16 ? AddEncodedRange<Encoding::kBf16>(
-                                    bytes, limit, sum, out, begin, end)
-                              : AddEncodedRange<Encoding::kF32>(
-                                    bytes, limit, sum, out, begin, end);
+// AddEncodedRange for the encoding and start picked at run time.
+__attribute__((always_inline)) inline int64_t AddEncodedRangeOf(
+    Encoding e, const EncodedSum& a, int64_t begin, int64_t end) {
+  if (e == Encoding::kBf16) {
+    return a.sum == nullptr
+               ? AddEncodedRange<Encoding::kBf16, true>(a, begin, end)
+               : AddEncodedRange<Encoding::kBf16, false>(a, begin, end);
+  }
+  return a.sum == nullptr
+             ? AddEncodedRange<Encoding::kF32, true>(a, begin, end)
+             : AddEncodedRange<Encoding::kF32, false>(a, begin, end);
 }
 
-int64_t AddEncodedRangeBaseline(Encoding e, const char* bytes, float limit,
-                                const float* sum, float* out, int64_t begin,
+// Compiled for AVX2 and for the baseline, as AverageAndUpdate: additions
+// only, the same bits either way.
+__attribute__((target("avx2"))) int64_t AddEncodedRangeAvx2(Encoding e,
+                                                            const EncodedSum& a,
+                                                            int64_t begin,
+                                                            int64_t end) {
+  return AddEncodedRangeOf(e, a, begin, end);
+}
+
+int64_t AddEncodedRangeBaseline(Encoding e, const EncodedSum& a, int64_t begin,
                                 int64_t end) {
-  return e == Encoding::kBf16 ? AddEncodedRange<Encoding::kBf16>(
-                                    bytes, limit, sum, out, begin, end)
-                              : AddEncodedRange<Encoding::kF32>(
-                                    bytes, limit, sum, out, begin, end);
+  return AddEncodedRangeOf(e, a, begin, end);
 }
 
 }  // namespace
@@ -253,15 +279,17 @@ void AddToRankSum(float* sum, const float* grad, int64_t n, WorkerPool* pool) {
 }
 
 int64_t AddEncodedToRankSum(Encoding e, const char* bytes, int64_t n,
-                            float limit, const float* sum, float* out,
+                            float limit, const float* sum,
+                            absl::Span<const float* const> kept, float* out,
                             WorkerPool* pool) {
   static const bool avx2 = __builtin_cpu_supports("avx2");
   const auto add_range = avx2 ? AddEncodedRangeAvx2 : AddEncodedRangeBaseline;
-  if (pool == nullptr) return add_range(e, bytes, limit, sum, out, 0, n);
+  const EncodedSum a{bytes, limit, sum, kept, out};
+  if (pool == nullptr) return add_range(e, a, 0, n);
   // Each share stops at its first bad value; the first of all is the least.
   std::atomic<int64_t> first_bad{n};
   pool->ParallelFor(n, kBlock, [&](int64_t begin, int64_t end) {
-    const int64_t bad = add_range(e, bytes, limit, sum, out, begin, end);
+    const int64_t bad = add_range(e, a, begin, end);
     if (bad < 0) return;
     int64_t least = first_bad.load(std::memory_order_relaxed);
     while (bad < least && !first_bad.compare_exchange_weak(

@@ -37,21 +37,26 @@ void AverageAndAdamStep(const AdamOptions& options, int64_t t,
 
 // The rank sum built as gradients arrive, one rank at a time in rank order:
 // sum[i] += grad[i]. The same additions, in the same order, as
-// AverageAndAdamStep's sum, so the result is bit-identical.
+// AverageAndAdamStep's sum, so the result is bit-identical. dp-ps folds with
+// AddEncodedToRankSum, which makes the same additions.
 void AddToRankSum(float* sum, const float* grad, int64_t n,
                   WorkerPool* pool = nullptr);
-// DecodeChecked (common/tensor_codec.h) and AddToRankSum in one pass, for a
-// gradient that arrives when the ranks before it are in: out[i] = sum[i] +
-// g[i] for the n values g encoded (as `e`) in `bytes`, each read once - the
-// bytes may be a worker's shared-memory slot, rewritten meanwhile - and
-// checked as DecodeChecked does. Returns -1 when every value is finite and
-// within `limit` in magnitude; otherwise the index of the first that is not,
-// and out[index] is then that value as read (the rest of out means nothing).
-// `sum` is never written, so a refused gradient leaves it as it was. The same
-// additions as decoding and then AddToRankSum: bit-identical, with a pool or
-// not.
+// DecodeChecked (common/tensor_codec.h) and AddToRankSum in one pass, for
+// the gradient of the next rank to fold: out[i] = sum[i] + g[i] + kept[0][i]
+// + kept[1][i] + ..., added in that order, for the n values g encoded (as
+// `e`) in `bytes` and the gradients `kept` of the ranks after it that came
+// before it (already checked). No sum (null): the sum starts with g, as for
+// rank 0. Each value of `bytes` is read once - they may be a worker's
+// shared-memory slot, rewritten meanwhile - and checked as DecodeChecked
+// does. Returns -1 when every value is finite and within `limit` in
+// magnitude; otherwise the index of the first that is not, and out[index] is
+// then that value as read (the rest of out means nothing). `sum` and `kept`
+// are never written, so a refused gradient leaves them as they were. The
+// same additions as decoding and then AddToRankSum of g and of each kept
+// gradient in turn: bit-identical, with a pool or not.
 int64_t AddEncodedToRankSum(Encoding e, const char* bytes, int64_t n,
-                            float limit, const float* sum, float* out,
+                            float limit, const float* sum,
+                            absl::Span<const float* const> kept, float* out,
                             WorkerPool* pool = nullptr);
 // AverageAndAdamStep on the rank sum of `ranks` gradients (AddToRankSum):
 // the same bits as AverageAndAdamStep on the gradients themselves.

@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -198,21 +199,29 @@ absl::Status StepCoordinator::ReadGradientLocked(int rank, int64_t step,
   // is made on that copy. Where the copy goes leaves an accepted push
   // nothing more to read and a refused one no trace:
   // - a retry (received_[rank]): to scratch, only to be checked;
-  // - the next rank to fold: added to the sum as it is read, into the spare
-  //   sum, which becomes the sum when the push is accepted (rank 0's
-  //   gradient is the sum);
+  // - the next rank to fold: added as it is read to the sum (rank 0's
+  //   gradient starts it), with the gradients of the ranks after it that
+  //   came early, into the spare sum, which becomes the sum when the push
+  //   is accepted;
   // - a rank that comes before the ones it follows: to its buffer, added
-  //   once they are in (FoldArrivedLocked).
+  //   with the one it waits for.
   const bool next = IsNextToFoldLocked(rank);  // false for a retry
   if (received_[rank]) retry_scratch_.resize(n_);
   float* const copy = received_[rank] ? retry_scratch_.data()
                       : next          ? next_sum_.data()
                                       : gradients_[rank].data();
-  const int64_t bad =
-      next && rank > 0
-          ? AddEncodedToRankSum(encoding, gradient.data(), n_, kMaxAbsGradient,
-                                rank_sum_.data(), copy, &pool_)
-          : DecodeChecked(encoding, gradient.data(), n_, kMaxAbsGradient, copy);
+  int64_t bad;
+  if (next) {
+    absl::InlinedVector<const float*, 8> kept;
+    for (size_t r = rank + 1; r < received_.size() && received_[r]; ++r) {
+      kept.push_back(gradients_[r].data());
+    }
+    bad = AddEncodedToRankSum(encoding, gradient.data(), n_, kMaxAbsGradient,
+                              rank == 0 ? nullptr : rank_sum_.data(), kept,
+                              copy, &pool_);
+  } else {
+    bad = DecodeChecked(encoding, gradient.data(), n_, kMaxAbsGradient, copy);
+  }
   if (bad >= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "gradient from rank %d for step %d has a non-finite or out-of-range "
@@ -251,28 +260,22 @@ absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank,
   return false;
 }
 
-void StepCoordinator::FoldArrivedLocked() {
-  const int world = static_cast<int>(received_.size());
-  while (folded_ < world && received_[folded_]) {
-    AddToRankSum(rank_sum_.data(), gradients_[folded_].data(), n_, &pool_);
-    ++folded_;
-  }
-}
-
 StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(int rank,
                                                              float loss) {
   AfterPush after;
   Touch(rank);
+  const int world = static_cast<int>(received_.size());
   if (IsNextToFoldLocked(rank)) {
-    // ReadGradientLocked added it to the sum already.
+    // ReadGradientLocked made the sum with it and the ranks after it that
+    // were in.
     std::swap(rank_sum_, next_sum_);
-    ++folded_;
+    folded_ = rank + 1;
+    while (folded_ < world && received_[folded_]) ++folded_;
   }
   received_[rank] = true;
   losses_[rank] = loss;
   arrival_[rank] = absl::Now();
-  FoldArrivedLocked();
-  if (folded_ == static_cast<int>(received_.size())) {
+  if (folded_ == world) {
     after.to_notify = ApplyLocked();
     if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
       after.checkpoint_hook = checkpoint_hook_;

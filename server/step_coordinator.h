@@ -258,7 +258,8 @@ class StepCoordinator {
                                   absl::string_view gradient, Encoding encoding)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `rank` has not pushed this step and every rank before it has: its
-  // gradient can be added to the sum as it is read.
+  // gradient is added to the sum as it is read, with the kept gradients of
+  // the ranks after it that are in.
   bool IsNextToFoldLocked(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // True for a retry of a push already received or applied; an error for a
   // push the step refuses (not registered, stale, future, after the end).
@@ -270,13 +271,9 @@ class StepCoordinator {
     std::function<void(TrainingState)> checkpoint_hook;
     TrainingState checkpoint;
   };
-  // Adds the gradients that came before the ranks they follow to the rank
-  // sum: ranks [folded_, r) once all of them have arrived. A rank waits for
-  // the ranks before it, not for the last.
-  void FoldArrivedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts the push in (the sum ReadGradientLocked made becomes the sum when
-  // the rank was next to fold) and folds what it can; the last of the N
-  // applies the update.
+  // Counts the push in (when the rank was next to fold, the sum
+  // ReadGradientLocked made becomes the sum); the last of the N applies the
+  // update.
   AfterPush AcceptPushLocked(int rank, float loss)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error every request gets once the job failed or is shutting down.
@@ -305,16 +302,19 @@ class StepCoordinator {
   DataFingerprint data_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);
   // Gradients of the current step that came before the ranks they follow,
-  // one preallocated buffer per rank (rank 0 never does: none).
+  // kept until the next rank to fold adds them: one preallocated buffer per
+  // rank (rank 0 never comes early: none).
   std::vector<std::vector<float>> gradients_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
   // The sum of the gradients of ranks [0, folded_) of this step, added in
   // rank order as they arrive (AddEncodedToRankSum as the next rank's is
-  // read, AddToRankSum for one kept until the ranks before it came): at the
-  // last push only the ranks not yet folded and the update remain.
+  // read, with those of the ranks after it that came before it): a rank
+  // waits for the ranks before it, not for the last, and at the last push
+  // only its own gradient and the update remain.
   std::vector<float> rank_sum_ ABSL_GUARDED_BY(mu_);
-  // rank_sum_ plus the gradient being read of the next rank to fold; it
-  // becomes rank_sum_ only if the push is accepted.
+  // rank_sum_ plus the gradient being read of the next rank to fold (and
+  // the kept ones after it); it becomes rank_sum_ only if the push is
+  // accepted.
   std::vector<float> next_sum_ ABSL_GUARDED_BY(mu_);
   int folded_ ABSL_GUARDED_BY(mu_) = 0;
   // Where a retry's gradient is read to be checked (received_[rank] holds

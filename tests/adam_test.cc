@@ -355,32 +355,50 @@ std::string Encoded(Encoding e, const std::vector<float>& x) {
   return bytes;
 }
 
-// dp-ps adds a gradient that arrives in rank order to the rank sum as it
-// reads it from the wire bytes: the sum must be the bits of decoding it and
-// then AddToRankSum, for both encodings, any pool and lengths that end
-// within a block; the sum it was given stays as it was.
+// dp-ps adds the gradient of the next rank to fold to the rank sum as it
+// reads it from the wire bytes, with the gradients of the ranks after it
+// that came early: the sum must be the bits of decoding it and then
+// AddToRankSum of each in rank order - with no sum (rank 0) or one, none to
+// four kept gradients, both encodings, any pool and lengths that end within
+// a block; what it is given stays as it was.
 TEST(AdamTest, AddingAnEncodedGradientGivesTheBitsOfDecodingThenAdding) {
   WorkerPool pool3(3), pool4(4);
   for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
     for (int64_t n : {int64_t{235146}, int64_t{1500}, int64_t{7}}) {
       const std::vector<float> sum = RandomFloats(n, 11);
       const std::string bytes = Encoded(e, RandomFloats(n, 12));
+      std::vector<std::vector<float>> kept;
+      for (uint32_t k = 0; k < 4; ++k) kept.push_back(RandomFloats(n, 13 + k));
       std::vector<float> g(n);
       ASSERT_EQ(DecodeChecked(e, bytes.data(), n, 1e15f, g.data()), -1);
-      std::vector<float> expected = sum;
-      AddToRankSum(expected.data(), g.data(), n);
-      for (WorkerPool* pool :
-           {static_cast<WorkerPool*>(nullptr), &pool3, &pool4}) {
-        SCOPED_TRACE(testing::Message()
-                     << EncodingName(e) << " n " << n << " threads "
-                     << (pool ? pool->threads() : 0));
-        std::vector<float> out(n, -1.0f);
-        const std::vector<float> given = sum;
-        EXPECT_EQ(AddEncodedToRankSum(e, bytes.data(), n, 1e15f, given.data(),
-                                      out.data(), pool),
-                  -1);
-        EXPECT_TRUE(BitwiseEqual(out, expected));
-        EXPECT_TRUE(BitwiseEqual(given, sum));
+      for (bool with_sum : {false, true}) {
+        for (size_t count : {0, 1, 4}) {
+          std::vector<float> expected = g;
+          if (with_sum) {
+            expected = sum;
+            AddToRankSum(expected.data(), g.data(), n);
+          }
+          std::vector<const float*> kept_now;
+          for (size_t k = 0; k < count; ++k) {
+            AddToRankSum(expected.data(), kept[k].data(), n);
+            kept_now.push_back(kept[k].data());
+          }
+          for (WorkerPool* pool :
+               {static_cast<WorkerPool*>(nullptr), &pool3, &pool4}) {
+            SCOPED_TRACE(testing::Message()
+                         << EncodingName(e) << " n " << n
+                         << (with_sum ? " sum" : " no sum") << " kept " << count
+                         << " threads " << (pool ? pool->threads() : 0));
+            std::vector<float> out(n, -1.0f);
+            const std::vector<float> given = sum;
+            EXPECT_EQ(AddEncodedToRankSum(e, bytes.data(), n, 1e15f,
+                                          with_sum ? given.data() : nullptr,
+                                          kept_now, out.data(), pool),
+                      -1);
+            EXPECT_TRUE(BitwiseEqual(out, expected));
+            EXPECT_TRUE(BitwiseEqual(given, sum));
+          }
+        }
       }
     }
   }
@@ -398,6 +416,8 @@ TEST(AdamTest, AnEncodedGradientsFirstBadValueIsFoundWhereverItIs) {
                               -2 * limit};
   WorkerPool pool(3);
   const std::vector<float> sum = RandomFloats(n, 21);
+  const std::vector<float> kept = RandomFloats(n, 24);
+  const float* const one_kept[] = {kept.data()};
   for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
     for (WorkerPool* with : {static_cast<WorkerPool*>(nullptr), &pool}) {
       for (float bad : bad_values) {
@@ -408,8 +428,13 @@ TEST(AdamTest, AnEncodedGradientsFirstBadValueIsFoundWhereverItIs) {
           if (at + 600 < n) g[at + 600] = std::numeric_limits<float>::max();
           const std::string bytes = Encoded(e, g);
           std::vector<float> out(n);
+          // Rank 0 with a rank kept, or a later rank with none.
+          const bool first = at % 2 == 0;
           const int64_t found = AddEncodedToRankSum(
-              e, bytes.data(), n, limit, sum.data(), out.data(), with);
+              e, bytes.data(), n, limit, first ? nullptr : sum.data(),
+              first ? absl::Span<const float* const>(one_kept)
+                    : absl::Span<const float* const>(),
+              out.data(), with);
           ASSERT_EQ(found, at) << EncodingName(e) << " " << bad << " at " << at
                                << (with ? " with a pool" : "");
           // As it was read: in bf16, rounded.
@@ -430,7 +455,7 @@ TEST(AdamTest, AnEncodedGradientsFirstBadValueIsFoundWhereverItIs) {
   std::vector<float> out(n);
   EXPECT_EQ(
       AddEncodedToRankSum(Encoding::kF32, Encoded(Encoding::kF32, g).data(), n,
-                          limit, sum.data(), out.data(), &pool),
+                          limit, sum.data(), {}, out.data(), &pool),
       -1)
       << "the limit itself is accepted";
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -582,46 +583,69 @@ std::vector<float> AsRead(Encoding e, const std::vector<float>& g) {
   return read;
 }
 
-// A gradient whose ranks before it are in is added to the rank sum as it is
-// read; one that comes early is kept and added once they are in. Both give
-// the same bits, in either encoding, with an update pool: in rank order
-// every push after rank 0's takes the first way, in reverse order the
-// second.
-TEST(StepCoordinatorTest, GradientsInRankOrderAndEarlyOnesGiveTheSameBits) {
+// The gradient of the next rank to fold is added to the rank sum as it is
+// read, with those of the ranks after it that came early (kept until
+// then): every arrival order gives the bits of the rank-ordered sum, in
+// either encoding, with an update pool.
+TEST(StepCoordinatorTest, EveryArrivalOrderGivesTheBitsOfTheRankOrderedSum) {
   const ModelLayout l = ModelLayout::Mlp({40, 50, 10});  // five blocks
   for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
     SCOPED_TRACE(EncodingName(e));
-    auto in_order = MakeCoordinator(l, e, 3);
-    auto reversed = MakeCoordinator(l, e, 3);
-    for (int step = 0; step < 3; ++step) {
-      for (int r = 0; r < kWorld; ++r) {
-        ASSERT_TRUE(
-            in_order->Push(r, step, 0, Wire(e, Gradient(l, r, step)), 1.0f, e)
-                .ok());
-        if (step == 0 && r == 1) {
-          const auto o = in_order->Observe();
-          EXPECT_EQ(o.folded, 2);
-          EXPECT_TRUE(o.gradients[1].empty()) << "rank 1 is in the sum";
-          std::vector<float> sum = AsRead(e, Gradient(l, 0, 0));
-          const std::vector<float> g1 = AsRead(e, Gradient(l, 1, 0));
-          for (size_t i = 0; i < sum.size(); ++i) sum[i] += g1[i];
-          EXPECT_TRUE(SameBytes(o.rank_sum, sum));
+    std::vector<int> order = {0, 1, 2};
+    std::optional<TrainingState> in_rank_order;
+    do {
+      auto c = MakeCoordinator(l, e, 3);
+      for (int step = 0; step < 3; ++step) {
+        for (int r : order) {
+          ASSERT_TRUE(
+              c->Push(r, step, 0, Wire(e, Gradient(l, r, step)), 1.0f, e).ok());
         }
       }
-      for (int r = kWorld - 1; r >= 0; --r) {
-        ASSERT_TRUE(
-            reversed->Push(r, step, 0, Wire(e, Gradient(l, r, step)), 1.0f, e)
-                .ok());
+      EXPECT_EQ(c->Snapshot().step, 3);
+      if (!in_rank_order.has_value()) {
+        in_rank_order = c->Snapshot();
+      } else {
+        EXPECT_TRUE(SameState(*in_rank_order, c->Snapshot()))
+            << order[0] << order[1] << order[2];
       }
-    }
-    EXPECT_EQ(in_order->Snapshot().step, 3);
-    EXPECT_TRUE(SameState(in_order->Snapshot(), reversed->Snapshot()));
+    } while (std::next_permutation(order.begin(), order.end()));
   }
 }
 
-// A bad value anywhere in a gradient that is added as it is read is refused
-// like one in a gradient kept for later: the error names the rank, the step,
-// the value and its index, and the sum and everything else are as before.
+// What Observe() shows as the ranks come: a rank that came early keeps its
+// gradient; the next rank to fold adds its own and those kept to the sum.
+TEST(StepCoordinatorTest, KeptGradientsAreFoldedWithTheRankTheyWaitFor) {
+  const ModelLayout l = ModelLayout::Mlp({40, 50, 10});
+  const Encoding e = Encoding::kBf16;
+  auto c = MakeCoordinator(l, e, 3);
+  std::vector<std::vector<float>> read;
+  for (int r = 0; r < kWorld; ++r) read.push_back(AsRead(e, Gradient(l, r, 0)));
+  ASSERT_TRUE(c->Push(2, 0, 0, Wire(e, Gradient(l, 2, 0)), 1.0f, e).ok());
+  auto o = c->Observe();
+  EXPECT_EQ(o.folded, 0);
+  EXPECT_TRUE(SameBytes(o.gradients[2], read[2]));
+  ASSERT_TRUE(c->Push(0, 0, 0, Wire(e, Gradient(l, 0, 0)), 1.0f, e).ok());
+  o = c->Observe();
+  EXPECT_EQ(o.folded, 1) << "rank 2 waits for rank 1";
+  EXPECT_TRUE(SameBytes(o.rank_sum, read[0]));
+  EXPECT_TRUE(SameBytes(o.gradients[2], read[2]));
+  // Rank 1 folds itself and rank 2, and the step is applied: the same
+  // state as the sum made one rank at a time.
+  auto reference = MakeCoordinator(l, e, 1);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(
+        reference->Push(r, 0, 0, Wire(e, Gradient(l, r, 0)), 1.0f, e).ok());
+  }
+  ASSERT_TRUE(c->Push(1, 0, 0, Wire(e, Gradient(l, 1, 0)), 1.0f, e).ok());
+  EXPECT_EQ(c->Observe().folded, 0) << "the step is applied: a new sum";
+  EXPECT_TRUE(SameState(c->Snapshot(), reference->Snapshot()));
+}
+
+// A bad value anywhere in the gradient of the next rank to fold - rank 0
+// or a later one, with a kept gradient after it - is refused like one in a
+// gradient that is kept: the error names the rank, the step, the value and
+// its index, and the sum, the kept gradients and everything else are as
+// before.
 TEST(StepCoordinatorTest, ABadValueInAGradientAddedAsItIsReadChangesNothing) {
   const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
                               std::numeric_limits<float>::infinity(),
@@ -629,43 +653,49 @@ TEST(StepCoordinatorTest, ABadValueInAGradientAddedAsItIsReadChangesNothing) {
                               -2 * kMaxAbsGradient};
   for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
     for (int threads : {1, 3}) {
-      SCOPED_TRACE(testing::Message()
-                   << EncodingName(e) << ", " << threads << " threads");
-      const ModelLayout l = threads == 1 ? ModelLayout::Mlp({5, 7, 3})
-                                         : ModelLayout::Mlp({40, 50, 10});
-      auto c = MakeCoordinator(l, e, threads);
-      auto clean = MakeCoordinator(l, e, threads);
-      for (auto* k : {c.get(), clean.get()}) {
-        ASSERT_TRUE(k->Push(0, 0, 0, Wire(e, Gradient(l, 0, 0)), 1.0f, e).ok());
-      }
-      const auto before = c->Observe();
-      for (int64_t at = 0; at < l.num_params(); ++at) {
-        std::vector<float> g = Gradient(l, 1, 0);
-        g[at] = bad_values[at % 4];
-        const std::string wire = Wire(e, g);
-        const auto pushed = c->Push(1, 0, 0, wire, 1.0f, e);
-        ASSERT_EQ(pushed.status().code(), absl::StatusCode::kInvalidArgument)
-            << "at " << at << ": " << pushed.status();
-        const std::string message(pushed.status().message());
-        float read;
-        Decode(e, wire.data() + at * BytesPerValue(e), 1, &read);
-        for (const std::string& part :
-             {std::string("rank 1 "), std::string("step 0 "),
-              absl::StrFormat("(%g, limit", read),
-              absl::StrCat("index ", at)}) {
-          ASSERT_NE(message.find(part), std::string::npos)
-              << "no '" << part << "' in: " << message;
+      for (int bad_rank : {0, 1}) {
+        SCOPED_TRACE(testing::Message() << EncodingName(e) << ", " << threads
+                                        << " threads, rank " << bad_rank);
+        const ModelLayout l = threads == 1 ? ModelLayout::Mlp({5, 7, 3})
+                                           : ModelLayout::Mlp({40, 50, 10});
+        auto c = MakeCoordinator(l, e, threads);
+        auto clean = MakeCoordinator(l, e, threads);
+        // Rank 2 came early: its gradient is kept.
+        for (int r : {bad_rank == 0 ? 1 : 0, 2}) {
+          for (auto* k : {c.get(), clean.get()}) {
+            ASSERT_TRUE(
+                k->Push(r, 0, 0, Wire(e, Gradient(l, r, 0)), 1.0f, e).ok());
+          }
         }
-        ASSERT_EQ(ObservableDifferences(before, c->Observe()), "")
-            << "at " << at;
-      }
-      for (int r = 1; r < kWorld; ++r) {
+        const auto before = c->Observe();
+        for (int64_t at = 0; at < l.num_params(); ++at) {
+          std::vector<float> g = Gradient(l, bad_rank, 0);
+          g[at] = bad_values[at % 4];
+          const std::string wire = Wire(e, g);
+          const auto pushed = c->Push(bad_rank, 0, 0, wire, 1.0f, e);
+          ASSERT_EQ(pushed.status().code(), absl::StatusCode::kInvalidArgument)
+              << "at " << at << ": " << pushed.status();
+          const std::string message(pushed.status().message());
+          float read;
+          Decode(e, wire.data() + at * BytesPerValue(e), 1, &read);
+          for (const std::string& part :
+               {absl::StrCat("rank ", bad_rank, " "), std::string("step 0 "),
+                absl::StrFormat("(%g, limit", read),
+                absl::StrCat("index ", at)}) {
+            ASSERT_NE(message.find(part), std::string::npos)
+                << "no '" << part << "' in: " << message;
+          }
+          ASSERT_EQ(ObservableDifferences(before, c->Observe()), "")
+              << "at " << at;
+        }
         for (auto* k : {c.get(), clean.get()}) {
-          ASSERT_TRUE(
-              k->Push(r, 0, 0, Wire(e, Gradient(l, r, 0)), 1.0f, e).ok());
+          ASSERT_TRUE(k->Push(bad_rank, 0, 0, Wire(e, Gradient(l, bad_rank, 0)),
+                              1.0f, e)
+                          .ok());
         }
+        EXPECT_EQ(c->Snapshot().step, 1);
+        EXPECT_TRUE(SameState(c->Snapshot(), clean->Snapshot()));
       }
-      EXPECT_TRUE(SameState(c->Snapshot(), clean->Snapshot()));
     }
   }
 }
