@@ -206,7 +206,7 @@ size_t WeightsRegionBytes(int64_t num_values, Encoding encoding) {
 }
 
 void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
-                    absl::string_view encoded) {
+                    absl::Span<const float> values) {
   WeightsHeader* h = HeaderOf(*region, step);
   const uint64_t seq = h->seq.load(std::memory_order_relaxed);
   h->seq.store(seq + 1, std::memory_order_relaxed);  // odd: being written
@@ -214,10 +214,9 @@ void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
   std::atomic_thread_fence(std::memory_order_release);
   h->step = step;
   h->encoding = static_cast<uint32_t>(encoding);
-  h->num_values =
-      static_cast<int64_t>(encoded.size() / BytesPerValue(encoding));
-  std::memcpy(BufferOf(*region, step) + kWeightsHeaderBytes, encoded.data(),
-              encoded.size());
+  h->num_values = static_cast<int64_t>(values.size());
+  Encode(encoding, values.data(), static_cast<int64_t>(values.size()),
+         BufferOf(*region, step) + kWeightsHeaderBytes);
   h->seq.store(seq + 2, std::memory_order_release);
 }
 

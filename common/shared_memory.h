@@ -81,10 +81,10 @@ class SharedRegion {
 // it in place; the sequence counter tells it when something did (a second
 // process of its rank pushing for it, a shard rolled back).
 size_t WeightsRegionBytes(int64_t num_values, Encoding encoding);
-// dp-ps: writes version `step` (the encoded bytes of every value) into its
-// buffer.
+// dp-ps: writes version `step` of every value, encoded as it is written,
+// into its buffer: one pass from dp-ps's parameters, in any encoding.
 void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
-                    absl::string_view encoded);
+                    absl::Span<const float> values);
 
 // A version of the weights where it lies in the region.
 struct SharedWeights {

@@ -224,26 +224,15 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
 }
 
 absl::StatusOr<int64_t> PsService::PublishInSharedMemory(int rank) {
-  if (weight_encoding_ == Encoding::kF32) {
-    // The params are the encoded weights: the region is written straight
-    // from them, with no snapshot between (a gRPC response still makes one
-    // when it needs it). Under the coordinator's lock, for one copy, as
-    // Pull's encode was; the plane never calls the coordinator, so the two
-    // locks cannot deadlock.
-    return coordinator_->WithCurrentWeights(
-        rank, [this](int64_t step, absl::Span<const float> params) {
-          shared_->Publish(
-              step,
-              absl::string_view(reinterpret_cast<const char*>(params.data()),
-                                params.size() * sizeof(float)));
-        });
-  }
-  // Encoded once, into the snapshot that gRPC responses share.
-  ASSIGN_OR_RETURN(
-      const StepCoordinator::PulledWeights weights,
-      coordinator_->Pull(rank, coordinator_->shard().range.offset, 0));
-  shared_->Publish(weights.step, weights.snapshot);
-  return weights.step;
+  // The region is written straight from the params, encoded on the way,
+  // with no snapshot between (a gRPC response still makes one when it
+  // needs it). Under the coordinator's lock, for one pass, as Pull's
+  // encode was; the plane never calls the coordinator, so the two locks
+  // cannot deadlock.
+  return coordinator_->WithCurrentWeights(
+      rank, [this](int64_t step, absl::Span<const float> params) {
+        shared_->Publish(step, params);
+      });
 }
 
 absl::StatusOr<grpc::ByteBuffer> PsService::RespondWithWeights(

@@ -87,10 +87,10 @@ absl::StatusOr<std::shared_ptr<const SharedRegion>> SharedPlane::Slot(
   return slots_[rank].region;
 }
 
-void SharedPlane::Publish(int64_t step, absl::string_view encoded) {
+void SharedPlane::Publish(int64_t step, absl::Span<const float> params) {
   absl::MutexLock lock(&mu_);
   if (step == published_step_) return;
-  PublishWeights(weights_.get(), step, weight_encoding_, encoded);
+  PublishWeights(weights_.get(), step, weight_encoding_, params);
   published_step_ = step;
 }
 

@@ -43,9 +43,10 @@ class SharedPlane {
   // never took the offer, or a newer process of the rank registered since).
   absl::StatusOr<std::shared_ptr<const SharedRegion>> Slot(
       int rank, uint64_t slot_id) const;
-  // Writes the weights of version `step` (encoded, every value) unless that
-  // version is there already.
-  void Publish(int64_t step, absl::string_view encoded);
+  // Writes the weights of version `step` (every value, encoded in the
+  // job's weight encoding as they are written) unless that version is
+  // there already.
+  void Publish(int64_t step, absl::Span<const float> params);
 
  private:
   struct GradientSlot {

@@ -248,11 +248,9 @@ TEST(SharedMemoryTest, ATicketHandsTheDescriptorsOverOnceAndOnlyOnce) {
   EXPECT_EQ(nowhere.status().code(), absl::StatusCode::kUnavailable);
 }
 
-// The values of a float32 publish of `n` copies of `value`.
-std::string Filled(int64_t n, float value) {
-  std::vector<float> values(n, value);
-  return std::string(reinterpret_cast<const char*>(values.data()),
-                     n * sizeof(float));
+// `n` copies of `value`, to publish.
+std::vector<float> Filled(int64_t n, float value) {
+  return std::vector<float>(n, value);
 }
 
 // Whether the `n` float32 values at `values` all equal `value`.
@@ -357,10 +355,13 @@ TEST(SharedMemoryTest, AWeightsBufferThatHoldsSomethingElseIsDataLoss) {
   auto bf16 =
       SharedRegion::Create("weights", WeightsRegionBytes(n, Encoding::kBf16));
   ASSERT_TRUE(bf16.ok());
-  std::vector<uint16_t> ones(n, 0x3f80);  // 1.0 in bf16
-  PublishWeights(bf16->get(), 3, Encoding::kBf16,
-                 absl::string_view(reinterpret_cast<char*>(ones.data()),
-                                   n * sizeof(uint16_t)));
+  PublishWeights(bf16->get(), 3, Encoding::kBf16, Filled(n, 1.0f));
+  // Encoded as written: the buffer holds 1.0 in bf16.
+  auto found = FindWeights(**bf16, 3, n);
+  ASSERT_TRUE(found.ok()) << found.status();
+  uint16_t first;
+  std::memcpy(&first, found->values, sizeof(first));
+  EXPECT_EQ(first, 0x3f80);
   std::vector<float> out(n);
   ASSERT_TRUE(ReadWeights(**bf16, 3, absl::MakeSpan(out)).ok());
   EXPECT_TRUE(AllAre(reinterpret_cast<const char*>(out.data()), n, 1.0f));
@@ -375,9 +376,7 @@ TEST(SharedMemoryTest, ReadersSeeWholeVersionsWhileTheWriterPublishes) {
   std::vector<float> values(n);
   auto publish = [&](int64_t v) {
     std::fill(values.begin(), values.end(), static_cast<float>(v));
-    PublishWeights(region->get(), v, Encoding::kF32,
-                   absl::string_view(reinterpret_cast<char*>(values.data()),
-                                     n * sizeof(float)));
+    PublishWeights(region->get(), v, Encoding::kF32, values);
   };
   publish(0);
   // The writer publishes until the reader has made kOverlapping reads of a
@@ -429,10 +428,8 @@ TEST(SharedMemoryTest, AReadThatMeetsAPublishWaitsForIt) {
   auto region =
       SharedRegion::Create("weights", WeightsRegionBytes(n, Encoding::kF32));
   ASSERT_TRUE(region.ok());
-  std::vector<float> values(n, 1.0f);
-  const absl::string_view bytes(reinterpret_cast<char*>(values.data()),
-                                n * sizeof(float));
-  PublishWeights(region->get(), 1, Encoding::kF32, bytes);
+  const std::vector<float> values(n, 1.0f);
+  PublishWeights(region->get(), 1, Encoding::kF32, values);
   std::vector<float> out(n);
   int met = 0;
   for (int round = 0; round < 5; ++round) {
@@ -441,7 +438,7 @@ TEST(SharedMemoryTest, AReadThatMeetsAPublishWaitsForIt) {
     std::atomic<bool> writing{false};
     std::thread writer([&] {
       writing.store(true);
-      PublishWeights(region->get(), version, Encoding::kF32, bytes);
+      PublishWeights(region->get(), version, Encoding::kF32, values);
     });
     while (!writing.load()) {
     }
