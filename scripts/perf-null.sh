@@ -27,15 +27,16 @@ planes="shm grpc"
 ratio() { calc "%.2fx" "a / b" "$1" "$2"; }  # a / b as "1.23x"
 
 # One job; appends to $work/$plane-$n one line: step_ms compute_ms
-# exchange_ms update_ms wait_ms (step: dp-ps's wall time per step from its
-# first update to its last; the rest per step: rank 0's compute and exchange,
-# dp-ps's update and rank 0's push to published update).
+# exchange_ms update_ms wait_ms read_ms shm_ms (step: dp-ps's wall time per
+# step from its first update to its last; the rest per step: rank 0's
+# compute and exchange, dp-ps's update, rank 0's push to published update,
+# dp-ps's reading of the pushes and its write into shared memory).
 job() {
   local plane=$1 n=$2 dir ps w rate v values=()
   if ! dir=$(launch_run "null $plane N=$n" --workers "$n" --backend null \
                --worker_flag=--data_plane="$plane" --dataset=synthetic \
                --batch_size=1 --epochs=100000 --max_steps="$steps"); then
-    echo "- - - - -" >>"$work/$plane-$n"
+    echo "- - - - - - -" >>"$work/$plane-$n"
     return
   fi
   ps=$(cat "$dir/dp-ps.log")
@@ -49,7 +50,9 @@ job() {
     "$(field 's/.*, \([0-9.]*\) ms compute.*/\1/p' "$w")" \
     "$(field 's/.* + \([0-9.]*\) ms exchange.*/\1/p' "$w")" \
     "$(field 's/.*per step: update \([0-9.]*\) ms.*/\1/p' "$ps")" \
-    "$(field 's/.*rank 0 \([0-9.]*\) ms.*/\1/p' "$ps")"; do
+    "$(field 's/.*rank 0 \([0-9.]*\) ms.*/\1/p' "$ps")" \
+    "$(field 's/.*reading pushes \([0-9.]*\) ms.*/\1/p' "$ps")" \
+    "$(field 's/.*into shared memory \([0-9.]*\) ms.*/\1/p' "$ps")"; do
     values+=("${v:--}")
   done
   echo "${values[*]}" >>"$work/$plane-$n"
@@ -71,7 +74,7 @@ declare -A med  # med[plane-n,column]
 for n in $sizes; do
   med[floor-$n]=$(awk -v n="$n" '$1 == n {print $2}' "$work/floor" | median)
   for plane in $planes; do
-    for c in 1 2 3 4 5; do
+    for c in 1 2 3 4 5 6 7; do
       med[$plane-$n,$c]=$(awk -v c="$c" '{print $c}' "$work/$plane-$n" | median)
     done
   done
@@ -94,13 +97,17 @@ echo "  update to last. update: dp-ps's update per step in the job. /floor: step
 echo
 echo "rank 0's step in parts (medians, ms per step): compute (batch gather + the null"
 echo "  backend's fill of the gradient), exchange (push, barrier, new weights), and on"
-echo "  dp-ps the wait from rank 0's push to the published update (update included)"
-row2() { printf "%-3s | %8s %8s %8s | %8s %8s %8s\n" "$@"; }
-row2 "" "shm" "" "" "gRPC" "" ""
-row2 N compute exchange wait compute exchange wait
+echo "  dp-ps the wait from rank 0's push to the published update (update included),"
+echo "  the reading of every rank's push (checked and summed as read) and the write of"
+echo "  the new weights into shared memory; what exchange has beyond wait + shm is the"
+echo "  control call (gRPC, its threads, the kernel's wake-ups)"
+row2() { printf "%-3s | %8s %8s %8s %8s %8s | %8s %8s %8s %8s\n" "$@"; }
+row2 "" "shm" "" "" "" "" "gRPC" "" "" ""
+row2 N compute exchange wait read shm compute exchange wait read
 for n in $sizes; do
   row2 "$n" "${med[shm-$n,2]}" "${med[shm-$n,3]}" "${med[shm-$n,5]}" \
-    "${med[grpc-$n,2]}" "${med[grpc-$n,3]}" "${med[grpc-$n,5]}"
+    "${med[shm-$n,6]}" "${med[shm-$n,7]}" \
+    "${med[grpc-$n,2]}" "${med[grpc-$n,3]}" "${med[grpc-$n,5]}" "${med[grpc-$n,6]}"
 done
 echo
 echo "ratios: N=2 shm step/floor $(ratio "${med[shm-2,1]}" "${med[floor-2]}") (target <= 2x);" \

@@ -388,8 +388,12 @@ void PsServer::LogSummary(double seconds, bool have_eval) const {
           &waits, " rank %d %.3f ms", r,
           absl::ToDoubleMilliseconds(s.wait_time[r]) / s.applies);
     }
-    Log("per step: update %.3f ms; from push to published update:%s",
-        absl::ToDoubleMilliseconds(s.apply_time) / s.applies, waits);
+    const double per_step = 1.0 / s.applies;
+    Log("per step: update %.3f ms, reading pushes %.3f ms, into shared "
+        "memory %.3f ms; from push to published update:%s",
+        absl::ToDoubleMilliseconds(s.apply_time) * per_step,
+        absl::ToDoubleMilliseconds(s.read_time) * per_step,
+        absl::ToDoubleMilliseconds(s.use_time) * per_step, waits);
   }
   if (have_eval) {
     Log("final test accuracy: %.4f", s.last_eval.accuracy);

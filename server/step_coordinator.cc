@@ -178,7 +178,9 @@ absl::StatusOr<int64_t> StepCoordinator::WithCurrentWeights(
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank("Pull", rank));
   Touch(rank);
+  const absl::Time start = absl::Now();
   use(state_.step, state_.params);
+  use_time_ += absl::Now() - start;
   return state_.step;
 }
 
@@ -296,7 +298,11 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     RETURN_IF_ERROR(CheckRank("Push", rank));
     // The values first, before anything that depends on the step, so that
     // a bad gradient is INVALID_ARGUMENT whatever the state.
-    RETURN_IF_ERROR(ReadGradientLocked(rank, step, offset, gradient, encoding));
+    const absl::Time read_start = absl::Now();
+    const absl::Status read =
+        ReadGradientLocked(rank, step, offset, gradient, encoding);
+    read_time_ += absl::Now() - read_start;
+    RETURN_IF_ERROR(read);
     ASSIGN_OR_RETURN(const bool retry, IsRetryLocked(rank, step));
     if (retry) {
       Touch(rank);
@@ -632,6 +638,8 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.last_apply = last_apply_;
   s.applies = applies_;
   s.apply_time = apply_time_;
+  s.read_time = read_time_;
+  s.use_time = use_time_;
   s.wait_time = wait_time_;
   s.snapshots = snapshots_made_;
   return s;

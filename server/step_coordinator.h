@@ -60,6 +60,11 @@ struct CoordinatorStatus {
   // the time from its push to the published update (waiting for the others).
   int64_t applies = 0;
   absl::Duration apply_time;
+  // Reading the pushes' gradients (checked and summed as read; every push,
+  // all ranks) and what WithCurrentWeights' callers did with the weights
+  // (publishing them into shared memory).
+  absl::Duration read_time;
+  absl::Duration use_time;
   std::vector<absl::Duration> wait_time;
   // How many times Pull encoded the weights into a snapshot: at most once a
   // version, and never for one that only WithCurrentWeights handed out.
@@ -333,6 +338,8 @@ class StepCoordinator {
   absl::Time last_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t applies_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration apply_time_ ABSL_GUARDED_BY(mu_);
+  absl::Duration read_time_ ABSL_GUARDED_BY(mu_);
+  absl::Duration use_time_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> arrival_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Duration> wait_time_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id = age
