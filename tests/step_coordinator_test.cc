@@ -116,6 +116,26 @@ TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
 
 // WithCurrentWeights hands out the params themselves, with no snapshot;
 // Pull still makes one, once a version, when it is first asked.
+TEST(StepCoordinatorTest, TheTimeOfReadingPushesAndUsingTheWeightsIsCounted) {
+  const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
+  auto c = MakeCoordinator(l);
+  EXPECT_EQ(c->Status().read_time, absl::ZeroDuration());
+  EXPECT_EQ(c->Status().use_time, absl::ZeroDuration());
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(c->Push(r, 0, 0, Bytes(Gradient(l, r, 0)), 1.0f).ok());
+  }
+  const absl::Duration read = c->Status().read_time;
+  EXPECT_GT(read, absl::ZeroDuration());
+  // A refused push was read too: its time counts.
+  EXPECT_FALSE(c->Push(0, 5, 0, Bytes(Gradient(l, 0, 5)), 1.0f).ok());
+  EXPECT_GT(c->Status().read_time, read);
+  const absl::Duration pause = absl::Milliseconds(2);
+  ASSERT_TRUE(c->WithCurrentWeights(0, [&](int64_t, absl::Span<const float>) {
+                 absl::SleepFor(pause);
+               }).ok());
+  EXPECT_GE(c->Status().use_time, pause);
+}
+
 TEST(StepCoordinatorTest, CurrentWeightsAreHandedOutWithoutASnapshot) {
   const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
   auto c = MakeCoordinator(l);
