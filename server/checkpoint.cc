@@ -211,13 +211,15 @@ void CheckpointStore::RemoveAfterLocked(int64_t step) {
   }
 }
 
-void CheckpointStore::Rewind(int64_t step) {
+void CheckpointStore::Rewind(int64_t step, uint64_t history) {
   // With write_mu_ held no write is in progress, and the writer takes a
   // waiting checkpoint only under it: none of the abandoned history can
   // land on disk after the removal.
   absl::MutexLock write_lock(&write_mu_);
   {
     absl::MutexLock lock(&mu_);
+    history_ = history;
+    rewound_to_ = step;
     if (queued_.has_value() && queued_->state.step > step) {
       Log("dropped the checkpoint of step %d waiting to be written: the job "
           "went back to step %d",
@@ -228,12 +230,19 @@ void CheckpointStore::Rewind(int64_t step) {
   RemoveAfterLocked(step);
 }
 
-void CheckpointStore::WriteAsync(Checkpoint c) {
+void CheckpointStore::WriteAsync(Checkpoint c, uint64_t history) {
   absl::MutexLock lock(&mu_);
   auto slot_free = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return !queued_.has_value();
   };
   mu_.Await(absl::Condition(&slot_free));
+  // After the wait, which released the lock: a Rewind may have come since.
+  if (history_.has_value() && history != *history_) {
+    Log("dropped the checkpoint of step %d: it was taken before the job went "
+        "back to step %d",
+        c.state.step, rewound_to_);
+    return;
+  }
   queued_ = std::move(c);
 }
 

@@ -65,19 +65,23 @@ class CheckpointStore {
   // write the step whose WriteAsync is still in progress.
   [[nodiscard]] absl::Status Write(const Checkpoint &c);
 
-  // The job went back to `step` (a rollback): every checkpoint past it -
-  // on disk, being written or waiting - belongs to a history that no longer
-  // exists. They are removed, so that neither retention nor LoadNewest nor
-  // RestorableSteps prefers them to the history the job is in.
-  void Rewind(int64_t step);
+  // The job went back to `step` (a rollback) and is now in `history` (the
+  // coordinator's generation): every checkpoint past it - on disk, being
+  // written or waiting - belongs to a history that no longer exists. They
+  // are removed, so that neither retention nor LoadNewest nor
+  // RestorableSteps prefers them to the history the job is in, and a
+  // checkpoint of another history handed in later is not written.
+  void Rewind(int64_t step, uint64_t history);
 
   // Hands the checkpoint to a background writer so training does not wait
   // for the disk. One may wait while another is written; a third blocks the
   // caller until the writer takes the waiting one, so that every step handed
   // in is written: the shards of a job then hold checkpoints of the same
   // steps, which a rollback needs, however slow each one's disk. Errors are
-  // logged, and counted in failures().
-  void WriteAsync(Checkpoint c);
+  // logged, and counted in failures(). `history` is the coordinator's
+  // generation when the state was taken: after a Rewind, only the
+  // checkpoints of the history it named are written.
+  void WriteAsync(Checkpoint c, uint64_t history);
   // Blocks until the background writer is idle.
   void Flush();
   int64_t failures() const;
@@ -104,6 +108,9 @@ class CheckpointStore {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int64_t> verified_ ABSL_GUARDED_BY(mu_);
+  // The history of the last Rewind; none before the first.
+  std::optional<uint64_t> history_ ABSL_GUARDED_BY(mu_);
+  int64_t rewound_to_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread writer_;
 };
 

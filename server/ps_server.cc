@@ -151,11 +151,13 @@ absl::Status PsServer::MakeCoordinator(std::optional<Checkpoint> resumed) {
     }
   }
   if (store_ != nullptr) {
-    coordinator_->SetCheckpointHook(o.checkpoint_every, [this](
-                                                            TrainingState s) {
-      store_->WriteAsync(Checkpoint{options_.config, coordinator_->data(),
-                                    std::move(s), shard_.index, shard_.count});
-    });
+    coordinator_->SetCheckpointHook(
+        o.checkpoint_every, [this](TrainingState s, uint64_t generation) {
+          store_->WriteAsync(
+              Checkpoint{options_.config, coordinator_->data(), std::move(s),
+                         shard_.index, shard_.count},
+              generation);
+        });
   }
   return absl::OkStatus();
 }
@@ -181,7 +183,9 @@ PsServiceOptions PsServer::ServiceOptions() {
       return store_->RestorableSteps();
     };
     // Before the answer, so before any step of the new history.
-    service_options.on_rewound = [this](int64_t step) { store_->Rewind(step); };
+    service_options.on_rewound = [this](int64_t step, uint64_t generation) {
+      store_->Rewind(step, generation);
+    };
   }
   service_options.restore =
       [this](int64_t step) -> absl::StatusOr<TrainingState> {

@@ -452,7 +452,7 @@ ServerUnaryReactor* PsService::Rollback(CallbackServerContext* ctx,
         !s.ok()) {
       return FinishCall(ctx, s);
     }
-    if (on_rewound_) on_rewound_(step);
+    if (on_rewound_) on_rewound_(step, coordinator_->Status().generation);
   }
   const CoordinatorStatus after = coordinator_->Status();
   response->set_step(after.step);

@@ -29,7 +29,8 @@ struct PsServiceOptions {
   std::function<std::vector<int64_t>()> restorable_steps;
   std::function<absl::StatusOr<TrainingState>(int64_t step)> restore;
   // Called once the coordinator went back to `step`, before the answer.
-  std::function<void(int64_t step)> on_rewound;
+  // With the coordinator's generation after the rewind.
+  std::function<void(int64_t step, uint64_t generation)> on_rewound;
   // Called when shard 0 says it has collected this shard's weights of
   // `step` (GetStatus with `collected`).
   std::function<void(int64_t step)> on_weights_collected;
@@ -175,7 +176,7 @@ class PsService final : public ParameterServerBase {
   SharedPlane* const shared_;
   const std::function<std::vector<int64_t>()> restorable_steps_;
   const std::function<absl::StatusOr<TrainingState>(int64_t)> restore_;
-  const std::function<void(int64_t)> on_rewound_;
+  const std::function<void(int64_t, uint64_t)> on_rewound_;
   const std::function<void(int64_t)> on_weights_collected_;
   const Encoding weight_encoding_;  // the job's, fixed
 };

@@ -282,6 +282,7 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(int rank,
     if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
       after.checkpoint_hook = checkpoint_hook_;
       after.checkpoint = state_;  // consistent: taken at a step boundary
+      after.generation = generation_;
     }
   }
   return after;
@@ -313,7 +314,9 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     result.step = state_.step;
   }
   for (WaitCallback& cb : after.to_notify) cb(absl::OkStatus(), result.step);
-  if (after.checkpoint_hook) after.checkpoint_hook(std::move(after.checkpoint));
+  if (after.checkpoint_hook) {
+    after.checkpoint_hook(std::move(after.checkpoint), after.generation);
+  }
   return result;
 }
 
@@ -571,7 +574,7 @@ std::optional<DataFingerprint> StepCoordinator::data() const {
 }
 
 void StepCoordinator::SetCheckpointHook(
-    int64_t every, std::function<void(TrainingState)> hook) {
+    int64_t every, std::function<void(TrainingState, uint64_t)> hook) {
   absl::MutexLock lock(&mu_);
   checkpoint_every_ = every;
   checkpoint_hook_ = every > 0 ? std::move(hook) : nullptr;

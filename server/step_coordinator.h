@@ -194,10 +194,12 @@ class StepCoordinator {
   absl::Status RestoreData(const DataFingerprint& data);
   std::optional<DataFingerprint> data() const;
 
-  // Calls hook(state) with a consistent copy of the state after every
-  // `every`-th step, outside the lock, in the thread that applied the step.
+  // Calls hook(state, generation) with a consistent copy of the state after
+  // every `every`-th step, outside the lock, in the thread that applied the
+  // step; `generation` was the coordinator's when the copy was taken (a
+  // Rewind may come before the hook runs: see CheckpointStore::Rewind).
   void SetCheckpointHook(int64_t every,
-                         std::function<void(TrainingState)> hook);
+                         std::function<void(TrainingState, uint64_t)> hook);
 
   // Lease events since the last call. A rank the current step still needs
   // is "missing" once it has made no call for `timeout` while not waiting in
@@ -273,7 +275,8 @@ class StepCoordinator {
   // What an accepted push leaves to do once the lock is released.
   struct AfterPush {
     std::vector<WaitCallback> to_notify;  // the step was applied
-    std::function<void(TrainingState)> checkpoint_hook;
+    std::function<void(TrainingState, uint64_t)> checkpoint_hook;
+    uint64_t generation = 0;  // of the checkpoint's state
     TrainingState checkpoint;
   };
   // Counts the push in (when the rank was next to fold, the sum
@@ -351,7 +354,8 @@ class StepCoordinator {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   int64_t checkpoint_every_ ABSL_GUARDED_BY(mu_) = 0;
-  std::function<void(TrainingState)> checkpoint_hook_ ABSL_GUARDED_BY(mu_);
+  std::function<void(TrainingState, uint64_t)> checkpoint_hook_
+      ABSL_GUARDED_BY(mu_);
   const absl::Time started_;
   std::vector<absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> reported_missing_ ABSL_GUARDED_BY(mu_);

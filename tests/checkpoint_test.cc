@@ -101,7 +101,7 @@ TEST(CheckpointStoreTest, OnlyTheNewestKAreKept) {
   TempDir dir;
   CheckpointStore store(dir.path(), kLayout, 2);
   ASSERT_TRUE(store.Open().ok());
-  for (int step = 1; step <= 5; ++step) store.WriteAsync(Make(step * 10));
+  for (int step = 1; step <= 5; ++step) store.WriteAsync(Make(step * 10), 0);
   store.Flush();
   ASSERT_TRUE(store.Write(Make(60)).ok());
   std::vector<std::string> names;
@@ -137,7 +137,7 @@ TEST(CheckpointStoreTest, AfterARollbackTheNewHistoryIsKeptNotTheAbandonedOne) {
   std::optional<Checkpoint> newest = store.LoadNewest();
   ASSERT_TRUE(newest.has_value());
   EXPECT_EQ(newest->state.step, 10);
-  for (int step = 20; step <= 40; step += 10) store.WriteAsync(Make(step));
+  for (int step = 20; step <= 40; step += 10) store.WriteAsync(Make(step), 0);
   store.Flush();
   EXPECT_EQ(store.RestorableSteps(), (std::vector<int64_t>{20, 30, 40}));
 }
@@ -154,18 +154,42 @@ TEST(CheckpointStoreTest, ARewindRemovesTheCheckpointsPastTheRestoredStep) {
     ASSERT_TRUE(store.Write(Make(step)).ok());
   }
   // Written, being written or waiting when the rewind comes: all past it.
-  for (int step = 60; step <= 80; step += 10) store.WriteAsync(Make(step));
-  store.Rewind(30);
+  for (int step = 60; step <= 80; step += 10) store.WriteAsync(Make(step), 0);
+  store.Rewind(30, 1);
   store.Flush();
   EXPECT_EQ(store.RestorableSteps(), (std::vector<int64_t>{10, 20, 30}));
   EXPECT_EQ(StepsOnDisk(dir.path()), (std::vector<int64_t>{10, 20, 30}));
   std::optional<Checkpoint> newest = store.LoadNewest();
   ASSERT_TRUE(newest.has_value());
   EXPECT_EQ(newest->state.step, 30);
-  store.Rewind(0);
+  store.Rewind(0, 2);
   EXPECT_EQ(store.RestorableSteps(), std::vector<int64_t>{});
   EXPECT_EQ(StepsOnDisk(dir.path()), std::vector<int64_t>{});
   EXPECT_FALSE(store.LoadNewest().has_value());
+  EXPECT_EQ(store.failures(), 0);
+}
+
+// The checkpoint of a step of the abandoned history can reach the store
+// just after the rewind (the coordinator hands it over outside its lock):
+// it names the history it was taken in, and is not written. The new
+// history's checkpoints are, even of the same step.
+TEST(CheckpointStoreTest,
+     ACheckpointOfTheAbandonedHistoryAfterTheRewindIsDropped) {
+  TempDir dir;
+  CheckpointStore store(dir.path(), kLayout, 10);
+  ASSERT_TRUE(store.Open().ok());
+  constexpr uint64_t kOld = 7, kNew = 8;
+  for (int step = 10; step <= 30; step += 10)
+    store.WriteAsync(Make(step), kOld);
+  store.Flush();
+  store.Rewind(10, kNew);
+  store.WriteAsync(Make(40), kOld);
+  store.Flush();
+  EXPECT_EQ(StepsOnDisk(dir.path()), std::vector<int64_t>{10});
+  EXPECT_EQ(store.RestorableSteps(), std::vector<int64_t>{10});
+  store.WriteAsync(Make(20), kNew);
+  store.Flush();
+  EXPECT_EQ(StepsOnDisk(dir.path()), (std::vector<int64_t>{10, 20}));
   EXPECT_EQ(store.failures(), 0);
 }
 
@@ -176,7 +200,7 @@ TEST(CheckpointStoreTest, EveryCheckpointHandedInIsWritten) {
   TempDir dir;
   CheckpointStore store(dir.path(), kLayout, 10);
   ASSERT_TRUE(store.Open().ok());
-  for (int step = 1; step <= 8; ++step) store.WriteAsync(Make(step * 10));
+  for (int step = 1; step <= 8; ++step) store.WriteAsync(Make(step * 10), 0);
   store.Flush();
   EXPECT_EQ(store.RestorableSteps(),
             (std::vector<int64_t>{10, 20, 30, 40, 50, 60, 70, 80}));
@@ -242,7 +266,7 @@ TEST(CheckpointStoreTest, ConcurrentWritesOfOneStepAllSucceed) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kWrites; ++i) {
         // Steps 100 and 101 alternate, so retention runs concurrently too.
-        if (t == 0) store.WriteAsync(Make(100 + i % 2));
+        if (t == 0) store.WriteAsync(Make(100 + i % 2), 0);
         absl::Status s = store.Write(Make(100 + i % 2));
         if (!s.ok()) errors[t].push_back(s);
       }
