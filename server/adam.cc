@@ -265,19 +265,6 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
   SumAndAdamStep(o, t, grads, grads.size(), n, params, m, v, pool);
 }
 
-void AddToRankSum(float* sum, const float* grad, int64_t n, WorkerPool* pool) {
-  auto add = [&](int64_t begin, int64_t end) {
-    float* __restrict s = sum;
-    const float* __restrict g = grad;
-    for (int64_t i = begin; i < end; ++i) s[i] += g[i];
-  };
-  if (pool == nullptr) {
-    add(0, n);
-  } else {
-    pool->ParallelFor(n, kBlock, add);
-  }
-}
-
 int64_t AddEncodedToRankSum(Encoding e, const char* bytes, int64_t n,
                             float limit, const float* sum,
                             absl::Span<const float* const> kept, float* out,

@@ -35,14 +35,9 @@ void AverageAndAdamStep(const AdamOptions& options, int64_t t,
                         float* params, float* m, float* v,
                         WorkerPool* pool = nullptr);
 
-// The rank sum built as gradients arrive, one rank at a time in rank order:
-// sum[i] += grad[i]. The same additions, in the same order, as
-// AverageAndAdamStep's sum, so the result is bit-identical. dp-ps folds with
-// AddEncodedToRankSum, which makes the same additions.
-void AddToRankSum(float* sum, const float* grad, int64_t n,
-                  WorkerPool* pool = nullptr);
-// DecodeChecked (common/tensor_codec.h) and AddToRankSum in one pass, for
-// the gradient of the next rank to fold: out[i] = sum[i] + g[i] + kept[0][i]
+// The rank sum built as gradients arrive, in rank order: DecodeChecked
+// (common/tensor_codec.h) and the addition to the sum in one pass, for the
+// gradient of the next rank to fold: out[i] = sum[i] + g[i] + kept[0][i]
 // + kept[1][i] + ..., added in that order, for the n values g encoded (as
 // `e`) in `bytes` and the gradients `kept` of the ranks after it that came
 // before it (already checked). No sum (null): the sum starts with g, as for
@@ -52,14 +47,16 @@ void AddToRankSum(float* sum, const float* grad, int64_t n,
 // magnitude; otherwise the index of the first that is not, and out[index] is
 // then that value as read (the rest of out means nothing). `sum` and `kept`
 // are never written, so a refused gradient leaves them as they were. The
-// same additions as decoding and then AddToRankSum of g and of each kept
-// gradient in turn: bit-identical, with a pool or not.
+// same additions, in the same order, as AverageAndAdamStep's sum (decoding,
+// then adding g and each kept gradient in turn): bit-identical, with a pool
+// or not.
 int64_t AddEncodedToRankSum(Encoding e, const char* bytes, int64_t n,
                             float limit, const float* sum,
                             absl::Span<const float* const> kept, float* out,
                             WorkerPool* pool = nullptr);
-// AverageAndAdamStep on the rank sum of `ranks` gradients (AddToRankSum):
-// the same bits as AverageAndAdamStep on the gradients themselves.
+// AverageAndAdamStep on the rank sum of `ranks` gradients
+// (AddEncodedToRankSum): the same bits as AverageAndAdamStep on the
+// gradients themselves.
 void AdamStepOnSum(const AdamOptions& options, int64_t t, const float* sum,
                    int ranks, int64_t n, float* params, float* m, float* v,
                    WorkerPool* pool = nullptr);

@@ -296,8 +296,31 @@ TEST(AdamTest, GradientsAreAddedInRankOrder) {
   }
 }
 
-// dp-ps folds each gradient into the rank sum as it arrives (AddToRankSum,
-// rank order) and applies Adam to the sum (AdamStepOnSum): the same bits as
+// Random floats of every magnitude from 2^-20 to 2^20, both signs.
+std::vector<float> RandomFloats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  std::vector<float> x(n);
+  for (float& f : x) f = std::ldexp(mantissa(rng), exponent(rng));
+  return x;
+}
+
+std::string Encoded(Encoding e, const std::vector<float>& x) {
+  std::string bytes(x.size() * BytesPerValue(e), '\0');
+  Encode(e, x.data(), x.size(), bytes.data());
+  return bytes;
+}
+
+// sum[i] += x[i]: the float additions the rank sum is made of, one rank
+// at a time.
+void AddInto(std::vector<float>* sum, const std::vector<float>& x) {
+  for (size_t i = 0; i < x.size(); ++i) (*sum)[i] += x[i];
+}
+
+// dp-ps folds each gradient into the rank sum as it reads it
+// (AddEncodedToRankSum, rank order) and applies Adam to the sum
+// (AdamStepOnSum): the same bits as
 // AverageAndAdamStep over the gradients, params, m and v alike, for every
 // number of ranks (powers of two divide by multiplying), with a pool or not.
 TEST(AdamTest, FoldingGradientsAsTheyArriveGivesTheSameBits) {
@@ -323,9 +346,15 @@ TEST(AdamTest, FoldingGradientsAsTheyArriveGivesTheSameBits) {
     const AdamOptions o;
     AverageAndAdamStep(o, 3, grads, n, p.data(), m.data(), v.data());
     for (WorkerPool* with : {static_cast<WorkerPool*>(nullptr), &pool}) {
-      std::vector<float> sum = g[0];
-      for (int r = 1; r < ranks; ++r)
-        AddToRankSum(sum.data(), g[r].data(), n, with);
+      std::vector<float> sum(n), next(n);
+      for (int r = 0; r < ranks; ++r) {
+        const std::string bytes = Encoded(Encoding::kF32, g[r]);
+        ASSERT_EQ(AddEncodedToRankSum(Encoding::kF32, bytes.data(), n, 1e15f,
+                                      r == 0 ? nullptr : sum.data(), {},
+                                      next.data(), with),
+                  -1);
+        std::swap(sum, next);
+      }
       auto fp = p0, fm = m0, fv = v0;
       AdamStepOnSum(o, 3, sum.data(), ranks, n, fp.data(), fm.data(), fv.data(),
                     with);
@@ -339,26 +368,10 @@ TEST(AdamTest, FoldingGradientsAsTheyArriveGivesTheSameBits) {
   }
 }
 
-// Random floats of every magnitude from 2^-20 to 2^20, both signs.
-std::vector<float> RandomFloats(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> exponent(-20, 20);
-  std::vector<float> x(n);
-  for (float& f : x) f = std::ldexp(mantissa(rng), exponent(rng));
-  return x;
-}
-
-std::string Encoded(Encoding e, const std::vector<float>& x) {
-  std::string bytes(x.size() * BytesPerValue(e), '\0');
-  Encode(e, x.data(), x.size(), bytes.data());
-  return bytes;
-}
-
 // dp-ps adds the gradient of the next rank to fold to the rank sum as it
 // reads it from the wire bytes, with the gradients of the ranks after it
-// that came early: the sum must be the bits of decoding it and then
-// AddToRankSum of each in rank order - with no sum (rank 0) or one, none to
+// that came early: the sum must be the bits of decoding it and then adding
+// each in rank order - with no sum (rank 0) or one, none to
 // four kept gradients, both encodings, any pool and lengths that end within
 // a block; what it is given stays as it was.
 TEST(AdamTest, AddingAnEncodedGradientGivesTheBitsOfDecodingThenAdding) {
@@ -376,11 +389,11 @@ TEST(AdamTest, AddingAnEncodedGradientGivesTheBitsOfDecodingThenAdding) {
           std::vector<float> expected = g;
           if (with_sum) {
             expected = sum;
-            AddToRankSum(expected.data(), g.data(), n);
+            AddInto(&expected, g);
           }
           std::vector<const float*> kept_now;
           for (size_t k = 0; k < count; ++k) {
-            AddToRankSum(expected.data(), kept[k].data(), n);
+            AddInto(&expected, kept[k]);
             kept_now.push_back(kept[k].data());
           }
           for (WorkerPool* pool :
