@@ -1,9 +1,7 @@
 // The metrics flags of the real dp-ps and dp-worker binaries: off by default,
 // any free port with -1, a busy port is a clear error (exit 1), a bad port a
 // configuration error (exit 2), IPv4 and IPv6 served by default.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "absl/strings/match.h"
@@ -12,6 +10,7 @@
 #include "common/flags.h"
 #include "gtest/gtest.h"
 #include "tests/exposition.h"
+#include "tests/loopback_listener.h"
 #include "tests/subprocess.h"
 
 namespace dp {
@@ -23,18 +22,8 @@ const absl::Duration kTimeout = absl::Seconds(60);
 class BusyPort {
  public:
   BusyPort() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        listen(fd_, 1) != 0 ||
-        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      ADD_FAILURE() << "cannot hold a loopback port";
-      return;
-    }
-    port_ = ntohs(addr.sin_port);
+    fd_ = ListenOnLoopback(&port_, /*backlog=*/1);
+    if (fd_ < 0) ADD_FAILURE() << "cannot hold a loopback port";
   }
   ~BusyPort() {
     if (fd_ >= 0) close(fd_);

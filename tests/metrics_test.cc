@@ -2,8 +2,6 @@
 // gauges, and the HTTP endpoint (free port, busy port, scrape hook).
 #include "common/metrics.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "server/server_metrics.h"
 #include "tests/exposition.h"
+#include "tests/loopback_listener.h"
 #include "worker/worker_metrics.h"
 
 namespace dp {
@@ -293,16 +292,9 @@ TEST(MetricsTest, AwaitNextScrapeWaitsOnlyForARegularScraper) {
 
 TEST(MetricsTest, BusyPortIsUnavailableNamingTheAddressAndDoesNotThrow) {
   // A plain listening socket holds the port.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  const int fd = ListenOnLoopback(&port, /*backlog=*/1);
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const int port = ntohs(addr.sin_port);
 
   WorkerMetrics m(0);
   auto endpoint = m.Serve("127.0.0.1", port);

@@ -15,25 +15,10 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/exposition.h"
+#include "tests/loopback_listener.h"
 
 namespace dp {
 namespace {
-
-// A loopback IPv4 listener on a free port.
-int ListenLoopback(int* port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      listen(fd, 4) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return -1;
-  }
-  *port = ntohs(addr.sin_port);
-  return fd;
-}
 
 // A connection to [::1]:port, -1 if none.
 int ConnectIpv6Loopback(int port) {
@@ -61,7 +46,7 @@ std::string ReadToEnd(int fd) {
 TEST(TcpRelayTest, CopiesBothWaysAndPassesOnAHalfClose) {
   if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback on this host";
   int target_port = 0;
-  const int listener = ListenLoopback(&target_port);
+  const int listener = ListenOnLoopback(&target_port);
   ASSERT_GE(listener, 0);
   // The target answers once the client has finished sending.
   std::thread target([listener] {
@@ -86,7 +71,7 @@ TEST(TcpRelayTest, CopiesBothWaysAndPassesOnAHalfClose) {
 TEST(TcpRelayTest, StopsAtOnceWithAnIdleConnectionOpen) {
   if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback on this host";
   int target_port = 0;
-  const int listener = ListenLoopback(&target_port);
+  const int listener = ListenOnLoopback(&target_port);
   ASSERT_GE(listener, 0);
   auto relay = TcpRelay::Start("::", 0, target_port);
   ASSERT_TRUE(relay.ok()) << relay.status();
