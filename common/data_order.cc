@@ -33,6 +33,11 @@ absl::Status ValidateSchedule(const Schedule& s) {
     return absl::InvalidArgumentError(
         absl::StrFormat("batch_size must be >= 1, got %d", s.batch_size));
   }
+  if (s.micro_batches < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "micro_batches must be >= 0 (0: one per worker), got %d",
+        s.micro_batches));
+  }
   if (s.epochs < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("epochs must be >= 1, got %d", s.epochs));
@@ -50,8 +55,8 @@ absl::Status ValidateSchedule(const Schedule& s) {
   if (s.num_samples < s.global_batch()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the data set has %d samples, fewer than one global batch of %d "
-        "(workers %d x batch_size %d)",
-        s.num_samples, s.global_batch(), s.world_size, s.batch_size));
+        "(%d micro-batches x %d)",
+        s.num_samples, s.global_batch(), s.num_micro_batches(), s.batch_size));
   }
   return absl::OkStatus();
 }
@@ -69,15 +74,18 @@ std::vector<int32_t> EpochOrder(uint64_t seed, int64_t epoch, int64_t n,
 
 BatchSampler::BatchSampler(Schedule schedule) : s_(schedule) {}
 
-absl::Span<const int32_t> BatchSampler::Indices(int64_t step, int rank) {
-  DP_CHECK(rank >= 0 && rank < s_.world_size && step >= 0);
+absl::Span<const int32_t> BatchSampler::Indices(int64_t step,
+                                                int micro_batch) {
+  DP_CHECK(micro_batch >= 0 && micro_batch < s_.num_micro_batches() &&
+           step >= 0);
   const int64_t epoch = s_.epoch_of(step);
   if (epoch != cached_epoch_) {
     order_ = EpochOrder(s_.seed, epoch, s_.num_samples, s_.shuffle);
     cached_epoch_ = epoch;
   }
   const int64_t g = step % s_.steps_per_epoch();
-  const int64_t begin = g * s_.global_batch() + int64_t{rank} * s_.batch_size;
+  const int64_t begin =
+      g * s_.global_batch() + int64_t{micro_batch} * s_.batch_size;
   return absl::MakeConstSpan(order_).subspan(begin, s_.batch_size);
 }
 

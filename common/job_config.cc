@@ -9,6 +9,8 @@ void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
   const Schedule& s = config.schedule;
   out->set_world_size(s.world_size);
   out->set_batch_size(s.batch_size);
+  out->set_micro_batches(s.micro_batches);
+  out->set_min_workers(config.min_workers);
   out->set_epochs(s.epochs);
   out->set_seed(s.seed);
   out->set_shuffle(s.shuffle);
@@ -24,6 +26,8 @@ JobConfig FromProto(const dp::v1::JobConfig& c) {
   JobConfig config;
   config.schedule.world_size = c.world_size();
   config.schedule.batch_size = c.batch_size();
+  config.schedule.micro_batches = c.micro_batches();
+  config.min_workers = c.min_workers();
   config.schedule.epochs = c.epochs();
   config.schedule.seed = c.seed();
   config.schedule.shuffle = c.shuffle();

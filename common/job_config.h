@@ -5,6 +5,7 @@
 #ifndef DP_COMMON_JOB_CONFIG_H_
 #define DP_COMMON_JOB_CONFIG_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,10 +40,13 @@ struct JobConfig {
   Encoding grad_encoding = Encoding::kF32;
   // How dp-ps sends the weights; it keeps and updates them in float32.
   Encoding weight_encoding = Encoding::kF32;
+  // Steps wait while fewer workers are live (0 counts as 1).
+  int min_workers = 0;
   bool operator==(const JobConfig& o) const {
     return schedule == o.schedule && dataset == o.dataset && adam == o.adam &&
            grad_encoding == o.grad_encoding &&
-           weight_encoding == o.weight_encoding;
+           weight_encoding == o.weight_encoding &&
+           std::max(min_workers, 1) == std::max(o.min_workers, 1);
   }
 };
 

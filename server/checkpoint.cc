@@ -39,8 +39,10 @@ absl::Status CheckResumable(const JobConfig &saved, const JobConfig &wanted) {
           absl::StrCat("--", flag, "=", now, " (saved: ", was, ")"));
     }
   };
-  check("workers", saved.schedule.world_size, wanted.schedule.world_size);
-  check("batch_size", saved.schedule.batch_size, wanted.schedule.batch_size);
+  // The mathematics of a step: how many workers compute it does not matter.
+  check("global_batch", saved.schedule.global_batch(),
+        wanted.schedule.global_batch());
+  check("micro_batch", saved.schedule.batch_size, wanted.schedule.batch_size);
   check("seed", saved.schedule.seed, wanted.schedule.seed);
   check("shuffle", saved.schedule.shuffle, wanted.schedule.shuffle);
   check("dataset", saved.dataset, wanted.dataset);

@@ -25,17 +25,19 @@ using grpc::ServerUnaryReactor;
 // the call finished, before Start returns.
 class StepWaitReactor final : public ServerUnaryReactor {
  public:
-  // on_applied runs before Finish, with the new step, to fill the response.
+  // on_applied runs before Finish, with the new step (or the current one
+  // and the work handed to the rank), to fill the response.
   StepWaitReactor(StepCoordinator* coordinator, ServerMetrics* metrics,
-                  std::function<absl::Status(int64_t)> on_applied)
+                  std::function<absl::Status(int64_t, Block)> on_applied)
       : coordinator_(coordinator),
         metrics_(metrics),
         on_applied_(std::move(on_applied)) {}
 
   void Start(int rank, int64_t step) {
     auto ticket = coordinator_->WaitForStep(
-        rank, step, [this](const absl::Status& s, int64_t new_step) {
-          FinishOnce(s.ok() ? on_applied_(new_step) : s);
+        rank, step,
+        [this](const absl::Status& s, int64_t new_step, Block work) {
+          FinishOnce(s.ok() ? on_applied_(new_step, work) : s);
         });
     if (!ticket.ok()) {
       FinishOnce(ticket.status());
@@ -44,7 +46,7 @@ class StepWaitReactor final : public ServerUnaryReactor {
     }
     metrics_->SawRank(rank);  // a waiting rank is active
     if (ticket->ready) {
-      FinishOnce(on_applied_(ticket->step));
+      FinishOnce(on_applied_(ticket->step, ticket->work));
     } else {
       wait_id_.store(ticket->id);
       // A cancellation that came before the id was known could not remove
@@ -77,7 +79,7 @@ class StepWaitReactor final : public ServerUnaryReactor {
 
   StepCoordinator* const coordinator_;
   ServerMetrics* const metrics_;
-  const std::function<absl::Status(int64_t)> on_applied_;
+  const std::function<absl::Status(int64_t, Block)> on_applied_;
   std::atomic<int> refs_{2};
   std::atomic<int64_t> wait_id_{0};
   std::atomic<bool> cancelled_{false};
@@ -89,7 +91,8 @@ class StepWaitReactor final : public ServerUnaryReactor {
 absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::RegisterRequest& r) {
   const DataFingerprint data{r.data().num_samples(), r.data().hash()};
-  return v.CheckRegister(r.rank(), r.model_fingerprint(),
+  // With any_rank the rank is dp-ps's to pick: the one given means nothing.
+  return v.CheckRegister(r.any_rank() ? 0 : r.rank(), r.model_fingerprint(),
                          r.has_data() ? &data : nullptr, r.worker_id());
 }
 
@@ -180,13 +183,15 @@ ServerUnaryReactor* PsService::FinishCall(CallbackServerContext* ctx,
 }
 
 ServerUnaryReactor* PsService::AwaitStep(
-    int rank, int64_t step, std::function<absl::Status(int64_t)> respond) {
+    int rank, int64_t step,
+    std::function<absl::Status(int64_t, Block)> respond) {
   const absl::Time arrived = absl::Now();
   auto* reactor = new StepWaitReactor(
       coordinator_, metrics_,
-      [this, rank, arrived, respond = std::move(respond)](int64_t applied) {
+      [this, rank, arrived, respond = std::move(respond)](int64_t applied,
+                                                          Block work) {
         metrics_->ObserveBarrierWait(rank, absl::Now() - arrived);
-        return respond(applied);
+        return respond(applied, work);
       });
   reactor->Start(rank, step);
   return reactor;
@@ -198,9 +203,12 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
   if (absl::Status s = CheckCall(ctx, *request); !s.ok())
     return FinishCall(ctx, s);
   DataFingerprint data{request->data().num_samples(), request->data().hash()};
-  auto reg = coordinator_->Register(request->rank(),
-                                    request->model_fingerprint(), data);
+  auto reg = coordinator_->Register(
+      request->any_rank() ? StepCoordinator::kAnyRank : request->rank(),
+      request->model_fingerprint(), data);
   if (!reg.ok()) return FinishCall(ctx, reg.status());
+  const int rank = reg->rank;
+  response->set_rank(rank);
   ToProto(reg->config, response->mutable_config());
   response->set_step(reg->step);
   response->set_total_steps(reg->config.schedule.total_steps());
@@ -209,21 +217,20 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
   DescribeShard(coordinator_->Status(), response->mutable_shard());
   if (request->shared_memory() && shared_ != nullptr) {
     // Without an offer the worker uses gRPC: not an error.
-    absl::StatusOr<SharedPlane::Offer> offer =
-        shared_->OfferTo(request->rank());
+    absl::StatusOr<SharedPlane::Offer> offer = shared_->OfferTo(rank);
     if (offer.ok()) {
       response->set_shm_socket(offer->socket);
       response->set_shm_ticket(offer->ticket);
       response->set_shm_slot(offer->slot_id);
     } else {
-      Log("rank %d: no shared memory: %s", request->rank(),
-          offer.status().message());
+      Log("rank %d: no shared memory: %s", rank, offer.status().message());
     }
   }
-  return FinishCall(ctx, absl::OkStatus(), request->rank());
+  return FinishCall(ctx, absl::OkStatus(), rank);
 }
 
-absl::StatusOr<int64_t> PsService::PublishInSharedMemory(int rank) {
+absl::StatusOr<StepCoordinator::Version> PsService::PublishInSharedMemory(
+    int rank) {
   // The region is written straight from the params, encoded on the way,
   // with no snapshot between (a gRPC response still makes one when it
   // needs it). Under the coordinator's lock, for one pass, as Pull's
@@ -243,20 +250,37 @@ absl::StatusOr<grpc::ByteBuffer> PsService::RespondWithWeights(
   const ParamRange range = coordinator_->shard().range;
   if (in_shared_memory && shared_ != nullptr && !version.has_value() &&
       offset == range.offset && (length == 0 || length == range.length)) {
-    ASSIGN_OR_RETURN(const int64_t step, PublishInSharedMemory(rank));
-    return SerializeWeights(step, offset, nullptr);
+    ASSIGN_OR_RETURN(const StepCoordinator::Version v,
+                     PublishInSharedMemory(rank));
+    return SerializeWeights(v.step, v.block, offset, nullptr);
   }
   ASSIGN_OR_RETURN(const StepCoordinator::PulledWeights weights,
                    coordinator_->Pull(rank, offset, length, version));
-  return SerializeWeights(weights.step, offset, &weights);
+  return SerializeWeights(weights.step, weights.block, offset, &weights);
+}
+
+grpc::ByteBuffer PsService::SerializeWork(int64_t step, Block work) const {
+  dp::v1::PullResponse header;
+  header.set_step(step);
+  header.set_encoding(static_cast<dp::v1::Encoding>(weight_encoding_));
+  header.set_work_only(true);
+  header.mutable_block()->set_first(work.first);
+  header.mutable_block()->set_count(work.count);
+  grpc::ByteBuffer bytes = SerializeMessage(header);
+  metrics_->AddSentBytes(bytes.Length());
+  return bytes;
 }
 
 grpc::ByteBuffer PsService::SerializeWeights(
-    int64_t step, int64_t offset,
+    int64_t step, Block block, int64_t offset,
     const StepCoordinator::PulledWeights* sent) const {
   dp::v1::PullResponse header;
   header.set_step(step);
   header.set_offset(offset);
+  if (!block.empty()) {
+    header.mutable_block()->set_first(block.first);
+    header.mutable_block()->set_count(block.count);
+  }
   header.set_done(coordinator_->done());
   header.set_encoding(static_cast<dp::v1::Encoding>(weight_encoding_));
   header.set_params_in_shm(sent == nullptr);
@@ -298,6 +322,18 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
   // gradient is copied out of it before the handler returns.
   thread_local std::string scratch;
   absl::string_view gradient = tensor.Contiguous(&scratch);
+  if (request->idle()) {
+    if (!gradient.empty() || request->gradient_in_shm()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Push from rank %d says it is idle and carries a gradient",
+          request->rank()));
+    }
+    dp::v1::BarrierRequest wait;
+    wait.set_rank(request->rank());
+    wait.set_step(request->step());
+    RETURN_IF_ERROR(CheckCall(ctx, wait));
+    return StepCoordinator::PushResult{request->step(), false};
+  }
   // A gradient in the rank's slot is read in place - once, by the
   // coordinator, into its own memory - and the slot kept alive (a new
   // registration of the rank replaces it) until then. The slot must be the
@@ -324,9 +360,10 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
   }
   RETURN_IF_ERROR(CheckCall(ctx, *request, gradient));
   metrics_->AddReceivedBytes(bytes.Length());
+  const Block block{request->block().first(), request->block().count()};
   absl::StatusOr<StepCoordinator::PushResult> pushed = coordinator_->Push(
       request->rank(), request->step(), request->offset(), gradient,
-      request->loss(), static_cast<Encoding>(request->encoding()));
+      request->loss(), static_cast<Encoding>(request->encoding()), block);
   if (pushed.ok()) metrics_->SawRank(request->rank());
   return pushed;
 }
@@ -350,9 +387,13 @@ ServerUnaryReactor* PsService::Barrier(CallbackServerContext* ctx,
   if (absl::Status s = CheckCall(ctx, *request); !s.ok())
     return FinishCall(ctx, s);
   return AwaitStep(request->rank(), request->step(),
-                   [this, response](int64_t step) {
+                   [this, response](int64_t step, Block work) {
                      response->set_step(step);
                      response->set_done(coordinator_->done());
+                     if (!work.empty()) {
+                       response->mutable_block()->set_first(work.first);
+                       response->mutable_block()->set_count(work.count);
+                     }
                      return absl::OkStatus();
                    });
 }
@@ -361,13 +402,18 @@ ServerUnaryReactor* PsService::PushPull(CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* bytes,
                                         grpc::ByteBuffer* response) {
   dp::v1::PushRequest request;
+  // An idle rank pushes nothing and waits: for the step, or for work.
   auto pushed = ReceivePush(ctx, *bytes, &request);
   if (!pushed.ok()) return FinishCall(ctx, pushed.status());
   const int rank = request.rank();
   const bool in_shm = request.weights_in_shm();
   return AwaitStep(
       rank, request.step(),
-      [this, response, rank, in_shm](int64_t) -> absl::Status {
+      [this, response, rank, in_shm](int64_t step, Block work) -> absl::Status {
+        if (!work.empty()) {
+          *response = SerializeWork(step, work);
+          return absl::OkStatus();
+        }
         ASSIGN_OR_RETURN(
             *response,
             RespondWithWeights(rank, coordinator_->shard().range.offset, 0,

@@ -125,15 +125,19 @@ class PsService final : public ParameterServerBase {
   // Where this shard stands: its range, generation and restorable steps.
   void DescribeShard(const CoordinatorStatus& s, dp::v1::ShardInfo* out) const;
   // The push half of Push and PushPull: parses and checks the request, and
-  // hands the gradient to the coordinator. *request gets the fields of the
+  // hands the gradient to the coordinator (an idle one has none: only
+  // checked). *request gets the fields of the
   // request but its gradient.
   absl::StatusOr<StepCoordinator::PushResult> ReceivePush(
       const grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& bytes,
       dp::v1::PushRequest* request);
   // Finishes the call once `step` is applied (a barrier wait, observed as
   // such): with respond(new step)'s status, which fills the response.
+  // Or, when the rank is handed work at it first, with respond(current
+  // step, work).
   grpc::ServerUnaryReactor* AwaitStep(
-      int rank, int64_t step, std::function<absl::Status(int64_t)> respond);
+      int rank, int64_t step,
+      std::function<absl::Status(int64_t, Block)> respond);
   // The response to `rank`'s pull of [offset, offset + length) of
   // `version` (the current one when unset; length 0: to the end of the
   // range): in shared memory when it asks for that and the region can hold
@@ -144,13 +148,16 @@ class PsService final : public ParameterServerBase {
       bool in_shared_memory);
   // Writes this shard's whole range of the current version in shared memory
   // (once a version: SharedPlane::Publish) and returns the version.
-  absl::StatusOr<int64_t> PublishInSharedMemory(int rank);
+  absl::StatusOr<StepCoordinator::Version> PublishInSharedMemory(int rank);
   // The PullResponse for the weights of version `step` at `offset`: saying
   // they are in shared memory when `sent` is null, else sending sent's bytes
   // from their memory.
+  // `block` is what the rank computes from them.
   grpc::ByteBuffer SerializeWeights(
-      int64_t step, int64_t offset,
+      int64_t step, Block block, int64_t offset,
       const StepCoordinator::PulledWeights* sent) const;
+  // A PullResponse without weights: compute `work` of step `step`.
+  grpc::ByteBuffer SerializeWork(int64_t step, Block work) const;
   // Finishes a unary call with `s`; a refusal is counted in
   // dp_ps_rejected_requests_total, an accepted call of `rank` (>= 0) marks
   // the rank active.

@@ -1,6 +1,7 @@
 // Synchronous step protocol: push, rank-ordered average, Adam, publish.
 #include "server/step_coordinator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -63,14 +64,13 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   const int world = config_.schedule.world_size;
   DP_CHECK(world >= 1);
   registered_.assign(world, false);
-  // Rank 0 is always in rank order: it goes straight into the sum, and
-  // needs no buffer of its own.
-  gradients_.resize(world);
-  for (int r = 1; r < world; ++r) gradients_[r].resize(n);
-  rank_sum_.resize(n);
-  next_sum_.resize(n);
+  spare_ = FreeBufferLocked();
   received_.assign(world, false);
-  losses_.assign(world, 0.0f);
+  plan_.assign(world, Block{});
+  work_.assign(world, Block{});
+  lost_.assign(world, false);
+  straggler_.assign(world, false);
+  step_start_ = started_;
   arrival_.assign(world, started_);
   wait_time_.assign(world, absl::ZeroDuration());
   last_seen_.assign(world, started_);
@@ -81,13 +81,60 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   if (shard_.count > 1) previous_.resize(n);
 }
 
+StepCoordinator::~StepCoordinator() {
+  Shutdown();
+  if (straggler_thread_.joinable()) straggler_thread_.join();
+}
+
+void StepCoordinator::SetElastic(const ElasticOptions& options) {
+  absl::MutexLock lock(&mu_);
+  elastic_ = options;
+  if (elastic_.lead && elastic_.backup_blocks > 0 &&
+      !straggler_thread_.joinable()) {
+    straggler_thread_ = std::thread([this] { WatchStragglers(); });
+  }
+}
+
+void StepCoordinator::RunWakes(std::vector<Wake>& wakes) {
+  for (Wake& w : wakes) w.done(w.status, w.step, w.work);
+}
+
+int StepCoordinator::FreeBufferLocked() {
+  if (!free_.empty()) {
+    const int b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+  buffers_.emplace_back(n_);
+  return static_cast<int>(buffers_.size()) - 1;
+}
+
+void StepCoordinator::DropSumLocked(const Block& b) {
+  auto it = sums_.find(b);
+  if (it == sums_.end()) return;
+  free_.push_back(it->second.buffer);
+  sums_.erase(it);
+}
+
+bool StepCoordinator::CoveredLocked(const Block& b) const {
+  // The sums are disjoint: the one starting at or before b.first is the
+  // only one that can hold it.
+  auto it = sums_.upper_bound(Block{b.first, 0});
+  if (it == sums_.begin()) return false;
+  --it;
+  return it->first.Contains(b);
+}
+
 absl::Status StepCoordinator::RefusalLocked() const {
   if (!failed_.ok()) return failed_;
   if (shutdown_) return Unavailable();
   return absl::OkStatus();
 }
 
-void StepCoordinator::Touch(int rank) { last_seen_[rank] = absl::Now(); }
+void StepCoordinator::Touch(int rank) {
+  last_seen_[rank] = absl::Now();
+  lost_[rank] = false;
+}
 
 absl::Status StepCoordinator::CheckRank(const char* rpc, int rank) const {
   return CheckRankInJob(rpc, rank, config_.schedule.world_size);
@@ -99,8 +146,34 @@ int64_t StepCoordinator::TotalStepsLocked() const {
 
 absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
     int rank, uint64_t model_fingerprint, const DataFingerprint& data) {
-  absl::MutexLock lock(&mu_);
+  std::vector<Wake> wakes;
+  absl::StatusOr<Registration> r;
+  {
+    absl::MutexLock lock(&mu_);
+    r = RegisterLocked(rank, model_fingerprint, data);
+    if (r.ok()) wakes = ReplanOrHandOutLocked();
+  }
+  RunWakes(wakes);
+  return r;
+}
+
+absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
+    int rank, uint64_t model_fingerprint, const DataFingerprint& data) {
   RETURN_IF_ERROR(RefusalLocked());
+  if (rank == kAnyRank) {
+    const int world = static_cast<int>(registered_.size());
+    for (int r = 0; r < world && rank == kAnyRank; ++r) {
+      if (!registered_[r]) rank = r;
+    }
+    for (int r = 0; r < world && rank == kAnyRank; ++r) {
+      if (lost_[r]) rank = r;
+    }
+    if (rank == kAnyRank) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the job has its %d workers (--workers), all live: no rank is free",
+          world));
+    }
+  }
   RETURN_IF_ERROR(CheckRank("Register", rank));
   RETURN_IF_ERROR(
       CheckModelFingerprint(rank, model_fingerprint, layout_.Fingerprint()));
@@ -128,7 +201,8 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
   }
   registered_[rank] = true;
   Touch(rank);
-  return Registration{config_, state_.step};
+  ++changes_;
+  return Registration{config_, state_.step, rank};
 }
 
 absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
@@ -155,10 +229,11 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
     auto bytes = std::make_shared<std::string>(n_ * width, '\0');
     Encode(encoding, previous_.data(), n_, bytes->data());
     absl::string_view all(*bytes);
-    return PulledWeights{*version, encoding, bytes, all,
+    return PulledWeights{*version, Block{}, encoding, bytes, all,
                          all.substr(local * width, length * width)};
   }
   Touch(rank);
+  const Block block = NextWorkLocked(rank);
   if (published_ == nullptr) {
     // A buffer that a response in flight still sends from is never
     // overwritten: Free() skips it (its lease is held).
@@ -167,11 +242,11 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
     ++snapshots_made_;
   }
   return PulledWeights{
-      state_.step, encoding, published_->Lend(), published_->view(),
+      state_.step, block, encoding, published_->Lend(), published_->view(),
       absl::string_view(published_->data() + local * width, length * width)};
 }
 
-absl::StatusOr<int64_t> StepCoordinator::WithCurrentWeights(
+absl::StatusOr<StepCoordinator::Version> StepCoordinator::WithCurrentWeights(
     int rank,
     absl::FunctionRef<void(int64_t step, absl::Span<const float> params)> use) {
   absl::MutexLock lock(&mu_);
@@ -181,13 +256,13 @@ absl::StatusOr<int64_t> StepCoordinator::WithCurrentWeights(
   const absl::Time start = absl::Now();
   use(state_.step, state_.params);
   use_time_ += absl::Now() - start;
-  return state_.step;
+  return Version{state_.step, NextWorkLocked(rank)};
 }
 
-absl::Status StepCoordinator::ReadGradientLocked(int rank, int64_t step,
-                                                 int64_t offset,
-                                                 absl::string_view gradient,
-                                                 Encoding encoding) {
+absl::Status StepCoordinator::ReadGradientLocked(
+    int rank, int64_t step, int64_t offset, absl::string_view gradient,
+    Encoding encoding, const Block& block, bool counts, Block* top,
+    std::vector<Block>* folded) {
   if (encoding != config_.grad_encoding) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "gradient from rank %d is encoded as %s; this job uses %s", rank,
@@ -198,30 +273,36 @@ absl::Status StepCoordinator::ReadGradientLocked(int rank, int64_t step,
                                      shard_.range));
   // The bytes may be a worker's shared-memory slot, which it can rewrite at
   // any time: they are read once, into private memory, and every decision
-  // is made on that copy. Where the copy goes leaves an accepted push
-  // nothing more to read and a refused one no trace:
-  // - a retry (received_[rank]): to scratch, only to be checked;
-  // - the next rank to fold: added as it is read to the sum (rank 0's
-  //   gradient starts it), with the gradients of the ranks after it that
-  //   came early, into the spare sum, which becomes the sum when the push
-  //   is accepted;
-  // - a rank that comes before the ones it follows: to its buffer, added
-  //   with the one it waits for.
-  const bool next = IsNextToFoldLocked(rank);  // false for a retry
-  if (received_[rank]) retry_scratch_.resize(n_);
-  float* const copy = received_[rank] ? retry_scratch_.data()
-                      : next          ? next_sum_.data()
-                                      : gradients_[rank].data();
+  // is made on that copy. A push that counts is added as it is read to the
+  // sum of its sibling, and of the siblings up the tree that are in (each
+  // addition is one node's: a + b, and a + b == b + a), into the spare
+  // buffer, which becomes that node's sum when the push is accepted; one
+  // that cannot count is read to scratch, only to be checked. A refused
+  // push leaves no trace either way.
+  *top = block;
+  folded->clear();
+  float* copy;
   int64_t bad;
-  if (next) {
-    absl::InlinedVector<const float*, 8> kept;
-    for (size_t r = rank + 1; r < received_.size() && received_[r]; ++r) {
-      kept.push_back(gradients_[r].data());
+  if (counts) {
+    const int k = K();
+    while (top->count < k) {
+      const Block sibling = Sibling(k, *top);
+      if (sums_.find(sibling) == sums_.end()) break;
+      folded->push_back(sibling);
+      *top = Parent(k, *top);
     }
+    copy = buffers_[spare_].data();
+    absl::InlinedVector<const float*, 8> kept;
+    for (size_t i = 1; i < folded->size(); ++i) {
+      kept.push_back(buffers_[sums_[(*folded)[i]].buffer].data());
+    }
+    const float* first =
+        folded->empty() ? nullptr : buffers_[sums_[(*folded)[0]].buffer].data();
     bad = AddEncodedToRankSum(encoding, gradient.data(), n_, kMaxAbsGradient,
-                              rank == 0 ? nullptr : rank_sum_.data(), kept,
-                              copy, &pool_);
+                              first, kept, copy, &pool_);
   } else {
+    retry_scratch_.resize(n_);
+    copy = retry_scratch_.data();
     bad = DecodeChecked(encoding, gradient.data(), n_, kMaxAbsGradient, copy);
   }
   if (bad >= 0) {
@@ -233,21 +314,15 @@ absl::Status StepCoordinator::ReadGradientLocked(int rank, int64_t step,
   return absl::OkStatus();
 }
 
-bool StepCoordinator::IsNextToFoldLocked(int rank) const {
-  return !received_[rank] && rank == folded_;
-}
-
-absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank,
-                                                    int64_t step) const {
+absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank, int64_t step,
+                                                    const Block& block) const {
   if (!registered_[rank]) {
     return absl::FailedPreconditionError(
         absl::StrFormat("rank %d has not registered", rank));
   }
   const int64_t current = state_.step;
-  // The step just applied: a retry whose answer was lost.
-  if (step == current - 1 || (step == current && received_[rank])) {
-    return true;
-  }
+  // The step just applied: a retry whose answer was lost, or a late copy.
+  if (step == current - 1) return true;
   if (step != current) {
     return absl::AbortedError(absl::StrFormat(
         "rank %d pushed step %d but the job is at step %d (%s step): "
@@ -259,26 +334,45 @@ absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank,
         "rank %d pushed step %d but the job finished at step %d", rank, step,
         current));
   }
-  return false;
+  if (!IsNode(K(), block)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d pushed micro-batches %s, which is not a block of the step's "
+        "%d micro-batches",
+        rank, block.ToString(), K()));
+  }
+  return CoveredLocked(block);
 }
 
-StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(int rank,
-                                                             float loss) {
+StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
+    int rank, const Block& block, const Block& top,
+    const std::vector<Block>& folded, float loss) {
   AfterPush after;
   Touch(rank);
-  const int world = static_cast<int>(received_.size());
-  if (IsNextToFoldLocked(rank)) {
-    // ReadGradientLocked made the sum with it and the ranks after it that
-    // were in.
-    std::swap(rank_sum_, next_sum_);
-    folded_ = rank + 1;
-    while (folded_ < world && received_[folded_]) ++folded_;
+  ++changes_;
+  if (sums_.empty()) first_push_ = absl::Now();
+  // What the new sum replaces: the siblings added into it, and any sums
+  // inside the block (a block handed out again after parts of it came in;
+  // the same values).
+  float loss_sum = loss * static_cast<float>(block.count);
+  for (const Block& b : folded) {
+    loss_sum += sums_[b].loss;
+    DropSumLocked(b);
   }
+  for (auto it = sums_.lower_bound(Block{block.first, block.count});
+       it != sums_.end() && block.Contains(it->first);) {
+    free_.push_back(it->second.buffer);
+    it = sums_.erase(it);
+  }
+  sums_[top] = Sum{spare_, loss_sum};
+  spare_ = FreeBufferLocked();
   received_[rank] = true;
-  losses_[rank] = loss;
   arrival_[rank] = absl::Now();
-  if (folded_ == world) {
-    after.to_notify = ApplyLocked();
+  if (work_[rank] == block || block.Contains(work_[rank])) {
+    work_[rank] = Block{};
+  }
+  if (top == Root(K())) {
+    last_completed_by_ = rank;
+    after.wakes = ApplyLocked();
     if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
       after.checkpoint_hook = checkpoint_hook_;
       after.checkpoint = state_;  // consistent: taken at a step boundary
@@ -290,68 +384,91 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(int rank,
 
 absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     int rank, int64_t step, int64_t offset, absl::string_view gradient,
-    float loss, Encoding encoding) {
+    float loss, Encoding encoding, Block block) {
   AfterPush after;
   PushResult result;
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(RefusalLocked());
     RETURN_IF_ERROR(CheckRank("Push", rank));
-    // The values first, before anything that depends on the step, so that
-    // a bad gradient is INVALID_ARGUMENT whatever the state.
+    if (block.empty()) block = Block{rank, 1};
+    // Whether it can count decides only where it is read; the values are
+    // checked first, before anything that depends on the step, so that a
+    // bad gradient is INVALID_ARGUMENT whatever the state.
+    const absl::StatusOr<bool> retry = IsRetryLocked(rank, step, block);
+    Block top;
+    std::vector<Block> folded;
     const absl::Time read_start = absl::Now();
     const absl::Status read =
-        ReadGradientLocked(rank, step, offset, gradient, encoding);
+        ReadGradientLocked(rank, step, offset, gradient, encoding, block,
+                           retry.ok() && !*retry, &top, &folded);
     read_time_ += absl::Now() - read_start;
     RETURN_IF_ERROR(read);
-    ASSIGN_OR_RETURN(const bool retry, IsRetryLocked(rank, step));
-    if (retry) {
+    RETURN_IF_ERROR(retry.status());
+    if (*retry) {
       Touch(rank);
+      if (step == state_.step) {
+        ++counts_.duplicate_pushes;
+        if (work_[rank] == block) work_[rank] = Block{};
+      }
       return PushResult{state_.step, /*duplicate=*/true};
     }
     RETURN_IF_ERROR(CheckLoss(rank, step, loss));
-    after = AcceptPushLocked(rank, loss);
+    after = AcceptPushLocked(rank, block, top, folded, loss);
     result.step = state_.step;
   }
-  for (WaitCallback& cb : after.to_notify) cb(absl::OkStatus(), result.step);
+  RunWakes(after.wakes);
   if (after.checkpoint_hook) {
     after.checkpoint_hook(std::move(after.checkpoint), after.generation);
   }
   return result;
 }
 
-std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
+std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   const absl::Time begin = absl::Now();
-  float loss_sum = 0.0f;
-  for (float loss : losses_) loss_sum += loss;  // rank order
+  const int k = K();
+  const Sum root = sums_[Root(k)];
   if (shard_.count > 1) {
     std::memcpy(previous_.data(), state_.params.data(), n_ * sizeof(float));
     holds_previous_ = true;
   }
   const absl::Time apply_start = absl::Now();
-  AdamStepOnSum(config_.adam, state_.step + 1, rank_sum_.data(),
-                static_cast<int>(received_.size()), n_, state_.params.data(),
-                state_.m.data(), state_.v.data(), &pool_);
+  AdamStepOnSum(config_.adam, state_.step + 1, buffers_[root.buffer].data(), k,
+                n_, state_.params.data(), state_.m.data(), state_.v.data(),
+                &pool_);
   if (update_observer_) update_observer_(absl::Now() - apply_start);
-  last_loss_ = loss_sum / static_cast<float>(losses_.size());
+  last_loss_ = root.loss / static_cast<float>(k);
   ++state_.step;
   published_ = nullptr;
   last_apply_ = absl::Now();
   apply_time_ += last_apply_ - begin;
   ++applies_;
   for (size_t r = 0; r < arrival_.size(); ++r) {
-    wait_time_[r] += last_apply_ - arrival_[r];
+    if (received_[r]) wait_time_[r] += last_apply_ - arrival_[r];
   }
   if (first_applied_step_ < 0) {
     first_applied_step_ = state_.step;
     first_apply_ = last_apply_;
   }
-  received_.assign(received_.size(), false);
-  folded_ = 0;
-  std::vector<WaitCallback> ready;
+  // A rank whose planned block another's copy completed is a straggler:
+  // it takes part again once it waits for a step in time.
+  std::vector<bool> waiting(registered_.size(), false);
+  for (const auto& [id, w] : waiters_) waiting[w.rank] = true;
+  for (size_t r = 0; r < plan_.size(); ++r) {
+    if (!plan_[r].empty() && !work_[r].empty() && !waiting[r]) {
+      straggler_[r] = true;
+    } else if (waiting[r] || received_[r]) {
+      straggler_[r] = false;
+    }
+  }
+  last_plan_blocks_ = 0;
+  for (const Block& b : plan_) last_plan_blocks_ += b.empty() ? 0 : 1;
+  PlanLocked();
+  std::vector<Wake> ready;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.step < state_.step) {
-      ready.push_back(std::move(it->second.done));
+      ready.push_back(
+          Wake{std::move(it->second.done), absl::OkStatus(), state_.step, {}});
       --waits_of_rank_[it->second.rank];
       it = waiters_.erase(it);
     } else {
@@ -359,6 +476,193 @@ std::vector<StepCoordinator::WaitCallback> StepCoordinator::ApplyLocked() {
     }
   }
   return ready;
+}
+
+void StepCoordinator::PlanLocked() {
+  for (auto& [block, sum] : sums_) free_.push_back(sum.buffer);
+  sums_.clear();
+  received_.assign(received_.size(), false);
+  plan_.assign(plan_.size(), Block{});
+  work_.assign(work_.size(), Block{});
+  handed_.clear();
+  backed_up_.clear();
+  backups_this_step_ = 0;
+  step_start_ = absl::Now();
+  first_push_ = absl::InfiniteFuture();
+  ++changes_;
+  const std::vector<int> taking_part = TakingPartLocked();
+  const std::vector<Block> blocks =
+      SplitForWorkers(K(), static_cast<int>(taking_part.size()));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    plan_[taking_part[i]] = blocks[i];
+    work_[taking_part[i]] = blocks[i];
+  }
+}
+
+std::vector<int> StepCoordinator::TakingPartLocked() const {
+  std::vector<int> part, with_stragglers;
+  for (size_t r = 0; r < registered_.size(); ++r) {
+    if (!registered_[r] || lost_[r]) continue;
+    with_stragglers.push_back(static_cast<int>(r));
+    if (!straggler_[r]) part.push_back(static_cast<int>(r));
+  }
+  // Stragglers only when nobody else is there.
+  if (part.empty()) part = with_stragglers;
+  // Too few: the step waits, every block unplanned until enough join.
+  if (static_cast<int>(part.size()) < std::max(1, config_.min_workers)) {
+    part.clear();
+  }
+  return part;
+}
+
+std::vector<Block> StepCoordinator::OrphansLocked() const {
+  std::vector<Block> orphans;
+  if (!elastic_.lead) return orphans;
+  int live = 0;
+  for (size_t r = 0; r < registered_.size(); ++r) {
+    live += registered_[r] && !lost_[r] ? 1 : 0;
+  }
+  if (live < std::max(1, config_.min_workers)) return orphans;
+  // Unplanned (the step waited for workers), or planned for a lost rank
+  // (with reassign), and neither in nor handed to another.
+  std::vector<Block> planned;
+  for (size_t r = 0; r < plan_.size(); ++r) {
+    if (plan_[r].empty()) continue;
+    planned.push_back(plan_[r]);
+    if (!lost_[r] || !elastic_.reassign) continue;
+    if (CoveredLocked(plan_[r])) continue;
+    bool handed = false;
+    for (const Block& h : handed_) handed = handed || h.Contains(plan_[r]);
+    if (!handed) orphans.push_back(plan_[r]);
+  }
+  if (planned.empty() && !CoveredLocked(Root(K()))) {
+    bool handed = false;
+    for (const Block& h : handed_) handed = handed || h == Root(K());
+    if (!handed) orphans.push_back(Root(K()));
+  }
+  return orphans;
+}
+Block StepCoordinator::NextWorkLocked(int rank) {
+  if (!work_[rank].empty()) {
+    if (!CoveredLocked(work_[rank])) return work_[rank];
+    work_[rank] = Block{};
+  }
+  if (lost_[rank] || !registered_[rank]) return Block{};
+  const std::vector<Block> orphans = OrphansLocked();
+  if (orphans.empty()) return Block{};
+  work_[rank] = orphans[0];
+  handed_.push_back(orphans[0]);
+  ++counts_.blocks_reassigned;
+  ++changes_;
+  return orphans[0];
+}
+
+std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
+  std::vector<Wake> wakes;
+  if (!elastic_.lead || state_.step >= TotalStepsLocked()) return wakes;
+  // Nothing of the step is in: plan it again for the ranks there now.
+  // (A rank that already computes its old block still pushes it: any node
+  // counts.)
+  if (sums_.empty()) {
+    const std::vector<int> part = TakingPartLocked();
+    std::vector<int> planned;
+    for (size_t r = 0; r < plan_.size(); ++r) {
+      if (!plan_[r].empty()) planned.push_back(static_cast<int>(r));
+    }
+    if (part != planned) PlanLocked();
+  }
+  // Orphans (and, with a plan made just now, their own blocks) to the
+  // ranks that wait, oldest wait first.
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    const int rank = it->second.rank;
+    if (it->second.step != state_.step || lost_[rank]) {
+      ++it;
+      continue;
+    }
+    const Block work = NextWorkLocked(rank);
+    if (work.empty()) {
+      ++it;
+      continue;
+    }
+    wakes.push_back(
+        Wake{std::move(it->second.done), absl::OkStatus(), state_.step, work});
+    --waits_of_rank_[rank];
+    it = waiters_.erase(it);
+  }
+  return wakes;
+}
+
+absl::Time StepCoordinator::NextLateLocked() const {
+  if (!elastic_.lead || backups_this_step_ >= elastic_.backup_blocks ||
+      first_push_ == absl::InfiniteFuture() ||
+      state_.step >= TotalStepsLocked()) {
+    return absl::InfiniteFuture();
+  }
+  bool idle = false;
+  for (const auto& [id, w] : waiters_) {
+    idle = idle || (w.step == state_.step && !lost_[w.rank]);
+  }
+  if (!idle) return absl::InfiniteFuture();
+  const absl::Duration first = first_push_ - step_start_;
+  return step_start_ + std::max(elastic_.straggler_min_wait,
+                                first * elastic_.straggler_factor);
+}
+
+void StepCoordinator::WatchStragglers() {
+  for (;;) {
+    std::vector<Wake> wakes;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_) return;
+      const int64_t seen = changes_;
+      const absl::Time due = NextLateLocked();
+      auto woken = [this, seen]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return shutdown_ || changes_ != seen;
+      };
+      if (mu_.AwaitWithDeadline(absl::Condition(&woken), due)) continue;
+      wakes = BackUpLateBlockLocked();
+    }
+    RunWakes(wakes);
+  }
+}
+
+std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
+  ++changes_;
+  // The first late block: one a rank computes (planned or handed to it),
+  // not in, not backed up yet, its rank not waiting.
+  std::vector<bool> waiting(registered_.size(), false);
+  for (const auto& [id, w] : waiters_) waiting[w.rank] = true;
+  Block late;
+  for (size_t r = 0; r < work_.size() && late.empty(); ++r) {
+    const Block b = work_[r];
+    if (b.empty() || waiting[r] || CoveredLocked(b)) continue;
+    if (std::find(backed_up_.begin(), backed_up_.end(), b) !=
+        backed_up_.end()) {
+      continue;
+    }
+    late = b;
+  }
+  if (late.empty()) {
+    backups_this_step_ = elastic_.backup_blocks;  // nothing to back up
+    return {};
+  }
+  // To the oldest idle wait.
+  for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+    const int rank = it->second.rank;
+    if (it->second.step != state_.step || lost_[rank]) continue;
+    std::vector<Wake> wakes;
+    wakes.push_back(
+        Wake{std::move(it->second.done), absl::OkStatus(), state_.step, late});
+    --waits_of_rank_[rank];
+    waiters_.erase(it);
+    work_[rank] = late;
+    handed_.push_back(late);
+    backed_up_.push_back(late);
+    ++backups_this_step_;
+    ++counts_.backups_handed;
+    return wakes;
+  }
+  return {};
 }
 
 std::vector<StepCoordinator::WaitCallback>
@@ -384,7 +688,7 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
                 "rank %d has more than %d calls waiting: the oldest is "
                 "dropped",
                 rank, kMaxWaitsPerRank)),
-            ticket.step);
+            ticket.step, Block{});
   }
   return ticket;
 }
@@ -406,15 +710,13 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
   }
   if (step < current) {
     Touch(rank);
-    return WaitTicket{true, current, 0};
-  }
-  if (!received_[rank]) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "rank %d waits at the barrier of step %d without having pushed its "
-        "gradient",
-        rank, step));
+    return WaitTicket{true, current, 0, Block{}};
   }
   Touch(rank);
+  // Its own block not pushed yet, or one handed to it: that first.
+  if (const Block work = NextWorkLocked(rank); !work.empty()) {
+    return WaitTicket{true, current, 0, work};
+  }
   if (waits_of_rank_[rank] >= kMaxWaitsPerRank) {
     for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
       if (it->second.rank == rank) {  // the oldest: ids grow with time
@@ -428,7 +730,8 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
   const int64_t id = next_wait_id_++;
   waiters_.emplace(id, Waiter{rank, step, std::move(done)});
   ++waits_of_rank_[rank];
-  return WaitTicket{false, current, id};
+  ++changes_;
+  return WaitTicket{false, current, id, Block{}};
 }
 
 bool StepCoordinator::CancelWait(int64_t id) {
@@ -494,7 +797,7 @@ void StepCoordinator::Shutdown() {
     step = state_.step;
     to_fail = TakeAllWaitersLocked();
   }
-  for (WaitCallback& cb : to_fail) cb(Unavailable(), step);
+  for (WaitCallback& cb : to_fail) cb(Unavailable(), step, Block{});
 }
 
 void StepCoordinator::SetUpdateObserver(
@@ -516,7 +819,7 @@ void StepCoordinator::Fail(const absl::Status& reason) {
     step = state_.step;
     to_fail = TakeAllWaitersLocked();
   }
-  for (WaitCallback& cb : to_fail) cb(reason, step);
+  for (WaitCallback& cb : to_fail) cb(reason, step, Block{});
 }
 
 absl::Status StepCoordinator::Rewind(uint64_t generation, TrainingState state) {
@@ -546,13 +849,12 @@ absl::Status StepCoordinator::Rewind(uint64_t generation, TrainingState state) {
     generation_ = NewGeneration();
     holds_previous_ = false;
     published_ = nullptr;
-    received_.assign(received_.size(), false);
-    folded_ = 0;
+    PlanLocked();
     to_abort = TakeAllWaitersLocked();
   }
   const absl::Status aborted = absl::AbortedError(absl::StrFormat(
       "%s rolled back to step %d: re-sync", shard_.ToString(), step));
-  for (WaitCallback& cb : to_abort) cb(aborted, step);
+  for (WaitCallback& cb : to_abort) cb(aborted, step, Block{});
   return absl::OkStatus();
 }
 
@@ -582,8 +884,23 @@ void StepCoordinator::SetCheckpointHook(
 
 std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeases(
     absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
   std::vector<LeaseEvent> events;
+  std::vector<Wake> wakes;
+  {
+    absl::MutexLock lock(&mu_);
+    events = CheckLeasesLocked(timeout);
+    bool lost = false;
+    for (const LeaseEvent& e : events) lost = lost || e.kind == LeaseEvent::kMissing;
+    if (lost && elastic_.reassign) wakes = ReplanOrHandOutLocked();
+  }
+  RunWakes(wakes);
+  return events;
+}
+
+std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeasesLocked(
+    absl::Duration timeout) {
+  std::vector<LeaseEvent> events;
+  if (!elastic_.lead) return events;  // the leader's business
   if (have_data_ && state_.step >= TotalStepsLocked()) return events;
   const absl::Time now = absl::Now();
   std::vector<bool> waiting(registered_.size(), false);
@@ -598,11 +915,14 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeases(
       }
       continue;
     }
-    // Waiting in a call (barrier) or already pushed: not what the step lacks.
-    const bool needed = !received_[r] && !waiting[r];
+    // Waiting in a call (barrier), or its block in: not what the step
+    // lacks.
+    const bool needed =
+        !work_[r].empty() && !CoveredLocked(work_[r]) && !waiting[r];
     const bool missing = needed && silent > timeout;
     if (missing && !reported_missing_[r]) {
       reported_missing_[r] = true;
+      if (elastic_.reassign) lost_[r] = true;
       missing_since_[r] = last_seen_[r];
       events.push_back({rank, LeaseEvent::kMissing, silent});
     } else if (!missing && reported_missing_[r] && silent <= timeout) {
@@ -631,7 +951,13 @@ CoordinatorStatus StepCoordinator::Status() const {
   for (int r = 0; r < config_.schedule.world_size; ++r) {
     if (registered_[r]) s.registered_ranks.push_back(r);
     if (received_[r]) s.pushed_ranks.push_back(r);
+    if (registered_[r] && !lost_[r]) s.live_ranks.push_back(r);
   }
+  s.plan = plan_;
+  s.micro_batches = K();
+  s.elastic = counts_;
+  s.last_completed_by = last_completed_by_;
+  s.last_plan_blocks = last_plan_blocks_;
   s.done = have_data_ && state_.step >= s.total_steps;
   s.last_loss = last_loss_;
   s.has_eval = has_eval_;
@@ -656,16 +982,13 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   if (have_data_) o.data = data_;
   o.registered = registered_;
   o.received = received_;
-  o.losses.assign(received_.size(), 0.0f);
-  o.gradients.resize(received_.size());
-  for (size_t r = 0; r < received_.size(); ++r) {
-    if (!received_[r]) continue;  // a free buffer: its bytes mean nothing
-    o.losses[r] = losses_[r];
-    // A folded rank's gradient is in the sum, and its buffer free.
-    if (static_cast<int>(r) >= folded_) o.gradients[r] = gradients_[r];
+  for (const auto& [block, sum] : sums_) {
+    o.sums.emplace_back(block, buffers_[sum.buffer]);
+    o.losses.push_back(sum.loss);
   }
-  o.folded = folded_;
-  if (folded_ > 0) o.rank_sum = rank_sum_;
+  o.plan = plan_;
+  o.work = work_;
+  o.lost = lost_;
   o.last_seen = last_seen_;
   for (const auto& [id, w] : waiters_) o.waiters.emplace_back(w.rank, w.step);
   o.has_eval = has_eval_;
@@ -699,12 +1022,14 @@ std::string ObservableDifferences(const StepCoordinator::ObservableState& a,
   check(a.registered == b.registered, "registrations");
   check(a.received == b.received, "received pushes");
   check(same(a.losses, b.losses), "losses");
-  bool gradients = a.gradients.size() == b.gradients.size();
-  for (size_t r = 0; gradients && r < a.gradients.size(); ++r) {
-    gradients = same(a.gradients[r], b.gradients[r]);
+  bool sums = a.sums.size() == b.sums.size();
+  for (size_t i = 0; sums && i < a.sums.size(); ++i) {
+    sums = a.sums[i].first == b.sums[i].first &&
+           same(a.sums[i].second, b.sums[i].second);
   }
-  check(gradients, "received gradients");
-  check(a.folded == b.folded && same(a.rank_sum, b.rank_sum), "rank sum");
+  check(sums, "received sums");
+  check(a.plan == b.plan && a.work == b.work, "plan");
+  check(a.lost == b.lost, "lost ranks");
   check(a.last_seen == b.last_seen, "leases");
   check(a.waiters == b.waiters, "waiters");
   const EvalReport& x = a.last_eval;

@@ -1,7 +1,12 @@
-// The parameter store and the synchronous step protocol of dp-ps: collects
-// the N pushes of step t, averages them in rank order, applies one Adam
-// update and publishes version t+1. No gRPC types here; ps_service.cc maps
-// requests onto these calls.
+// The parameter store and the synchronous step protocol of dp-ps: hands
+// the blocks of step t's micro-batch tree (common/micro_batch_tree.h) to the
+// ranks that are live, collects their sums, adds them in tree order,
+// applies one Adam update and publishes version t+1. A lost rank's block
+// goes to the others, a late one is computed by an idle rank as well
+// (the first copy counts: they are equal bit for bit), a rank that joins
+// gets blocks from the next step on: the result depends only on the
+// micro-batches, never on who computed them. No gRPC types here;
+// ps_service.cc maps requests onto these calls.
 //
 // Every method validates its request completely before touching state, so a
 // rejected request changes nothing. Status codes follow docs/protocol.md:
@@ -17,6 +22,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -31,12 +38,37 @@
 #include "common/dataset.h"
 #include "common/job_config.h"
 #include "common/lent_buffer.h"
+#include "common/micro_batch_tree.h"
 #include "common/model_layout.h"
 #include "common/parallel_for.h"
 #include "common/shard_plan.h"
 #include "server/adam.h"
 
 namespace dp {
+
+// How the step's blocks follow the ranks (see the class comment).
+struct ElasticOptions {
+  // A rank silent for the lease timeout loses its block to the others;
+  // false: the step waits for it (--on_worker_loss=wait).
+  bool reassign = true;
+  // Hands out blocks and work. Shard 0 leads; the other shards only sum
+  // what the workers push them.
+  bool lead = true;
+  // Straggler backups: at most this many late blocks a step are handed to
+  // an idle rank as well; 0 turns straggler handling off.
+  int backup_blocks = 1;
+  // A block is late once the step has run straggler_factor times as long as
+  // its first push took, and at least straggler_min_wait.
+  double straggler_factor = 3.0;
+  absl::Duration straggler_min_wait = absl::Milliseconds(20);
+};
+
+// Counts of what elasticity did, since the start.
+struct ElasticCounts {
+  int64_t blocks_reassigned = 0;  // of lost ranks, handed to others
+  int64_t backups_handed = 0;     // late blocks handed to an idle rank
+  int64_t duplicate_pushes = 0;   // copies that came after the first
+};
 
 struct CoordinatorStatus {
   JobConfig config;
@@ -46,7 +78,16 @@ struct CoordinatorStatus {
   int64_t step = 0;
   int64_t total_steps = 0;  // 0 until the data set size is known
   std::vector<int> registered_ranks;
-  std::vector<int> pushed_ranks;
+  std::vector<int> pushed_ranks;  // ranks that pushed a block this step
+  std::vector<int> live_ranks;    // registered and not lost
+  // The current step's plan: the block of every rank (empty: none).
+  std::vector<Block> plan;
+  int micro_batches = 0;       // per step
+  ElasticCounts elastic;
+  // The rank whose push completed the last step (-1: none yet), and the
+  // blocks the last applied step was planned in.
+  int last_completed_by = -1;
+  int last_plan_blocks = 0;
   bool done = false;
   float last_loss = 0.0f;  // mean of the ranks' losses of the last step
   bool has_eval = false;
@@ -80,15 +121,26 @@ class StepCoordinator {
   StepCoordinator(ModelLayout layout, JobConfig config, TrainingState state,
                   int update_threads = 1, ShardSpec shard = {});
 
+  ~StepCoordinator();
+
   const ModelLayout& layout() const { return layout_; }
   const ShardSpec& shard() const { return shard_; }
+
+  // Before serving. A leader with backup_blocks > 0 starts a thread that
+  // hands late blocks to idle ranks; it ends at Shutdown or destruction.
+  void SetElastic(const ElasticOptions& options);
 
   struct Registration {
     JobConfig config;
     int64_t step = 0;
+    int rank = 0;  // the rank admitted (kAnyRank: the one picked)
   };
+  // Register's rank when dp-ps picks it: the lowest never registered, else
+  // the lowest lost one.
+  static constexpr int kAnyRank = -1;
   // Admits `rank` (again, after a restart). The first registration fixes the
   // data fingerprint of the job; later ones must match it.
+  // RESOURCE_EXHAUSTED for kAnyRank when every rank is live.
   absl::StatusOr<Registration> Register(int rank, uint64_t model_fingerprint,
                                         const DataFingerprint& data);
 
@@ -98,6 +150,7 @@ class StepCoordinator {
   // them from the snapshot without copying.
   struct PulledWeights {
     int64_t step = 0;  // their version
+    Block block;       // what the rank computes from them (NextWork)
     Encoding encoding = Encoding::kF32;
     // A lease on the snapshot (common/lent_buffer.h): keeps it alive and
     // unwritten while held.
@@ -119,8 +172,12 @@ class StepCoordinator {
   // call the coordinator. For copying them somewhere straight from the
   // params, without Pull's snapshot (shared memory, when the weights travel
   // as float32). Checks `rank` and renews its lease as Pull does; returns
-  // the version.
-  absl::StatusOr<int64_t> WithCurrentWeights(
+  // the version and the rank's block, as Pull does.
+  struct Version {
+    int64_t step = 0;
+    Block block;
+  };
+  absl::StatusOr<Version> WithCurrentWeights(
       int rank,
       absl::FunctionRef<void(int64_t step, absl::Span<const float> params)>
           use);
@@ -129,19 +186,29 @@ class StepCoordinator {
     int64_t step = 0;        // the job's step after this push
     bool duplicate = false;  // retry of an already received or applied push
   };
-  // Receives the gradient (this shard's whole range, at its offset, in the
-  // job's grad_encoding) of `rank` for `step`. The last of the N pushes applies
-  // the update. A retry for the current step or the one just applied is
-  // acknowledged and not counted twice.
+  // Receives the sum (this shard's whole range, at its offset, in the job's
+  // grad_encoding) of `block` of `step` from `rank`; an empty block is
+  // micro-batch `rank` (one per worker). `loss` is the mean over the
+  // block's samples. Any rank may push any node of the tree: the first copy
+  // of a block counts, a later one (or one inside a block that is in) is
+  // acknowledged as a duplicate, as is a retry of the step just applied.
+  // The push that completes the tree applies the update.
   absl::StatusOr<PushResult> Push(int rank, int64_t step, int64_t offset,
                                   absl::string_view gradient, float loss,
-                                  Encoding encoding = Encoding::kF32);
+                                  Encoding encoding = Encoding::kF32,
+                                  Block block = Block{});
 
-  using WaitCallback = std::function<void(const absl::Status&, int64_t step)>;
+  // done(status, step, work): `work` non-empty means the step is not applied
+  // and the rank is to compute that block of it (step is then the current
+  // one); otherwise `step` was applied and the job is at `step`.
+  using WaitCallback =
+      std::function<void(const absl::Status&, int64_t step, Block work)>;
   struct WaitTicket {
-    bool ready = false;  // `step` is already applied; `done` is dropped
+    bool ready = false;  // `step` is already applied, or `work` is given:
+                         // `done` is dropped
     int64_t step = 0;    // the job's step when ready
     int64_t id = 0;      // for CancelWait when !ready
+    Block work;          // ready with a block to compute at the current step
   };
   // How many waits one rank may have pending. A worker has one (two for a
   // moment when it retries after a deadline, before the cancellation of the
@@ -150,11 +217,13 @@ class StepCoordinator {
   // ABORTED, so the newest call of a well-behaved worker always waits.
   static constexpr int kMaxWaitsPerRank = 4;
 
-  // Waits for `step` to be applied. Invalid requests fail at once. When the
-  // step is already applied the ticket is ready and `done` is never called.
-  // Otherwise done(status, new_step) is called exactly once, from the thread
-  // that applies the step, with UNAVAILABLE at Shutdown(), or with ABORTED
-  // when a newer wait of the same rank evicts it (kMaxWaitsPerRank), unless
+  // Waits for `step` to be applied, or for work at it. Invalid requests fail
+  // at once. When the step is already applied, or the rank has a block to
+  // compute (its own not pushed yet, a lost rank's), the ticket is ready and
+  // `done` is never called. Otherwise done(status, new_step, work) is called
+  // exactly once, from the thread that applies the step or hands the rank
+  // work, with UNAVAILABLE at Shutdown(), or with ABORTED when a newer wait
+  // of the same rank evicts it (kMaxWaitsPerRank), unless
   // CancelWait(ticket.id) returns true first.
   absl::StatusOr<WaitTicket> WaitForStep(int rank, int64_t step,
                                          WaitCallback done);
@@ -202,9 +271,11 @@ class StepCoordinator {
                          std::function<void(TrainingState, uint64_t)> hook);
 
   // Lease events since the last call. A rank the current step still needs
-  // is "missing" once it has made no call for `timeout` while not waiting in
-  // a call; "back" when it calls again. Ranks that never registered are
-  // reported as "not registered yet".
+  // (its block is not in) is "missing" once it has made no call for
+  // `timeout` while not waiting in a call; "back" when it calls again.
+  // Ranks that never registered are reported as "not registered yet". A
+  // missing rank is lost: with reassign, its block goes to an idle rank at
+  // once, or to the next that asks. Only the leader reports.
   struct LeaseEvent {
     int rank;
     enum Kind { kMissing, kBack, kNeverRegistered } kind;
@@ -227,11 +298,13 @@ class StepCoordinator {
     JobConfig config;
     std::optional<DataFingerprint> data;
     std::vector<bool> registered;
-    std::vector<bool> received;
-    std::vector<float> losses;                  // of received ranks, else 0
-    std::vector<std::vector<float>> gradients;  // of received, unfolded ranks
-    int folded = 0;                     // ranks [0, folded) are in rank_sum
-    std::vector<float> rank_sum;        // when folded > 0
+    std::vector<bool> received;  // pushed a block this step
+    // The sums of the step's blocks that are in, by block.
+    std::vector<std::pair<Block, std::vector<float>>> sums;
+    std::vector<float> losses;  // by block, as sums
+    std::vector<Block> plan;
+    std::vector<Block> work;
+    std::vector<bool> lost;
     std::vector<absl::Time> last_seen;  // the leases
     std::vector<std::pair<int, int64_t>> waiters;  // (rank, step), oldest first
     bool has_eval = false;
@@ -248,51 +321,102 @@ class StepCoordinator {
     int64_t step;
     WaitCallback done;
   };
+  // A block's sum that is in: one of buffers_, and the sum of its
+  // micro-batches' mean losses.
+  struct Sum {
+    int buffer = 0;
+    float loss = 0.0f;
+  };
+  // A wait to finish once the lock is released.
+  struct Wake {
+    WaitCallback done;
+    absl::Status status;
+    int64_t step = 0;
+    Block work;
+  };
+  static void RunWakes(std::vector<Wake>& wakes);
+  absl::StatusOr<Registration> RegisterLocked(int rank,
+                                              uint64_t model_fingerprint,
+                                              const DataFingerprint& data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<WaitTicket> WaitForStepLocked(int rank, int64_t step,
                                                WaitCallback done,
                                                WaitCallback* evicted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records that `rank` is alive. Only an accepted call renews the lease: a
   // rank whose every request is refused is not taking part, and must be
-  // reported missing.
+  // reported missing. A lost rank is live again.
   void Touch(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRank(const char* rpc, int rank) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  int K() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return config_.schedule.num_micro_batches();
+  }
+  // `b` or a block around it is in.
+  bool CoveredLocked(const Block& b) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The steps of Push. Checks the gradient's encoding, shape and values,
-  // reading them once into private memory - for the next rank to fold, into
-  // the sum that includes them (next_sum_).
+  // reading them once into private memory: for a push that can count, into
+  // the spare buffer, added as read to the sums in of its sibling and of
+  // the siblings up the tree (`*top`: the node the buffer then holds, and
+  // `*folded` the siblings in it); otherwise into scratch, only checked.
   absl::Status ReadGradientLocked(int rank, int64_t step, int64_t offset,
-                                  absl::string_view gradient, Encoding encoding)
+                                  absl::string_view gradient, Encoding encoding,
+                                  const Block& block, bool counts, Block* top,
+                                  std::vector<Block>* folded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `rank` has not pushed this step and every rank before it has: its
-  // gradient is added to the sum as it is read, with the kept gradients of
-  // the ranks after it that are in.
-  bool IsNextToFoldLocked(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // True for a retry of a push already received or applied; an error for a
-  // push the step refuses (not registered, stale, future, after the end).
-  absl::StatusOr<bool> IsRetryLocked(int rank, int64_t step) const
+  // True for a push that does not count (a retry of the step just applied,
+  // a block already in); an error for a push the step refuses (not
+  // registered, stale, future, after the end, not a node of the tree).
+  absl::StatusOr<bool> IsRetryLocked(int rank, int64_t step,
+                                     const Block& block) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // What an accepted push leaves to do once the lock is released.
   struct AfterPush {
-    std::vector<WaitCallback> to_notify;  // the step was applied
+    std::vector<Wake> wakes;  // the step was applied
     std::function<void(TrainingState, uint64_t)> checkpoint_hook;
     uint64_t generation = 0;  // of the checkpoint's state
     TrainingState checkpoint;
   };
-  // Counts the push in (when the rank was next to fold, the sum
-  // ReadGradientLocked made becomes the sum); the last of the N applies the
-  // update.
-  AfterPush AcceptPushLocked(int rank, float loss)
+  // Stores the sum ReadGradientLocked made as `top`'s, dropping the sums it
+  // holds; the root applies the update.
+  AfterPush AcceptPushLocked(int rank, const Block& block, const Block& top,
+                             const std::vector<Block>& folded, float loss)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error every request gets once the job failed or is shutting down.
   absl::Status RefusalLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Averages the pushes, applies Adam, publishes the next version; returns
-  // the waiters to call once the lock is released.
-  std::vector<WaitCallback> ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies Adam to the root's sum, publishes the next version, plans it;
+  // returns the waits to finish once the lock is released.
+  std::vector<Wake> ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Splits the current step's blocks among the ranks taking part (live,
+  // and not a straggler that has not called since), when enough are;
+  // clears the step's sums and work.
+  void PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Plans again while no block of the step is in (a rank joined or was
+  // lost before anyone pushed), and hands lost ranks' blocks and late ones
+  // to idle ranks that wait: the waits to finish.
+  std::vector<Wake> ReplanOrHandOutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The block `rank` computes now: its own or one handed to it, unless it
+  // is in; else a lost rank's block, now its own. Empty: none.
+  Block NextWorkLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ranks a plan made now gives blocks to (none when fewer than
+  // min_workers are live).
+  std::vector<int> TakingPartLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::vector<LeaseEvent> CheckLeasesLocked(absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The blocks of the plan whose rank is lost and that are not in or
+  // handed to another.
+  std::vector<Block> OrphansLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // When the next late block is due, for the straggler thread.
+  absl::Time NextLateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void WatchStragglers();
+  // Hands the first late block to the oldest idle wait.
+  std::vector<Wake> BackUpLateBlockLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes every waiter, returning their callbacks.
   std::vector<WaitCallback> TakeAllWaitersLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t TotalStepsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  int FreeBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropSumLocked(const Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ModelLayout layout_;
   const ShardSpec shard_;
@@ -309,26 +433,36 @@ class StepCoordinator {
   bool have_data_ ABSL_GUARDED_BY(mu_) = false;
   DataFingerprint data_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);
-  // Gradients of the current step that came before the ranks they follow,
-  // kept until the next rank to fold adds them: one preallocated buffer per
-  // rank (rank 0 never comes early: none).
-  std::vector<std::vector<float>> gradients_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
-  // The sum of the gradients of ranks [0, folded_) of this step, added in
-  // rank order as they arrive (AddEncodedToRankSum as the next rank's is
-  // read, with those of the ranks after it that came before it): a rank
-  // waits for the ranks before it, not for the last, and at the last push
-  // only its own gradient and the update remain.
-  std::vector<float> rank_sum_ ABSL_GUARDED_BY(mu_);
-  // rank_sum_ plus the gradient being read of the next rank to fold (and
-  // the kept ones after it); it becomes rank_sum_ only if the push is
-  // accepted.
-  std::vector<float> next_sum_ ABSL_GUARDED_BY(mu_);
-  int folded_ ABSL_GUARDED_BY(mu_) = 0;
-  // Where a retry's gradient is read to be checked (received_[rank] holds
-  // the first).
+  ElasticOptions elastic_ ABSL_GUARDED_BY(mu_);
+  // The step's sums that are in, by block (disjoint), in buffers_ (each n_
+  // floats, reused from step to step; free_ lists the unused ones).
+  std::map<Block, Sum> sums_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<float>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> free_ ABSL_GUARDED_BY(mu_);
+  int spare_ ABSL_GUARDED_BY(mu_) = 0;  // where the next push is read
+  // Where a push that cannot count is read to be checked.
   std::vector<float> retry_scratch_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> losses_ ABSL_GUARDED_BY(mu_);
+  // By rank: pushed a block this step; its planned block; the block it is
+  // to compute now (planned or handed to it); lost (silent past the lease
+  // with a block the step needed); a straggler (its planned block of the
+  // last step was completed by another's copy).
+  std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
+  std::vector<Block> plan_ ABSL_GUARDED_BY(mu_);
+  std::vector<Block> work_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> lost_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> straggler_ ABSL_GUARDED_BY(mu_);
+  // Blocks of this step handed to a rank other than their planned one.
+  std::vector<Block> handed_ ABSL_GUARDED_BY(mu_);
+  std::vector<Block> backed_up_ ABSL_GUARDED_BY(mu_);  // late, handed again
+  int backups_this_step_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time step_start_ ABSL_GUARDED_BY(mu_);
+  absl::Time first_push_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  ElasticCounts counts_ ABSL_GUARDED_BY(mu_);
+  int last_completed_by_ ABSL_GUARDED_BY(mu_) = -1;
+  int last_plan_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bumped by every change the straggler thread looks at.
+  int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread straggler_thread_;
   // The snapshot Pull hands out for the current version (null until the
   // first pull after an update), and the buffers snapshots are made in: one
   // still referenced by a response in flight is never overwritten.
