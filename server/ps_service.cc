@@ -205,7 +205,7 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
   DataFingerprint data{request->data().num_samples(), request->data().hash()};
   auto reg = coordinator_->Register(
       request->any_rank() ? StepCoordinator::kAnyRank : request->rank(),
-      request->model_fingerprint(), data);
+      request->model_fingerprint(), data, request->worker_id());
   if (!reg.ok()) return FinishCall(ctx, reg.status());
   const int rank = reg->rank;
   response->set_rank(rank);

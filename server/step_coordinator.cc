@@ -64,6 +64,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   const int world = config_.schedule.world_size;
   DP_CHECK(world >= 1);
   registered_.assign(world, false);
+  worker_ids_.assign(world, "");
   spare_ = FreeBufferLocked();
   received_.assign(world, false);
   plan_.assign(world, Block{});
@@ -145,12 +146,13 @@ int64_t StepCoordinator::TotalStepsLocked() const {
 }
 
 absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
-    int rank, uint64_t model_fingerprint, const DataFingerprint& data) {
+    int rank, uint64_t model_fingerprint, const DataFingerprint& data,
+    absl::string_view worker_id) {
   std::vector<Wake> wakes;
   absl::StatusOr<Registration> r;
   {
     absl::MutexLock lock(&mu_);
-    r = RegisterLocked(rank, model_fingerprint, data);
+    r = RegisterLocked(rank, model_fingerprint, data, worker_id);
     if (r.ok()) wakes = ReplanOrHandOutLocked();
   }
   RunWakes(wakes);
@@ -158,10 +160,15 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
 }
 
 absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
-    int rank, uint64_t model_fingerprint, const DataFingerprint& data) {
+    int rank, uint64_t model_fingerprint, const DataFingerprint& data,
+    absl::string_view worker_id) {
   RETURN_IF_ERROR(RefusalLocked());
   if (rank == kAnyRank) {
     const int world = static_cast<int>(registered_.size());
+    for (int r = 0; r < world && rank == kAnyRank && !worker_id.empty();
+         ++r) {
+      if (registered_[r] && worker_ids_[r] == worker_id) rank = r;
+    }
     for (int r = 0; r < world && rank == kAnyRank; ++r) {
       if (!registered_[r]) rank = r;
     }
@@ -200,6 +207,7 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
     Log("rank %d registered again at step %d", rank, state_.step);
   }
   registered_[rank] = true;
+  worker_ids_[rank] = std::string(worker_id);
   Touch(rank);
   ++changes_;
   return Registration{config_, state_.step, rank};

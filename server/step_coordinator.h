@@ -135,14 +135,16 @@ class StepCoordinator {
     int64_t step = 0;
     int rank = 0;  // the rank admitted (kAnyRank: the one picked)
   };
-  // Register's rank when dp-ps picks it: the lowest never registered, else
-  // the lowest lost one.
+  // Register's rank when dp-ps picks it: the one last registered with this
+  // worker_id (the same process joining again), else the lowest never
+  // registered, else the lowest lost one.
   static constexpr int kAnyRank = -1;
   // Admits `rank` (again, after a restart). The first registration fixes the
   // data fingerprint of the job; later ones must match it.
   // RESOURCE_EXHAUSTED for kAnyRank when every rank is live.
   absl::StatusOr<Registration> Register(int rank, uint64_t model_fingerprint,
-                                        const DataFingerprint& data);
+                                        const DataFingerprint& data,
+                                        absl::string_view worker_id = {});
 
   // The weights of one version, encoded in the job's weight_encoding in an
   // immutable snapshot that every caller shares until the next update:
@@ -337,7 +339,8 @@ class StepCoordinator {
   static void RunWakes(std::vector<Wake>& wakes);
   absl::StatusOr<Registration> RegisterLocked(int rank,
                                               uint64_t model_fingerprint,
-                                              const DataFingerprint& data)
+                                              const DataFingerprint& data,
+                                              absl::string_view worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<WaitTicket> WaitForStepLocked(int rank, int64_t step,
                                                WaitCallback done,
@@ -433,6 +436,7 @@ class StepCoordinator {
   bool have_data_ ABSL_GUARDED_BY(mu_) = false;
   DataFingerprint data_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> worker_ids_ ABSL_GUARDED_BY(mu_);  // by rank
   ElasticOptions elastic_ ABSL_GUARDED_BY(mu_);
   // The step's sums that are in, by block (disjoint), in buffers_ (each n_
   // floats, reused from step to step; free_ lists the unused ones).

@@ -152,7 +152,7 @@ TEST(StepCoordinatorTest, CurrentWeightsAreHandedOutWithoutASnapshot) {
             seen.assign(params.begin(), params.end());
           });
       ASSERT_TRUE(step_now.ok()) << step_now.status();
-      EXPECT_EQ(*step_now, step + 1);
+      EXPECT_EQ(step_now->step, step + 1);
       EXPECT_EQ(seen_step, step + 1);
       EXPECT_TRUE(SameBytes(seen, c->Snapshot().params));
     }
@@ -218,23 +218,31 @@ TEST(StepCoordinatorTest, AveragingIsIndependentOfArrivalOrder) {
   }
 }
 
-// Each gradient is added to the rank sum as soon as the ranks before it are
-// in: rank 2 waits for rank 1, and rank 1's arrival folds both; the result
-// is the one of summing after the last push (the arrival-order test above).
-TEST(StepCoordinatorTest, GradientsAreFoldedAsSoonAsTheRanksBeforeThemArrive) {
+// The blocks of the sum that are in, as Observe() shows them.
+std::vector<Block> SumBlocks(const StepCoordinator::ObservableState& o) {
+  std::vector<Block> blocks;
+  for (const auto& [block, values] : o.sums) blocks.push_back(block);
+  return blocks;
+}
+
+// Each push is added up the tree as soon as its sibling is in: with 3
+// micro-batches ([0,2) and [2,3) under the root), micro-batch 2 waits
+// alone, 0 waits for 1, and 1's arrival makes [0,2), then the root; the
+// result is the one of summing after the last push (the arrival-order test
+// above).
+TEST(StepCoordinatorTest, SumsAreAddedUpTheTreeAsSoonAsTheirSiblingsAreIn) {
   const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
   auto c = MakeCoordinator(l);
   ASSERT_TRUE(c->Push(2, 0, 0, Bytes(Gradient(l, 2, 0)), 1.0f).ok());
-  EXPECT_EQ(c->Observe().folded, 0) << "rank 2 folded before rank 0";
+  EXPECT_EQ(SumBlocks(c->Observe()), (std::vector<Block>{{2, 1}}));
   ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
-  EXPECT_EQ(c->Observe().folded, 1);
-  EXPECT_TRUE(SameBytes(c->Observe().rank_sum, Gradient(l, 0, 0)));
+  EXPECT_EQ(SumBlocks(c->Observe()), (std::vector<Block>{{0, 1}, {2, 1}}));
+  EXPECT_TRUE(SameBytes(c->Observe().sums[0].second, Gradient(l, 0, 0)));
   EXPECT_EQ(c->Push(0, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f)->duplicate, true);
-  EXPECT_EQ(c->Observe().folded, 1);
-  EXPECT_TRUE(SameBytes(c->Observe().rank_sum, Gradient(l, 0, 0)))
+  EXPECT_TRUE(SameBytes(c->Observe().sums[0].second, Gradient(l, 0, 0)))
       << "a retry changed the sum";
   ASSERT_TRUE(c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).ok());
-  EXPECT_EQ(c->Observe().folded, 0) << "the step is applied: a new sum";
+  EXPECT_TRUE(c->Observe().sums.empty()) << "the step is applied: a new sum";
   EXPECT_EQ(c->Status().step, 1);
 }
 
@@ -281,7 +289,7 @@ TEST(StepCoordinatorTest, WaitCompletesWhenTheStepIsApplied) {
   ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
   int calls = 0;
   int64_t seen = -1;
-  auto ticket = c->WaitForStep(0, 0, [&](const absl::Status& s, int64_t step) {
+  auto ticket = c->WaitForStep(0, 0, [&](const absl::Status& s, int64_t step, Block) {
     EXPECT_TRUE(s.ok());
     ++calls;
     seen = step;
@@ -296,7 +304,7 @@ TEST(StepCoordinatorTest, WaitCompletesWhenTheStepIsApplied) {
   EXPECT_EQ(seen, 1);
   // Waiting for an applied step is ready at once, without a callback.
   auto again =
-      c->WaitForStep(0, 0, [&](const absl::Status&, int64_t) { ++calls; });
+      c->WaitForStep(0, 0, [&](const absl::Status&, int64_t, Block) { ++calls; });
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->ready);
   EXPECT_EQ(calls, 1);
@@ -310,9 +318,9 @@ TEST(StepCoordinatorTest, CancelledWaitIsNeverCalledAndShutdownFailsWaits) {
   int cancelled_calls = 0;
   absl::Status shutdown_status;
   auto a = c->WaitForStep(
-      0, 0, [&](const absl::Status&, int64_t) { ++cancelled_calls; });
+      0, 0, [&](const absl::Status&, int64_t, Block) { ++cancelled_calls; });
   auto b = c->WaitForStep(
-      1, 0, [&](const absl::Status& s, int64_t) { shutdown_status = s; });
+      1, 0, [&](const absl::Status& s, int64_t, Block) { shutdown_status = s; });
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_TRUE(c->CancelWait(a->id));
   EXPECT_FALSE(c->CancelWait(a->id));
@@ -335,7 +343,7 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
   // a refused request could disturb.
   int64_t released_at = -1;
   auto wait = c->WaitForStep(
-      0, 2, [&](const absl::Status&, int64_t step) { released_at = step; });
+      0, 2, [&](const absl::Status&, int64_t step, Block) { released_at = step; });
   ASSERT_TRUE(wait.ok() && !wait->ready);
   ASSERT_TRUE(c->RecordEval(0, EvalReport{2, 1, 0.5, 0.7, 10, false}).ok());
   const StepCoordinator::ObservableState before = c->Observe();
@@ -380,11 +388,8 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
       {"future step", c->Push(1, 3, 0, ok, 1.0f).status(),
        absl::StatusCode::kAborted},
       {"future barrier",
-       c->WaitForStep(1, 3, [](const absl::Status&, int64_t) {}).status(),
+       c->WaitForStep(1, 3, [](const absl::Status&, int64_t, Block) {}).status(),
        absl::StatusCode::kAborted},
-      {"barrier before push",
-       c->WaitForStep(1, 2, [](const absl::Status&, int64_t) {}).status(),
-       absl::StatusCode::kFailedPrecondition},
       {"wrong model", c->Register(1, l.Fingerprint() + 1, kData).status(),
        absl::StatusCode::kFailedPrecondition},
       {"other data",
@@ -400,6 +405,13 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
   // Leases included: a rank whose every request is refused must still be
   // reported missing.
   EXPECT_EQ(ObservableDifferences(before, c->Observe()), "");
+  // A wait before the push is handed the rank's own block to compute.
+  auto early = c->WaitForStep(1, 2, [](const absl::Status&, int64_t, Block) {
+    ADD_FAILURE() << "a ready ticket's callback ran";
+  });
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_TRUE(early->ready);
+  EXPECT_EQ(early->work, (Block{1, 1}));
   // The step still completes normally with the valid pushes.
   ASSERT_TRUE(c->Push(1, 2, 0, ok, 1.0f).ok());
   ASSERT_TRUE(c->Push(2, 2, 0, Bytes(Gradient(l, 2, 2)), 1.0f).ok());
@@ -413,7 +425,7 @@ TEST(StepCoordinatorTest, JobFailureFailsWaitersAndLaterRequests) {
   auto c = MakeCoordinator(l);
   ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
   absl::Status waited;
-  ASSERT_TRUE(c->WaitForStep(0, 0, [&](const absl::Status& s, int64_t) {
+  ASSERT_TRUE(c->WaitForStep(0, 0, [&](const absl::Status& s, int64_t, Block) {
                  waited = s;
                }).ok());
   c->Fail(JobFailedError("rank 2 was lost"));
@@ -435,9 +447,9 @@ TEST(StepCoordinatorTest, ObservableDifferencesSeesLeasesWaitersAndPushes) {
   const StepCoordinator::ObservableState pulled = c->Observe();
   ASSERT_TRUE(c->Push(2, 0, 0, Bytes(Gradient(l, 2, 0)), 1.0f).ok());
   EXPECT_EQ(ObservableDifferences(pulled, c->Observe()),
-            "received pushes, losses, received gradients, leases");
+            "received pushes, losses, received sums, plan, leases");
   const StepCoordinator::ObservableState pushed = c->Observe();
-  ASSERT_TRUE(c->WaitForStep(2, 0, [](const absl::Status&, int64_t) {}).ok());
+  ASSERT_TRUE(c->WaitForStep(2, 0, [](const absl::Status&, int64_t, Block) {}).ok());
   EXPECT_EQ(ObservableDifferences(pushed, c->Observe()), "leases, waiters");
 }
 
@@ -531,7 +543,7 @@ TEST(StepCoordinatorTest, WaitsOfOneRankAreBoundedOldestEvicted) {
   std::vector<absl::Status> results(n);
   std::vector<int> calls(n, 0);
   for (int i = 0; i < n; ++i) {
-    auto t = c->WaitForStep(0, 0, [&, i](const absl::Status& s, int64_t) {
+    auto t = c->WaitForStep(0, 0, [&, i](const absl::Status& s, int64_t, Block) {
       results[i] = s;
       ++calls[i];
     });
@@ -632,9 +644,10 @@ TEST(StepCoordinatorTest, EveryArrivalOrderGivesTheBitsOfTheRankOrderedSum) {
   }
 }
 
-// What Observe() shows as the ranks come: a rank that came early keeps its
-// gradient; the next rank to fold adds its own and those kept to the sum.
-TEST(StepCoordinatorTest, KeptGradientsAreFoldedWithTheRankTheyWaitFor) {
+// What Observe() shows as the blocks come: a block whose sibling is not in
+// keeps its sum (as read: bf16 decoded); the one that completes a sibling
+// pair adds itself to it, and up the tree.
+TEST(StepCoordinatorTest, SumsWaitForTheirSiblingsAndAreAddedWithThem) {
   const ModelLayout l = ModelLayout::Mlp({40, 50, 10});
   const Encoding e = Encoding::kBf16;
   auto c = MakeCoordinator(l, e, 3);
@@ -642,22 +655,23 @@ TEST(StepCoordinatorTest, KeptGradientsAreFoldedWithTheRankTheyWaitFor) {
   for (int r = 0; r < kWorld; ++r) read.push_back(AsRead(e, Gradient(l, r, 0)));
   ASSERT_TRUE(c->Push(2, 0, 0, Wire(e, Gradient(l, 2, 0)), 1.0f, e).ok());
   auto o = c->Observe();
-  EXPECT_EQ(o.folded, 0);
-  EXPECT_TRUE(SameBytes(o.gradients[2], read[2]));
+  ASSERT_EQ(SumBlocks(o), (std::vector<Block>{{2, 1}}));
+  EXPECT_TRUE(SameBytes(o.sums[0].second, read[2]));
   ASSERT_TRUE(c->Push(0, 0, 0, Wire(e, Gradient(l, 0, 0)), 1.0f, e).ok());
   o = c->Observe();
-  EXPECT_EQ(o.folded, 1) << "rank 2 waits for rank 1";
-  EXPECT_TRUE(SameBytes(o.rank_sum, read[0]));
-  EXPECT_TRUE(SameBytes(o.gradients[2], read[2]));
-  // Rank 1 folds itself and rank 2, and the step is applied: the same
-  // state as the sum made one rank at a time.
+  ASSERT_EQ(SumBlocks(o), (std::vector<Block>{{0, 1}, {2, 1}}))
+      << "micro-batch 0 waits for 1";
+  EXPECT_TRUE(SameBytes(o.sums[0].second, read[0]));
+  EXPECT_TRUE(SameBytes(o.sums[1].second, read[2]));
+  // Micro-batch 1 makes [0,2) and the root, and the step is applied: the
+  // same state as the sum made one push at a time.
   auto reference = MakeCoordinator(l, e, 1);
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(
         reference->Push(r, 0, 0, Wire(e, Gradient(l, r, 0)), 1.0f, e).ok());
   }
   ASSERT_TRUE(c->Push(1, 0, 0, Wire(e, Gradient(l, 1, 0)), 1.0f, e).ok());
-  EXPECT_EQ(c->Observe().folded, 0) << "the step is applied: a new sum";
+  EXPECT_TRUE(c->Observe().sums.empty()) << "the step is applied: a new sum";
   EXPECT_TRUE(SameState(c->Snapshot(), reference->Snapshot()));
 }
 
@@ -876,7 +890,7 @@ TEST(ShardedCoordinatorTest, RewindRestoresAStateAndEndsTheWaits) {
           .ok());
   absl::Status waited;
   auto ticket =
-      c.WaitForStep(0, 2, [&](const absl::Status& s, int64_t) { waited = s; });
+      c.WaitForStep(0, 2, [&](const absl::Status& s, int64_t, Block) { waited = s; });
   ASSERT_TRUE(ticket.ok() && !ticket->ready);
 
   // A rollback decided on another generation changes nothing.

@@ -115,6 +115,7 @@ absl::Status PsClient::RawCall(Raw method, absl::Duration timeout,
 }
 
 bool PsClient::PlaceInSlot(const Gradient& gradient) {
+  if (gradient.idle) return false;
   if (gradient.in_shared_memory) return true;
   if (slot_ == nullptr) return false;
   // dp-ps has read the slot's last gradient before it answered.
@@ -135,6 +136,14 @@ grpc::ByteBuffer PsClient::SerializePush(const Gradient& gradient,
   header.set_num_samples(gradient.num_samples);
   header.set_encoding(static_cast<dp::v1::Encoding>(gradient.encoding));
   header.set_weights_in_shm(shared_memory());
+  if (!gradient.block.empty()) {
+    header.mutable_block()->set_first(gradient.block.first);
+    header.mutable_block()->set_count(gradient.block.count);
+  }
+  if (gradient.idle) {
+    header.set_idle(true);
+    return SerializeMessage(header);
+  }
   if (in_slot) {
     header.set_gradient_in_shm(true);
     header.set_shm_slot(slot_id_);
@@ -164,6 +173,10 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
       all.subspan(shard_.range.offset, shard_.range.length);
   received->step = header.step();
   received->wire_bytes = static_cast<int64_t>(response.Length());
+  received->block = Block{header.block().first(), header.block().count()};
+  received->work_only = header.work_only();
+  // More work on the weights held: in place ones stay read.
+  if (header.work_only()) return absl::OkStatus();
   received->in_place = {};
   in_place_.reset();
   if (header.params_in_shm()) {
@@ -320,6 +333,7 @@ absl::StatusOr<JobStatus> PsClient::GetStatus() {
 absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
   dp::v1::RegisterRequest request;
   request.set_rank(registration.rank);
+  request.set_any_rank(registration.any_rank);
   request.set_model_fingerprint(registration.model_fingerprint);
   request.mutable_data()->set_num_samples(registration.data.num_samples);
   request.mutable_data()->set_hash(registration.data.hash);
@@ -333,6 +347,7 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
   num_params_ = response.num_params();
   JobStatus status = JobStatusFromProto(response.config(), response.step(),
                                         response.shard(), num_params_);
+  status.rank = response.rank();
   shard_ = status.shard.spec;
   whole_tensors_ = WholeTensors(ModelLayout::SimpleNet(), shard_.range);
   // The regions of a previous registration are dropped: dp-ps gave this
@@ -421,15 +436,18 @@ absl::Status PsClient::Push(const Gradient& gradient, int64_t* sent_bytes) {
   return ParseMessage(bytes, &response);
 }
 
-absl::Status PsClient::Barrier(int rank, int64_t step) {
+absl::Status PsClient::Barrier(int rank, int64_t step, Block* work) {
   dp::v1::BarrierRequest request;
   request.set_rank(rank);
   request.set_step(step);
   dp::v1::BarrierResponse response;
-  return WithRetry("Barrier", options_.wait_timeout,
-                   [&](grpc::ClientContext* c) {
-                     return rpc_->stub->Barrier(c, request, &response);
-                   });
+  RETURN_IF_ERROR(WithRetry("Barrier", options_.wait_timeout,
+                            [&](grpc::ClientContext* c) {
+                              return rpc_->stub->Barrier(c, request,
+                                                         &response);
+                            }));
+  *work = Block{response.block().first(), response.block().count()};
+  return absl::OkStatus();
 }
 
 absl::Status PsClient::PushPull(const Gradient& gradient, absl::Span<float> all,

@@ -20,6 +20,7 @@
 #include "common/dataset.h"
 #include "common/job_config.h"
 #include "common/lent_buffer.h"
+#include "common/micro_batch_tree.h"
 #include "common/shard_plan.h"
 #include "common/shared_memory.h"
 #include "common/tensor_codec.h"
@@ -62,11 +63,13 @@ struct JobStatus {
   int64_t step = 0;
   std::vector<int> pushed_ranks;  // ranks whose push for `step` arrived
   ShardState shard;
+  int rank = 0;  // Register: the rank this worker is
 };
 
 // Who registers: dp-ps refuses a worker whose model or data differ.
 struct Registration {
   int rank = 0;
+  bool any_rank = false;  // dp-ps picks the rank
   uint64_t model_fingerprint = 0;
   DataFingerprint data;
   std::string worker_id;  // host/pid, for dp-ps's logs
@@ -84,6 +87,11 @@ struct Weights {
   std::vector<absl::Span<const float>> tensors;
   bool in_place = false;   // some tensor lies in shared memory
   int64_t wire_bytes = 0;  // size of the message(s)
+  // What this worker computes from them (empty: nothing yet: it waits
+  // idle). With work_only, no weights came: the block is more work for
+  // `step`, whose weights (params, tensors) are as they were.
+  Block block;
+  bool work_only = false;
 };
 
 // What one dp-ps's answer held besides the values it writes into its range
@@ -96,6 +104,8 @@ struct Received {
   // tensors wholly inside the range (float32 weights only).
   absl::Span<const float> in_place;
   int64_t in_place_offset = 0;
+  Block block;             // see Weights
+  bool work_only = false;  // no values: nothing was written or read
 };
 
 // One step's gradient, in `encoding`: the whole vector in `wire`, of which
@@ -111,6 +121,10 @@ struct Gradient {
   Encoding encoding = Encoding::kF32;
   const LentBuffer* wire = nullptr;
   bool in_shared_memory = false;
+  // The micro-batches it is the sum of (empty: micro-batch `rank`).
+  Block block;
+  // Nothing to push: PushPull waits for the step (or for work) only.
+  bool idle = false;
 };
 
 // One dp-ps (one shard of the job's parameters): worker/ps_group.h speaks
@@ -145,7 +159,8 @@ class PsClient {
   // Push, Barrier and Pull; or PushPull: push, wait at the barrier, receive
   // the new weights. Each returns the bytes it sent in *sent_bytes.
   absl::Status Push(const Gradient& gradient, int64_t* sent_bytes);
-  absl::Status Barrier(int rank, int64_t step);
+  // *work: empty once `step` is applied; else a block of it to compute.
+  absl::Status Barrier(int rank, int64_t step, Block* work);
   absl::Status PushPull(const Gradient& gradient, absl::Span<float> all,
                         Received* received, int64_t* sent_bytes);
   absl::Status ReportEval(int rank, const EvalReport& report);

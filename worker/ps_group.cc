@@ -138,11 +138,12 @@ std::string PsGroup::address() const {
 }
 
 absl::Status PsGroup::ForEachShard(
-    absl::FunctionRef<absl::Status(int shard)> call) {
+    absl::FunctionRef<absl::Status(int shard)> call, bool with_leader) {
   std::vector<absl::Status> results(clients_.size());
   pool_.ParallelFor(static_cast<int64_t>(clients_.size()), 1,
                     [&](int64_t begin, int64_t end) {
                       for (int64_t k = begin; k < end; ++k) {
+                        if (k == 0 && !with_leader) continue;
                         results[k] = call(static_cast<int>(k));
                       }
                     });
@@ -264,8 +265,17 @@ absl::Status PsGroup::RollBack(const std::vector<JobStatus>& all,
   });
 }
 
-absl::StatusOr<JobStatus> PsGroup::Register(const Registration& registration) {
+absl::StatusOr<JobStatus> PsGroup::Register(const Registration& wanted) {
   join_version_.reset();
+  Registration registration = wanted;
+  if (registration.any_rank) {
+    // One dp-ps picks the rank (the first listed: the same for every
+    // worker), and every shard then knows the worker by it.
+    ASSIGN_OR_RETURN(const JobStatus picked,
+                     clients_[0]->Register(registration));
+    registration.rank = picked.rank;
+    registration.any_rank = false;
+  }
   for (int round = 0; round < kMaxJoinRounds; ++round) {
     // Backoff: another worker may be rolling the same shards back.
     absl::SleepFor(absl::Milliseconds(10) * round);
@@ -275,6 +285,7 @@ absl::StatusOr<JobStatus> PsGroup::Register(const Registration& registration) {
       join_version_ = plan.version;
       JobStatus joined = all[0];
       joined.step = plan.step;
+      joined.rank = registration.rank;
       return joined;
     }
     Log("rank %d: the shards are at steps %s: rolling them back to step %d",
@@ -318,6 +329,10 @@ absl::Span<char> PsGroup::GradientSlot() const {
 absl::Status PsGroup::Combine(const std::vector<Received>& received,
                               Weights* weights) const {
   weights->step = received[0].step;
+  weights->block = received[0].block;
+  weights->work_only = received[0].work_only;
+  // More work on the weights held: params and tensors stay as they are.
+  if (weights->work_only) return absl::OkStatus();
   weights->wire_bytes = 0;
   std::vector<std::string> steps;
   bool same = true;
@@ -360,17 +375,26 @@ absl::Status PsGroup::Pull(int rank, Weights* weights) {
   return Combine(received, weights);
 }
 
+absl::Status PsGroup::PushToFollowers(const Gradient& gradient,
+                                      std::vector<int64_t>* sent) {
+  // Every block reaches the other shards before shard 0: when shard 0 has
+  // applied a step, they have every block of it too, and applied it.
+  if (gradient.idle || shards() == 1) return absl::OkStatus();
+  return ForEachShard([&](int k) { return shard(k).Push(gradient, &(*sent)[k]); },
+                      /*with_leader=*/false);
+}
+
 absl::Status PsGroup::Push(const Gradient& gradient, int64_t* sent_bytes) {
   std::vector<int64_t> sent(clients_.size(), 0);
-  absl::Status s =
-      ForEachShard([&](int k) { return shard(k).Push(gradient, &sent[k]); });
+  absl::Status s = PushToFollowers(gradient, &sent);
+  if (s.ok()) s = shard(0).Push(gradient, &sent[0]);
   *sent_bytes = 0;
   for (int64_t b : sent) *sent_bytes += b;
   return s;
 }
 
-absl::Status PsGroup::Barrier(int rank, int64_t step) {
-  return ForEachShard([&](int k) { return shard(k).Barrier(rank, step); });
+absl::Status PsGroup::Barrier(int rank, int64_t step, Block* work) {
+  return shard(0).Barrier(rank, step, work);
 }
 
 absl::Status PsGroup::PushPull(const Gradient& gradient, Weights* weights,
@@ -379,12 +403,18 @@ absl::Status PsGroup::PushPull(const Gradient& gradient, Weights* weights,
   std::vector<Received> received(clients_.size());
   std::vector<int64_t> sent(clients_.size(), 0);
   const absl::Span<float> all = absl::MakeSpan(weights->params);
-  absl::Status s = ForEachShard([&](int k) {
-    return shard(k).PushPull(gradient, all, &received[k], &sent[k]);
-  });
+  absl::Status s = PushToFollowers(gradient, &sent);
+  if (s.ok()) s = shard(0).PushPull(gradient, all, &received[0], &sent[0]);
+  if (s.ok() && !received[0].work_only && shards() > 1) {
+    s = ForEachShard(
+        [&](int k) { return shard(k).Pull(gradient.rank, std::nullopt, all,
+                                          &received[k]); },
+        /*with_leader=*/false);
+  }
   *sent_bytes = 0;
   for (int64_t b : sent) *sent_bytes += b;
   RETURN_IF_ERROR(s);
+  if (received[0].work_only) received.resize(1);
   return Combine(received, weights);
 }
 

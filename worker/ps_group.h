@@ -1,7 +1,8 @@
 // The job's dp-ps shards as one parameter server. Each shard owns a range
-// of the vector (common/shard_plan.h); every step pushes and pulls each
-// shard's range concurrently and steps on when all have answered. Shard 0
-// speaks for the job (status, evaluations). Joining keeps the shards at one
+// of the vector (common/shard_plan.h); every push goes to the other shards
+// first and then to shard 0, which leads the step (it hands out the blocks
+// and waits for the step); the new weights come from every shard
+// concurrently. Shard 0 speaks for the job (status, evaluations, ranks). Joining keeps the shards at one
 // step: when a shard restarted from an older checkpoint, every shard rolls
 // back to the newest step they can all restore, and the workers redo the
 // steps after it (same data, same weights: the same model to the bit).
@@ -60,7 +61,9 @@ class PsGroup {
   absl::Span<char> GradientSlot() const;
   absl::Status Pull(int rank, Weights* weights);
   absl::Status Push(const Gradient& gradient, int64_t* sent_bytes);
-  absl::Status Barrier(int rank, int64_t step);
+  // Shard 0's barrier: *work empty once `step` is applied, else a block of
+  // it to compute.
+  absl::Status Barrier(int rank, int64_t step, Block* work);
   absl::Status PushPull(const Gradient& gradient, Weights* weights,
                         int64_t* sent_bytes);
   absl::Status ReportEval(int rank, const EvalReport& report);
@@ -75,10 +78,14 @@ class PsGroup {
   std::string address() const;
 
  private:
-  // Runs call(shard) for every shard, concurrently; the first error, if
-  // any (by shard order).
-  absl::Status ForEachShard(absl::FunctionRef<absl::Status(int shard)> call);
+  // Runs call(shard) for every shard (but shard 0 when !with_leader),
+  // concurrently; the first error, if any (by shard order).
+  absl::Status ForEachShard(absl::FunctionRef<absl::Status(int shard)> call,
+                            bool with_leader = true);
   // One round of Register: the statuses by shard index.
+  // The push to every shard but 0 (none for an idle one).
+  absl::Status PushToFollowers(const Gradient& gradient,
+                               std::vector<int64_t>* sent);
   absl::StatusOr<std::vector<JobStatus>> RegisterAll(
       const Registration& registration);
   // Rolls every shard not at `target` back to it, on the generation it

@@ -44,18 +44,19 @@ absl::Status Timed(WorkerMetrics& metrics, WorkerMetrics::Call what,
 absl::Status CheckSameJob(const JobConfig& loaded, const JobConfig& now) {
   if (now.dataset == loaded.dataset &&
       now.schedule.batch_size == loaded.schedule.batch_size &&
-      now.schedule.world_size == loaded.schedule.world_size &&
+      now.schedule.num_micro_batches() ==
+          loaded.schedule.num_micro_batches() &&
       now.schedule.seed == loaded.schedule.seed &&
       now.grad_encoding == loaded.grad_encoding) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrFormat(
-      "dp-ps now runs another job (%s, %d workers x %d, seed %d, %s "
+      "dp-ps now runs another job (%s, %d micro-batches x %d, seed %d, %s "
       "gradients) than the one this worker joined (%s, %d x %d, seed %d, "
       "%s): restart the worker",
-      now.dataset, now.schedule.world_size, now.schedule.batch_size,
+      now.dataset, now.schedule.num_micro_batches(), now.schedule.batch_size,
       now.schedule.seed, EncodingName(now.grad_encoding), loaded.dataset,
-      loaded.schedule.world_size, loaded.schedule.batch_size,
+      loaded.schedule.num_micro_batches(), loaded.schedule.batch_size,
       loaded.schedule.seed, EncodingName(loaded.grad_encoding)));
 }
 
@@ -64,8 +65,9 @@ absl::Status CheckSameJob(const JobConfig& loaded, const JobConfig& now) {
 Trainer::Trainer(PsGroup* client, TrainerOptions options)
     : client_(client),
       options_(std::move(options)),
+      rank_(rank_),
       unexported_(options_.metrics == nullptr
-                      ? std::make_unique<WorkerMetrics>(options_.rank)
+                      ? std::make_unique<WorkerMetrics>(rank_)
                       : nullptr),
       metrics_(options_.metrics != nullptr ? *options_.metrics : *unexported_) {
 }
@@ -78,9 +80,10 @@ absl::Status Trainer::Load() {
   ASSIGN_OR_RETURN(const JobStatus job, client_->GetStatus());
   loaded_ = job.config;
   const Schedule& s = loaded_.schedule;
-  if (rank < 0 || rank >= s.world_size) {
+  if (rank != TrainerOptions::kAnyRank && (rank < 0 || rank >= s.world_size)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d is out of range: the job has %d workers", rank, s.world_size));
+        "rank %d is out of range: the job has at most %d workers", rank,
+        s.world_size));
   }
   // Fixed gradients would silently wreck a real model: the benchmark backend
   // joins only jobs on the synthetic data, which train nothing anyone keeps.
@@ -102,10 +105,15 @@ absl::Status Trainer::Load() {
   backend_options.cpu_threads = options_.cpu_threads;
   backend_options.tf32 = options_.tf32;
   ASSIGN_OR_RETURN(backend_, options_.backend.Create(layout, backend_options));
-  Log("rank %d: %d training samples of %s, backend %s", rank,
+  Log("%s: %d training samples of %s, backend %s",
+      rank == TrainerOptions::kAnyRank ? std::string("worker")
+                                       : absl::StrCat("rank ", rank),
       train_.num_samples, loaded_.dataset, backend_->Name());
 
-  registration_.rank = rank;
+  // Without a rank of its own the worker asks again at every join: dp-ps
+  // gives it back the one it had (by worker_id) unless another took it.
+  registration_.rank = std::max(rank, 0);
+  registration_.any_rank = rank == TrainerOptions::kAnyRank;
   registration_.model_fingerprint = layout.Fingerprint();
   registration_.data = train_.fingerprint;
   char host[256] = {0};
@@ -125,12 +133,18 @@ absl::Status Trainer::Load() {
 absl::Status Trainer::Join() {
   ASSIGN_OR_RETURN(const JobStatus joined, client_->Register(registration_));
   RETURN_IF_ERROR(CheckSameJob(loaded_, joined.config));
+  rank_ = joined.rank;
+  // Rank 0 evaluates: a worker that dp-ps made rank 0 loads the test set.
+  if (rank_ == 0 && !test_.has_value()) {
+    ASSIGN_OR_RETURN(test_, LoadDataset(loaded_.dataset, options_.data_dir,
+                                        loaded_.schedule.seed, Split::kTest));
+  }
   Schedule schedule = joined.config.schedule;
   schedule.num_samples = train_.num_samples;
   const int64_t total = schedule.total_steps();
   const bool first = sampler_ == nullptr;
   if (!first && total != total_) {
-    Log("rank %d: the job now has %d steps (was %d)", options_.rank, total,
+    Log("rank %d: the job now has %d steps (was %d)", rank_, total,
         total_);
   }
   if (first || schedule.epochs != schedule_.epochs ||
@@ -141,7 +155,7 @@ absl::Status Trainer::Join() {
   total_ = total;
   const bool shm = client_->shared_memory();
   if (first || shm != logged_shared_memory_) {
-    Log("rank %d: tensors through %s", options_.rank,
+    Log("rank %d: tensors through %s", rank_,
         shm ? "shared memory"
             : (client_->why_not_shared_memory().empty()
                    ? std::string("gRPC")
@@ -151,9 +165,15 @@ absl::Status Trainer::Join() {
   }
   logged_shared_memory_ = shm;
   gradient_into_slot_ = !client_->GradientSlot().empty();
-  RETURN_IF_ERROR(Timed(metrics_, WorkerMetrics::Call::kPull, [&] {
-    return client_->Pull(options_.rank, &weights_);
-  }));
+  // The job does not wait for a rank with no block: a version read in
+  // place can be overwritten before it is read (ABORTED); the next is.
+  absl::Status pulled;
+  for (int tries = 0; tries < kMaxResyncsInARow; ++tries) {
+    pulled = Timed(metrics_, WorkerMetrics::Call::kPull,
+                   [&] { return client_->Pull(rank_, &weights_); });
+    if (pulled.code() != absl::StatusCode::kAborted) break;
+  }
+  RETURN_IF_ERROR(pulled);
   metrics_.AddReceivedBytes(weights_.wire_bytes);
   step_ = weights_.step;
   return AdoptWeights();
@@ -164,7 +184,7 @@ absl::Status Trainer::AdoptWeights() {
                            : backend_->TakeWeights(&weights_.params);
 }
 
-absl::StatusOr<Gradient> Trainer::Compute() {
+absl::StatusOr<Gradient> Trainer::Compute(const Block& block) {
   const absl::Time start = absl::Now();
   const Encoding encoding = loaded_.grad_encoding;
   // Where the encoded gradient goes: this rank's shared-memory slot (dp-ps
@@ -177,24 +197,45 @@ absl::StatusOr<Gradient> Trainer::Compute() {
       encoding == Encoding::kF32
           ? absl::Span<float>(reinterpret_cast<float*>(out), grad_size_)
           : absl::MakeSpan(grad_);
-  GatherBatch(train_, sampler_->Indices(step_, options_.rank), x_.data(),
-              y_.data());
-  ASSIGN_OR_RETURN(const float loss, backend_->ForwardBackward(x_, y_, grad));
+  // One micro-batch goes straight where it is sent; several are each
+  // computed alone (their own matrix products, so that a micro-batch's
+  // gradient never depends on what else this worker computed) and summed
+  // in the tree's order.
+  float loss_sum = 0.0f;
+  if (block.count > static_cast<int>(leaves_.size())) {
+    leaves_.resize(block.count);
+  }
+  std::vector<float*> leaves;
+  for (int i = 0; i < block.count; ++i) {
+    absl::Span<float> into = grad;
+    if (block.count > 1) {
+      leaves_[i].resize(grad_size_);
+      into = absl::MakeSpan(leaves_[i]);
+      leaves.push_back(leaves_[i].data());
+    }
+    GatherBatch(train_, sampler_->Indices(step_, block.first + i), x_.data(),
+                y_.data());
+    ASSIGN_OR_RETURN(const float loss, backend_->ForwardBackward(x_, y_, into));
+    loss_sum += loss;
+    ++stats_.gradients;
+  }
+  if (block.count > 1) SumInTreeOrder(leaves, grad_size_, grad.data());
   if (encoding != Encoding::kF32) {
     Encode(encoding, grad.data(), grad.size(), out);
   }
+  const float loss = loss_sum / static_cast<float>(block.count);
   const absl::Duration took = absl::Now() - start;
   metrics_.ObserveCompute(took, loss);
   stats_.compute_seconds += absl::ToDoubleSeconds(took);
-  ++stats_.gradients;
   Gradient g;
-  g.rank = options_.rank;
+  g.rank = rank_;
   g.step = step_;
   g.loss = loss;
-  g.num_samples = schedule_.batch_size;
+  g.num_samples = schedule_.batch_size * block.count;
   g.encoding = encoding;
   g.wire = wire;
   g.in_shared_memory = gradient_into_slot_;
+  g.block = block;
   return g;
 }
 
@@ -208,19 +249,26 @@ absl::Status Trainer::Exchange(const Gradient& gradient) {
       s = Timed(metrics_, C::kPushPull,
                 [&] { return client_->PushPull(gradient, &weights_, &sent); });
     } else {
-      if (!pushed) {
+      if (!pushed && !gradient.idle) {
         s = Timed(metrics_, C::kPush,
                   [&] { return client_->Push(gradient, &sent); });
         pushed = s.ok();
       }
+      Block work;
       if (s.ok()) {
         s = Timed(metrics_, C::kBarrier, [&] {
-          return client_->Barrier(options_.rank, gradient.step);
+          return client_->Barrier(rank_, gradient.step, &work);
         });
+      }
+      if (s.ok() && !work.empty()) {
+        weights_.step = gradient.step;
+        weights_.block = work;
+        weights_.work_only = true;
+        return s;
       }
       if (s.ok()) {
         s = Timed(metrics_, C::kPull,
-                  [&] { return client_->Pull(options_.rank, &weights_); });
+                  [&] { return client_->Pull(rank_, &weights_); });
       }
     }
     metrics_.AddSentBytes(sent);
@@ -236,7 +284,7 @@ absl::Status Trainer::Exchange(const Gradient& gradient) {
     // bytes: dp-ps acknowledges a repeated push without counting it).
     ++stats_.wait_timeouts;
     metrics_.CountWaitTimeout();
-    Log("rank %d: still waiting at step %d for rank(s) %s", options_.rank,
+    Log("rank %d: still waiting at step %d for rank(s) %s", rank_,
         gradient.step, MissingRanks());
   }
 }
@@ -277,16 +325,16 @@ absl::Status Trainer::Evaluate(int64_t finished) {
   Log("rank 0: test accuracy %.4f after epoch %d", report.accuracy,
       report.epoch);
   // The number is informative: a refused report must not stop training.
-  if (absl::Status s = client_->ReportEval(options_.rank, report); !s.ok()) {
+  if (absl::Status s = client_->ReportEval(rank_, report); !s.ok()) {
     Log("rank 0: evaluation report not accepted: %s", s.message());
   }
   return absl::OkStatus();
 }
 
 absl::Status Trainer::Run() {
-  const int rank = options_.rank;
   RETURN_IF_ERROR(Load());
   RETURN_IF_ERROR(Join());
+  const int rank = rank_;
   if (options_.on_joined) options_.on_joined();
   Log("rank %d: joined at step %d of %d (%d per epoch)", rank, step_, total_,
       schedule_.steps_per_epoch());
@@ -299,12 +347,33 @@ absl::Status Trainer::Run() {
           absl::StrFormat("stopped at step %d on request", step_));
     }
     const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(const Gradient gradient, Compute());
-    const absl::Time computed = absl::Now();
-    // Weights read in place that changed under the computation (ABORTED)
-    // gave a gradient of no version: it is not pushed.
-    absl::Status exchanged = client_->CheckInPlaceWeights();
-    if (exchanged.ok()) exchanged = Exchange(gradient);
+    absl::Time computed = start;
+    absl::Status exchanged;
+    // The step's blocks: this rank's own, then whatever dp-ps hands it
+    // while the step runs (a lost or late rank's), until it is applied.
+    Block block = weights_.block;
+    for (;;) {
+      Gradient gradient;
+      if (block.empty()) {
+        gradient.rank = rank_;
+        gradient.step = step_;
+        gradient.encoding = loaded_.grad_encoding;
+        gradient.idle = true;
+        computed = absl::Now();
+        exchanged = Exchange(gradient);
+      } else {
+        ASSIGN_OR_RETURN(gradient, Compute(block));
+        computed = absl::Now();
+        // Weights read in place that changed under the computation
+        // (ABORTED) gave a gradient of no version: it is not pushed.
+        exchanged = client_->CheckInPlaceWeights();
+        if (exchanged.ok()) exchanged = Exchange(gradient);
+      }
+      if (!exchanged.ok() || !weights_.work_only) break;
+      if (weights_.step != step_) break;  // handled below: re-join
+      block = weights_.block;
+      ++stats_.extra_blocks;
+    }
     // dp-ps ended the job: nothing to re-join or retry.
     if (IsJobFailed(exchanged)) return exchanged;
     // ABORTED: stale or future step; FAILED_PRECONDITION: dp-ps restarted
@@ -313,7 +382,7 @@ absl::Status Trainer::Run() {
     // the loop.
     if (exchanged.code() == absl::StatusCode::kAborted ||
         exchanged.code() == absl::StatusCode::kFailedPrecondition ||
-        (exchanged.ok() && weights_.step != step_ + 1)) {
+        (exchanged.ok() && (weights_.work_only || weights_.step != step_ + 1))) {
       Log("rank %d: re-joining at step %d: %s", rank, step_,
           exchanged.ok() ? "unexpected version" : exchanged.message());
       if (++resyncs_in_a_row > kMaxResyncsInARow) {
@@ -341,13 +410,13 @@ absl::Status Trainer::Run() {
   const double per_step = stats_.steps ? 1.0 / stats_.steps : 0.0;
   Log("rank %d: finished at step %d: %d steps here (%d gradients), %.3f ms "
       "compute + %.3f ms exchange per step, %.3f MB sent + %.3f MB received "
-      "per step, %d re-joins, %d barrier timeouts",
-      rank, step_, stats_.steps, stats_.gradients,
+      "per step, %d re-joins, %d barrier timeouts, %d blocks handed over",
+      rank_, step_, stats_.steps, stats_.gradients,
       1e3 * stats_.compute_seconds * per_step,
       1e3 * stats_.exchange_seconds * per_step,
       1e-6 * stats_.bytes_sent * per_step,
       1e-6 * stats_.bytes_received * per_step, stats_.resyncs,
-      stats_.wait_timeouts);
+      stats_.wait_timeouts, stats_.extra_blocks);
   return absl::OkStatus();
 }
 

@@ -27,6 +27,8 @@
 namespace dp {
 
 struct TrainerOptions {
+  // kAnyRank: dp-ps picks one when the worker joins.
+  static constexpr int kAnyRank = -1;
   int rank = 0;
   std::string data_dir;   // empty: the data set's default location
   BackendChoice backend;  // default: the CPU backend
@@ -44,7 +46,8 @@ struct TrainerOptions {
 
 struct TrainerStats {
   int64_t steps = 0;            // steps completed by this process
-  int64_t gradients = 0;        // forward+backward passes
+  int64_t gradients = 0;        // forward+backward passes (micro-batches)
+  int64_t extra_blocks = 0;     // blocks dp-ps handed over mid-step
   int64_t resyncs = 0;          // re-joins after ABORTED or a lost dp-ps
   int64_t wait_timeouts = 0;    // barrier waits past --wait_timeout_s
   double compute_seconds = 0;   // forward + backward
@@ -74,12 +77,18 @@ class Trainer {
   // in place in shared memory (that memory holds them until the next
   // exchange), else taken from the buffer they were received in.
   absl::Status AdoptWeights();
-  // Forward+backward of this rank's batch at step_, encoded for the wire.
-  absl::StatusOr<Gradient> Compute();
-  // Sends the gradient and returns with the next weights in weights_. A
-  // barrier wait that outlasts its deadline is reported and waited again
-  // with the same bytes: the step is never computed twice.
+  // Forward+backward of each micro-batch of `block` at step_, alone, summed
+  // in the tree's order (common/micro_batch_tree.h) and encoded for the
+  // wire.
+  absl::StatusOr<Gradient> Compute(const Block& block);
+  // Sends the gradient (or, idle, nothing) and returns with the next
+  // weights in weights_, or with more work for step_ (weights_.work_only).
+  // A barrier wait that outlasts its deadline is reported and waited again
+  // with the same bytes: a block is never computed twice.
   absl::Status Exchange(const Gradient& gradient);
+  // Computes and exchanges the blocks of step_ dp-ps hands this rank until
+  // the step is applied: weights_ then holds the next version.
+  absl::Status Step();
   // Rank 0: the test set on the weights after `finished`, reported to dp-ps.
   absl::Status Evaluate(int64_t finished);
   // Whom step_ waits for, from every shard's status ("?" when they cannot
@@ -88,6 +97,7 @@ class Trainer {
 
   PsGroup* const client_;
   const TrainerOptions options_;
+  int rank_;  // as of the last join (options_.rank, or the one picked)
   std::unique_ptr<WorkerMetrics> unexported_;
   WorkerMetrics& metrics_;
   TrainerStats stats_;
@@ -112,6 +122,8 @@ class Trainer {
   // written; the backend writes float32 straight into it.
   std::unique_ptr<LentBufferPool> wire_;
   std::vector<float> grad_;  // float32 gradient for the other encodings
+  // A block's micro-batch gradients before they are summed.
+  std::vector<std::vector<float>> leaves_;
   size_t grad_size_ = 0;     // values of a gradient
   // As of the last join: the path the log and the metric last named (shared
   // memory or gRPC), and whether the backend computes the gradient straight

@@ -81,7 +81,9 @@ int Run(int argc, char** argv) {
   flags.AddInt("shards", &shards,
                "how many dp-ps shards an entry of --ps with {shard} names "
                "(0 = none has it)");
-  flags.AddInt("rank", &rank, "this worker's rank, 0..N-1",
+  flags.AddInt("rank", &rank,
+               "this worker's rank, 0..N-1 (-1: dp-ps picks one when it "
+               "joins)",
                {"RANK", "JOB_COMPLETION_INDEX"});
   flags.AddString("data_dir", &data_dir,
                   "directory of the IDX files (empty: the data set's default)");
@@ -128,10 +130,12 @@ int Run(int argc, char** argv) {
           ParseCommandLine(&flags, &dry_run, argc, argv)) {
     return *exit;
   }
-  SetLogTag(absl::StrFormat("worker %d", rank));
-  if (rank < 0) {
-    Log("configuration error: --rank is required (or DP_RANK, RANK, "
-        "JOB_COMPLETION_INDEX)");
+  SetLogTag(rank >= 0 ? absl::StrFormat("worker %d", rank)
+                      : absl::StrFormat("worker %d", getpid()));
+  if (rank < -1) {
+    Log("configuration error: --rank must be 0..N-1, or -1 for dp-ps to "
+        "pick one (or DP_RANK, RANK, JOB_COMPLETION_INDEX), got %d",
+        rank);
     return kExitConfigError;
   }
   if (data_plane != "auto" && data_plane != "grpc" && data_plane != "shm") {
