@@ -1,0 +1,265 @@
+// The elastic step protocol without the network: any rank may push any
+// block, lost ranks' blocks go to the others, joiners get blocks from the
+// next step, late blocks are backed up, and the state never depends on
+// who computed what.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "server/step_coordinator.h"
+
+namespace dp {
+namespace {
+
+const DataFingerprint kData{1000, 0x1234};
+const ModelLayout& Layout() {
+  static const ModelLayout* l = new ModelLayout(ModelLayout::Mlp({6, 5, 3}));
+  return *l;
+}
+
+JobConfig Job(int world, int micro_batches, int min_workers = 1) {
+  JobConfig c;
+  c.schedule.world_size = world;
+  c.schedule.micro_batches = micro_batches;
+  c.schedule.batch_size = 4;
+  c.schedule.epochs = 1;
+  c.dataset = "synthetic";
+  c.min_workers = min_workers;
+  return c;
+}
+
+// A coordinator whose ranks [0, registered) have joined.
+std::unique_ptr<StepCoordinator> Make(const JobConfig& job, int registered,
+                                      ElasticOptions elastic = {}) {
+  TrainingState s;
+  s.params = InitParams(Layout(), 1);
+  auto c = std::make_unique<StepCoordinator>(Layout(), job, s);
+  // Straggler backups on their own test: timing plays no part here.
+  elastic.backup_blocks = 0;
+  c->SetElastic(elastic);
+  for (int r = 0; r < registered; ++r) {
+    EXPECT_TRUE(c->Register(r, Layout().Fingerprint(), kData).ok());
+  }
+  return c;
+}
+
+// Micro-batch j's gradient at `step`: mixed magnitudes, so that adding in
+// another order gives other bits.
+std::vector<float> Leaf(int j, int step) {
+  std::vector<float> g(Layout().num_params());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float scale = j % 2 == 0 ? 1e7f : 1.0f;
+    g[i] = scale * std::sin(0.37f * i + j * 1.3f + step * 0.11f) + 0.1f * j;
+  }
+  return g;
+}
+
+// What a worker pushes for `b`: its leaves summed in tree order.
+std::string BlockSum(const Block& b, int step) {
+  std::vector<std::vector<float>> leaves;
+  for (int j = b.first; j < b.end(); ++j) leaves.push_back(Leaf(j, step));
+  std::vector<float*> p;
+  for (auto& l : leaves) p.push_back(l.data());
+  std::vector<float> out(Layout().num_params());
+  SumInTreeOrder(p, out.size(), out.data());
+  return std::string(reinterpret_cast<const char*>(out.data()),
+                     out.size() * sizeof(float));
+}
+
+absl::Status PushBlock(StepCoordinator& c, int rank, int step, Block b) {
+  return c.Push(rank, step, 0, BlockSum(b, step), 1.0f, Encoding::kF32, b)
+      .status();
+}
+
+bool SameState(const TrainingState& a, const TrainingState& b) {
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() &&
+           std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  return a.step == b.step && same(a.params, b.params) && same(a.m, b.m) &&
+         same(a.v, b.v);
+}
+
+// Two steps of 4 micro-batches computed as 4 leaves, as 2 blocks, as the
+// whole step by one rank, and as a mix pushed out of order and twice: one
+// state, bit for bit.
+TEST(ElasticCoordinatorTest, TheStateDependsOnTheMicroBatchesNotOnWhoPushed) {
+  const JobConfig job = Job(4, 4);
+  const std::vector<std::vector<std::pair<int, Block>>> ways = {
+      {{0, {0, 1}}, {1, {1, 1}}, {2, {2, 1}}, {3, {3, 1}}},
+      {{0, {0, 2}}, {1, {2, 2}}},
+      {{3, {0, 4}}},
+      {{2, {3, 1}}, {0, {0, 2}}, {1, {3, 1}}, {1, {2, 1}}},
+  };
+  std::vector<TrainingState> results;
+  for (const auto& way : ways) {
+    auto c = Make(job, 4);
+    for (int step = 0; step < 2; ++step) {
+      for (const auto& [rank, block] : way) {
+        ASSERT_TRUE(PushBlock(*c, rank, step, block).ok());
+      }
+    }
+    results.push_back(c->Snapshot());
+  }
+  EXPECT_EQ(results[0].step, 2);
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_TRUE(SameState(results[0], results[i])) << "way " << i;
+  }
+}
+
+TEST(ElasticCoordinatorTest, CopiesCountOnceAndABlockMustBeANode) {
+  auto c = Make(Job(4, 4), 4);
+  ASSERT_TRUE(PushBlock(*c, 0, 0, {0, 2}).ok());
+  auto again = c->Push(1, 0, 0, BlockSum({0, 2}, 0), 1.0f, Encoding::kF32,
+                       Block{0, 2});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->duplicate);
+  auto inside = c->Push(1, 0, 0, BlockSum({1, 1}, 0), 1.0f, Encoding::kF32,
+                        Block{1, 1});
+  ASSERT_TRUE(inside.ok());
+  EXPECT_TRUE(inside->duplicate);
+  EXPECT_EQ(c->Status().elastic.duplicate_pushes, 2);
+  const auto before = c->Observe();
+  const absl::Status odd = PushBlock(*c, 2, 0, {1, 2});
+  EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument) << odd;
+  EXPECT_NE(odd.message().find("[1,3)"), std::string::npos) << odd;
+  EXPECT_EQ(ObservableDifferences(before, c->Observe()), "");
+}
+
+TEST(ElasticCoordinatorTest, ThePlanSplitsTheStepAmongTheLiveRanks) {
+  auto c = Make(Job(4, 4), 3);
+  EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 2}, {2, 1}, {3, 1}, {}}));
+  // Rank 3 joins before anything of the step is in: planned again.
+  ASSERT_TRUE(c->Register(3, Layout().Fingerprint(), kData).ok());
+  EXPECT_EQ(c->Status().plan,
+            (std::vector<Block>{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
+  ASSERT_EQ(c->Pull(2, 0, 0)->block, (Block{2, 1}));
+}
+
+TEST(ElasticCoordinatorTest, AJoinerGetsBlocksFromTheNextStepOn) {
+  auto c = Make(Job(4, 2), 1);
+  EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 2}, {}, {}, {}}));
+  ASSERT_TRUE(PushBlock(*c, 0, 0, {0, 1}).ok());
+  ASSERT_TRUE(c->Register(1, Layout().Fingerprint(), kData).ok());
+  EXPECT_TRUE(c->Pull(1, 0, 0)->block.empty()) << "mid-step: nothing yet";
+  ASSERT_TRUE(PushBlock(*c, 0, 0, {1, 1}).ok());
+  EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 1}, {1, 1}, {}, {}}));
+}
+
+TEST(ElasticCoordinatorTest, StepsWaitForMinWorkers) {
+  auto c = Make(Job(3, 2, /*min_workers=*/2), 1);
+  EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty());
+  ASSERT_TRUE(c->Register(1, Layout().Fingerprint(), kData).ok());
+  EXPECT_EQ(c->Pull(0, 0, 0)->block, (Block{0, 1}));
+  EXPECT_EQ(c->Pull(1, 0, 0)->block, (Block{1, 1}));
+}
+
+// Rank 0 goes silent past its lease while rank 1 waits: its block is
+// handed to rank 1's wait, and the step completes without rank 0.
+TEST(ElasticCoordinatorTest, ALostRanksBlockGoesToARankThatWaits) {
+  auto c = Make(Job(2, 2), 2);
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  Block handed;
+  absl::Notification woken;
+  auto ticket = c->WaitForStep(1, 0, [&](const absl::Status& s, int64_t step,
+                                         Block work) {
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(step, 0);
+    handed = work;
+    woken.Notify();
+  });
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_FALSE(ticket->ready);
+  std::vector<StepCoordinator::LeaseEvent> events =
+      c->CheckLeases(absl::ZeroDuration());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].rank, 0);
+  EXPECT_EQ(events[0].kind, StepCoordinator::LeaseEvent::kMissing);
+  ASSERT_TRUE(woken.HasBeenNotified());
+  EXPECT_EQ(handed, (Block{0, 1}));
+  EXPECT_EQ(c->Status().live_ranks, std::vector<int>{1});
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {0, 1}).ok());
+  EXPECT_EQ(c->Status().step, 1);
+  EXPECT_EQ(c->Status().elastic.blocks_reassigned, 1);
+  EXPECT_EQ(c->Status().plan, (std::vector<Block>{{}, {0, 2}}));
+  // Rank 0 comes back: its late push is acknowledged, not counted, and it
+  // takes part again from the next plan.
+  auto late = c->Push(0, 0, 0, BlockSum({0, 1}, 0), 1.0f);
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->duplicate);
+  EXPECT_EQ(c->Status().live_ranks, (std::vector<int>{0, 1}));
+}
+
+// With reassign off (--on_worker_loss=wait) the step waits for the rank.
+TEST(ElasticCoordinatorTest, WithoutReassignTheStepWaitsForALostRank) {
+  ElasticOptions wait;
+  wait.reassign = false;
+  auto c = Make(Job(2, 2), 2, wait);
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  auto ticket = c->WaitForStep(1, 0, [](const absl::Status&, int64_t, Block) {});
+  ASSERT_TRUE(ticket.ok());
+  EXPECT_EQ(c->CheckLeases(absl::ZeroDuration()).size(), 1u);
+  EXPECT_EQ(c->Status().elastic.blocks_reassigned, 0);
+  EXPECT_EQ(c->Status().live_ranks, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(c->CancelWait(ticket->id));
+}
+
+TEST(ElasticCoordinatorTest, AnyRankPicksAFreeRankAndKeepsAWorkersOwn) {
+  TrainingState s;
+  s.params = InitParams(Layout(), 1);
+  StepCoordinator c(Layout(), Job(2, 2), s);
+  const uint64_t fp = Layout().Fingerprint();
+  auto a = c.Register(StepCoordinator::kAnyRank, fp, kData, "host/1");
+  auto b = c.Register(StepCoordinator::kAnyRank, fp, kData, "host/2");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->rank, 0);
+  EXPECT_EQ(b->rank, 1);
+  auto again = c.Register(StepCoordinator::kAnyRank, fp, kData, "host/2");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->rank, 1);
+  auto full = c.Register(StepCoordinator::kAnyRank, fp, kData, "host/3");
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// Rank 0 does not push; rank 1 waits: once the step has run straggler_
+// factor times as long as rank 1's push took (and the minimum wait), rank
+// 0's block is handed to rank 1 as well. Rank 0 then sits out the next
+// plan, and its late copy is a duplicate.
+TEST(ElasticCoordinatorTest, ALateBlockIsBackedUpByAnIdleRank) {
+  TrainingState s;
+  s.params = InitParams(Layout(), 1);
+  StepCoordinator c(Layout(), Job(2, 2), s);
+  ElasticOptions fast;
+  fast.straggler_factor = 1.5;
+  fast.straggler_min_wait = absl::Milliseconds(1);
+  c.SetElastic(fast);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(c.Register(r, Layout().Fingerprint(), kData).ok());
+  }
+  ASSERT_TRUE(PushBlock(c, 1, 0, {1, 1}).ok());
+  Block handed;
+  absl::Notification woken;
+  auto ticket = c.WaitForStep(
+      1, 0, [&](const absl::Status& st, int64_t, Block work) {
+        EXPECT_TRUE(st.ok()) << st;
+        handed = work;
+        woken.Notify();
+      });
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE(woken.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(handed, (Block{0, 1}));
+  EXPECT_EQ(c.Status().elastic.backups_handed, 1);
+  ASSERT_TRUE(PushBlock(c, 1, 0, {0, 1}).ok());
+  EXPECT_EQ(c.Status().step, 1);
+  EXPECT_EQ(c.Status().last_completed_by, 1);
+  EXPECT_EQ(c.Status().plan, (std::vector<Block>{{}, {0, 2}}))
+      << "the straggler sits out";
+  auto late = c.Push(0, 0, 0, BlockSum({0, 1}, 0), 1.0f);
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->duplicate);
+}
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,127 @@
+// Elastic jobs with real processes and real signals: the model depends on
+// the global batch and the micro-batch only - not on how many workers
+// computed it, nor on workers killed, joining, or stopped mid-job.
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "tests/job_runner.h"
+
+namespace dp {
+namespace {
+
+constexpr int kSteps = 240;
+
+// 4 micro-batches of 32 a step.
+std::vector<std::string> Flags(const std::string& model) {
+  return {"--global_batch=128", "--micro_batch=32",
+          absl::StrCat("--max_steps=", kSteps), "--seed=11",
+          "--save_model=" + model};
+}
+
+std::string ReadModel(const std::string& path) {
+  auto bytes = ReadFile(path);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.value_or("");
+}
+
+std::string ModelOf(const TempDir& dir, int workers, int shards = 1) {
+  const std::string path =
+      dir.File(absl::StrCat("model-", workers, "-", shards, ".safetensors"));
+  JobResult r = RunJob(Flags(path), workers, {}, shards);
+  EXPECT_EQ(r.ps_exit, 0) << r.ps_output;
+  return ReadModel(path);
+}
+
+TEST(ElasticJobTest, OneTwoThreeAndFourWorkersGiveOneModel) {
+  TempDir dir;
+  const std::string four = ModelOf(dir, 4);
+  ASSERT_FALSE(four.empty());
+  EXPECT_TRUE(ModelOf(dir, 1) == four) << "1 worker";
+  EXPECT_TRUE(ModelOf(dir, 2) == four) << "2 workers";
+  EXPECT_TRUE(ModelOf(dir, 3) == four) << "3 workers";
+  EXPECT_TRUE(ModelOf(dir, 2, /*shards=*/2) == four) << "2 workers, 2 shards";
+}
+
+// 4 workers; two are killed (-9, no replacement), the job goes on with 2;
+// then two new workers without a rank join: the model of 4 throughout.
+void LeaveAndJoin(int shards) {
+  TempDir dir;
+  const std::string reference = ModelOf(dir, 4);
+  const std::string model = dir.File("model.safetensors");
+  std::vector<std::string> flags = Flags(model);
+  flags.push_back("--workers=4");
+  flags.push_back("--worker_timeout_s=1");
+  std::vector<int> ports;
+  auto ps = StartShards(shards, flags, &ports);
+  const int port = ports[0];
+  const std::string list = PsList(ports);
+  std::vector<std::unique_ptr<Subprocess>> w;
+  for (int r = 0; r < 4; ++r) w.push_back(StartWorker(list, r));
+  ASSERT_TRUE(WaitForStep(port, 30, absl::Minutes(2)));
+  w[3]->Signal(SIGKILL);
+  EXPECT_EQ(w[3]->Wait(absl::Seconds(30)), 128 + SIGKILL);
+  const int64_t three = CurrentStep(port);
+  ASSERT_TRUE(WaitForStep(port, three + 30, absl::Minutes(2)))
+      << "3 workers go on";
+  w[2]->Signal(SIGKILL);
+  EXPECT_EQ(w[2]->Wait(absl::Seconds(30)), 128 + SIGKILL);
+  const int64_t two = CurrentStep(port);
+  ASSERT_TRUE(WaitForStep(port, two + 30, absl::Minutes(2)))
+      << "2 workers go on";
+  ASSERT_LT(CurrentStep(port), kSteps - 40) << "too fast to see the joins";
+  w[2] = StartWorker(list, -1);
+  w[3] = StartWorker(list, -1);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(w[r]->Wait(kJobTimeout), 0) << w[r]->output();
+  }
+  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  EXPECT_TRUE(ReadModel(model) == reference);
+  // The new workers took the lost ranks and worked.
+  EXPECT_NE(w[2]->output().find("joined at step"), std::string::npos);
+  EXPECT_EQ(w[2]->output().find(" 0 steps here"), std::string::npos)
+      << w[2]->output();
+}
+
+TEST(ElasticJobTest, WorkersKilledAndNewOnesJoiningGiveTheSameModel) {
+  LeaveAndJoin(1);
+}
+
+TEST(ElasticJobTest, ShardedWorkersKilledAndJoiningGiveTheSameModel) {
+  LeaveAndJoin(2);
+}
+
+// A worker stopped (SIGSTOP) for many steps, then continued: its blocks are
+// backed up by the others meanwhile (it is never declared lost: the lease
+// is long), and the model is the same.
+TEST(ElasticJobTest, AStoppedWorkerIsBackedUpAndTheModelIsTheSame) {
+  TempDir dir;
+  const std::string reference = ModelOf(dir, 4);
+  const std::string model = dir.File("model.safetensors");
+  std::vector<std::string> flags = Flags(model);
+  flags.push_back("--workers=4");
+  flags.push_back("--worker_timeout_s=600");
+  int port = 0;
+  auto ps = StartServer(flags, &port);
+  std::vector<std::unique_ptr<Subprocess>> w;
+  for (int r = 0; r < 4; ++r) w.push_back(StartWorker(port, r));
+  ASSERT_TRUE(WaitForStep(port, 20, absl::Minutes(2)));
+  w[1]->Signal(SIGSTOP);
+  const int64_t stopped = CurrentStep(port);
+  EXPECT_TRUE(WaitForStep(port, stopped + 40, absl::Minutes(2)))
+      << "the job waited for the stopped worker";
+  w[1]->Signal(SIGCONT);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(w[r]->Wait(kJobTimeout), 0) << w[r]->output();
+  }
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  EXPECT_TRUE(ReadModel(model) == reference);
+  EXPECT_NE(ps->output().find("backed up"), std::string::npos) << ps->output();
+}
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,152 @@
+// The micro-batch tree: its nodes, the blocks workers are given, and sums
+// that do not depend on who added which block.
+#include "common/micro_batch_tree.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+// Every node of the tree over [0, k), by the definition: split at the
+// largest power of two below the size.
+std::set<std::pair<int, int>> AllNodes(int k) {
+  std::set<std::pair<int, int>> nodes;
+  std::function<void(int, int)> walk = [&](int lo, int n) {
+    nodes.insert({lo, n});
+    if (n == 1) return;
+    int p = 1;
+    while (p * 2 < n) p *= 2;
+    walk(lo, p);
+    walk(lo + p, n - p);
+  };
+  walk(0, k);
+  return nodes;
+}
+
+TEST(MicroBatchTreeTest, IsNodeAcceptsExactlyTheTreesNodes) {
+  for (int k = 1; k <= 17; ++k) {
+    const auto nodes = AllNodes(k);
+    for (int first = -1; first <= k; ++first) {
+      for (int count = 0; count <= k + 1; ++count) {
+        EXPECT_EQ(IsNode(k, Block{first, count}),
+                  nodes.count({first, count}) == 1)
+            << "k " << k << " block " << Block{first, count}.ToString();
+      }
+    }
+  }
+}
+
+TEST(MicroBatchTreeTest, ParentAndSiblingMakeTheParent) {
+  for (int k = 2; k <= 17; ++k) {
+    for (const auto& [first, count] : AllNodes(k)) {
+      const Block b{first, count};
+      if (b == Root(k)) continue;
+      const Block p = Parent(k, b);
+      const Block s = Sibling(k, b);
+      EXPECT_TRUE(IsNode(k, p) && IsNode(k, s));
+      EXPECT_EQ(std::min(b.first, s.first), p.first);
+      EXPECT_EQ(b.count + s.count, p.count);
+      EXPECT_EQ(Sibling(k, s), b);
+    }
+  }
+}
+
+TEST(MicroBatchTreeTest, WorkersGetNodesThatTileTheStep) {
+  EXPECT_EQ(SplitForWorkers(2, 1), (std::vector<Block>{{0, 2}}));
+  EXPECT_EQ(SplitForWorkers(4, 3), (std::vector<Block>{{0, 2}, {2, 1}, {3, 1}}));
+  EXPECT_EQ(SplitForWorkers(4, 9),
+            (std::vector<Block>{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
+  for (int k = 1; k <= 20; ++k) {
+    for (int w = 1; w <= 24; ++w) {
+      const std::vector<Block> blocks = SplitForWorkers(k, w);
+      ASSERT_EQ(static_cast<int>(blocks.size()), std::min(k, w));
+      int next = 0, smallest = k, largest = 0;
+      for (const Block& b : blocks) {
+        EXPECT_TRUE(IsNode(k, b)) << b.ToString();
+        EXPECT_EQ(b.first, next) << "k " << k << " w " << w;
+        next = b.end();
+        smallest = std::min(smallest, b.count);
+        largest = std::max(largest, b.count);
+      }
+      EXPECT_EQ(next, k);
+      EXPECT_LE(largest, 2 * smallest) << "k " << k << " w " << w;
+    }
+  }
+}
+
+// Values whose float sums depend on the order they are added in.
+std::vector<std::vector<float>> Leaves(int k, int n) {
+  std::vector<std::vector<float>> leaves(k, std::vector<float>(n));
+  for (int j = 0; j < k; ++j) {
+    for (int i = 0; i < n; ++i) {
+      const float scale = j % 3 == 0 ? 1e7f : 1.0f;
+      leaves[j][i] = scale * std::sin(0.7f * i + 1.3f * j) + 0.1f * j;
+    }
+  }
+  return leaves;
+}
+
+std::vector<float> TreeSum(std::vector<std::vector<float>> leaves, int first,
+                           int count, int n) {
+  std::vector<float*> p;
+  for (int j = first; j < first + count; ++j) p.push_back(leaves[j].data());
+  std::vector<float> out(n);
+  SumInTreeOrder(p, n, out.data());
+  return out;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The property elasticity rests on: the sum of a node's children's sums,
+// each made by whoever, is the node's sum, so every split of the step into
+// blocks gives the root's bits; adding the leaves one after another does
+// not.
+TEST(MicroBatchTreeTest, BlocksSummedApartAddUpToTheSameBits) {
+  constexpr int n = 257;
+  for (int k = 1; k <= 12; ++k) {
+    const auto leaves = Leaves(k, n);
+    const std::vector<float> root = TreeSum(leaves, 0, k, n);
+    for (int w = 1; w <= k; ++w) {
+      // Each block's sum alone, then the blocks put back up the tree.
+      std::vector<std::pair<Block, std::vector<float>>> sums;
+      for (const Block& b : SplitForWorkers(k, w)) {
+        sums.push_back({b, TreeSum(leaves, b.first, b.count, n)});
+      }
+      while (sums.size() > 1) {
+        bool merged = false;
+        for (size_t i = 0; i + 1 < sums.size() && !merged; ++i) {
+          if (Sibling(k, sums[i].first) != sums[i + 1].first) continue;
+          std::vector<float> parent(n);
+          // The right child first: a + b == b + a.
+          for (int v = 0; v < n; ++v) {
+            parent[v] = sums[i + 1].second[v] + sums[i].second[v];
+          }
+          sums[i] = {Parent(k, sums[i].first), parent};
+          sums.erase(sums.begin() + i + 1);
+          merged = true;
+        }
+        ASSERT_TRUE(merged) << "k " << k << " w " << w;
+      }
+      EXPECT_TRUE(SameBits(sums[0].second, root)) << "k " << k << " w " << w;
+    }
+  }
+  const auto leaves = Leaves(4, n);
+  std::vector<float> in_a_row(n, 0.0f);
+  for (int j = 0; j < 4; ++j) {
+    for (int v = 0; v < n; ++v) in_a_row[v] += leaves[j][v];
+  }
+  EXPECT_FALSE(SameBits(in_a_row, TreeSum(leaves, 0, 4, n)))
+      << "the values do not tell the two orders apart";
+}
+
+}  // namespace
+}  // namespace dp
