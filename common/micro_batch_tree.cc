@@ -13,11 +13,7 @@ std::string Block::ToString() const {
   return absl::StrFormat("[%d,%d)", first, end());
 }
 
-int LeftChildSize(int count) {
-  int p = 1;
-  while (p * 2 < count) p *= 2;
-  return p;
-}
+int LeftChildSize(int count) { return (count + 1) / 2; }
 
 bool IsNode(int k, const Block& b) {
   if (k < 1 || b.count < 1 || b.first < 0 || b.end() > k) return false;

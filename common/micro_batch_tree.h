@@ -1,6 +1,7 @@
 // The fixed binary tree over a step's K micro-batches, in which their
-// gradients are summed: node [lo, hi) splits into [lo, lo + p) and
-// [lo + p, hi), p the largest power of two below hi - lo. Its nodes are the
+// gradients are summed: node [lo, hi) of n micro-batches splits into its
+// first ceil(n/2) and the rest, so a node's shape depends on its size only
+// and workers' blocks stay even for any K. Its nodes are the
 // aligned blocks a worker may be given: it sums its block's micro-batches
 // in the same tree and pushes one tensor. Float addition is commutative, so
 // a node's sum does not depend on which child arrived first, and the root
@@ -47,7 +48,8 @@ Block Sibling(int k, const Block& b);
 
 // `workers` blocks (k when workers > k) covering [0, k), in micro-batch
 // order: the root split, largest node first (ties: leftmost), until there
-// are enough. Every block is a node; sizes differ by at most a factor 2.
+// are enough. Every block is a node; the largest is at most twice the
+// smallest, plus one.
 std::vector<Block> SplitForWorkers(int k, int workers);
 
 // Sums the gradients of a block's micro-batches in tree order, given in

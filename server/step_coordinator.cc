@@ -209,7 +209,6 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
   registered_[rank] = true;
   worker_ids_[rank] = std::string(worker_id);
   Touch(rank);
-  ++changes_;
   return Registration{config_, state_.step, rank};
 }
 
@@ -356,7 +355,6 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
     const std::vector<Block>& folded, float loss) {
   AfterPush after;
   Touch(rank);
-  ++changes_;
   if (sums_.empty()) first_push_ = absl::Now();
   // What the new sum replaces: the siblings added into it, and any sums
   // inside the block (a block handed out again after parts of it came in;
@@ -458,12 +456,13 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
     first_applied_step_ = state_.step;
     first_apply_ = last_apply_;
   }
-  // A rank whose planned block another's copy completed is a straggler:
-  // it takes part again once it waits for a step in time.
+  // A rank that had a block and pushed nothing while others completed the
+  // step is a straggler: the next plan leaves it out, and it takes part
+  // again once it waits for a step in time.
   std::vector<bool> waiting(registered_.size(), false);
   for (const auto& [id, w] : waiters_) waiting[w.rank] = true;
   for (size_t r = 0; r < plan_.size(); ++r) {
-    if (!plan_[r].empty() && !work_[r].empty() && !waiting[r]) {
+    if (!plan_[r].empty() && !received_[r] && !waiting[r]) {
       straggler_[r] = true;
     } else if (waiting[r] || received_[r]) {
       straggler_[r] = false;
@@ -497,7 +496,6 @@ void StepCoordinator::PlanLocked() {
   backups_this_step_ = 0;
   step_start_ = absl::Now();
   first_push_ = absl::InfiniteFuture();
-  ++changes_;
   const std::vector<int> taking_part = TakingPartLocked();
   const std::vector<Block> blocks =
       SplitForWorkers(K(), static_cast<int>(taking_part.size()));
@@ -561,7 +559,6 @@ Block StepCoordinator::NextWorkLocked(int rank) {
   work_[rank] = orphans[0];
   handed_.push_back(orphans[0]);
   ++counts_.blocks_reassigned;
-  ++changes_;
   return orphans[0];
 }
 
@@ -622,12 +619,17 @@ void StepCoordinator::WatchStragglers() {
     {
       absl::MutexLock lock(&mu_);
       if (shutdown_) return;
-      const int64_t seen = changes_;
       const absl::Time due = NextLateLocked();
-      auto woken = [this, seen]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return shutdown_ || changes_ != seen;
-      };
-      if (mu_.AwaitWithDeadline(absl::Condition(&woken), due)) continue;
+      if (due > absl::Now()) {
+        // Woken only when a block falls due sooner than that (evaluated
+        // by whoever releases the lock: no thread switch per step), or
+        // then.
+        auto sooner = [this, due]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return shutdown_ || NextLateLocked() < due;
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&sooner), due);
+        continue;
+      }
       wakes = BackUpLateBlockLocked();
     }
     RunWakes(wakes);
@@ -635,7 +637,6 @@ void StepCoordinator::WatchStragglers() {
 }
 
 std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
-  ++changes_;
   // The first late block: one a rank computes (planned or handed to it),
   // not in, not backed up yet, its rank not waiting.
   std::vector<bool> waiting(registered_.size(), false);
@@ -738,7 +739,6 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
   const int64_t id = next_wait_id_++;
   waiters_.emplace(id, Waiter{rank, step, std::move(done)});
   ++waits_of_rank_[rank];
-  ++changes_;
   return WaitTicket{false, current, id, Block{}};
 }
 

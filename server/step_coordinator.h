@@ -464,8 +464,6 @@ class StepCoordinator {
   ElasticCounts counts_ ABSL_GUARDED_BY(mu_);
   int last_completed_by_ ABSL_GUARDED_BY(mu_) = -1;
   int last_plan_blocks_ ABSL_GUARDED_BY(mu_) = 0;
-  // Bumped by every change the straggler thread looks at.
-  int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread straggler_thread_;
   // The snapshot Pull hands out for the current version (null until the
   // first pull after an update), and the buffers snapshots are made in: one

@@ -130,7 +130,7 @@ TEST(ElasticCoordinatorTest, CopiesCountOnceAndABlockMustBeANode) {
 
 TEST(ElasticCoordinatorTest, ThePlanSplitsTheStepAmongTheLiveRanks) {
   auto c = Make(Job(4, 4), 3);
-  EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 2}, {2, 1}, {3, 1}, {}}));
+  EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 1}, {1, 1}, {2, 2}, {}}));
   // Rank 3 joins before anything of the step is in: planned again.
   ASSERT_TRUE(c->Register(3, Layout().Fingerprint(), kData).ok());
   EXPECT_EQ(c->Status().plan,
