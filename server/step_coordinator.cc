@@ -514,6 +514,14 @@ std::vector<int> StepCoordinator::TakingPartLocked() const {
   }
   // Stragglers only when nobody else is there.
   if (part.empty()) part = with_stragglers;
+  // The first step waits a while for everyone.
+  const int registered = static_cast<int>(
+      std::count(registered_.begin(), registered_.end(), true));
+  if (first_applied_step_ < 0 &&
+      registered < static_cast<int>(registered_.size()) &&
+      absl::Now() - started_ < elastic_.start_wait) {
+    part.clear();
+  }
   // Too few: the step waits, every block unplanned until enough join.
   if (static_cast<int>(part.size()) < std::max(1, config_.min_workers)) {
     part.clear();
@@ -529,22 +537,15 @@ std::vector<Block> StepCoordinator::OrphansLocked() const {
     live += registered_[r] && !lost_[r] ? 1 : 0;
   }
   if (live < std::max(1, config_.min_workers)) return orphans;
-  // Unplanned (the step waited for workers), or planned for a lost rank
-  // (with reassign), and neither in nor handed to another.
-  std::vector<Block> planned;
+  // Planned for a lost rank (with reassign), and neither in nor handed to
+  // another.
   for (size_t r = 0; r < plan_.size(); ++r) {
     if (plan_[r].empty()) continue;
-    planned.push_back(plan_[r]);
     if (!lost_[r] || !elastic_.reassign) continue;
     if (CoveredLocked(plan_[r])) continue;
     bool handed = false;
     for (const Block& h : handed_) handed = handed || h.Contains(plan_[r]);
     if (!handed) orphans.push_back(plan_[r]);
-  }
-  if (planned.empty() && !CoveredLocked(Root(K()))) {
-    bool handed = false;
-    for (const Block& h : handed_) handed = handed || h == Root(K());
-    if (!handed) orphans.push_back(Root(K()));
   }
   return orphans;
 }
@@ -568,13 +569,16 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
   // Nothing of the step is in: plan it again for the ranks there now.
   // (A rank that already computes its old block still pushes it: any node
   // counts.)
-  if (sums_.empty()) {
-    const std::vector<int> part = TakingPartLocked();
-    std::vector<int> planned;
-    for (size_t r = 0; r < plan_.size(); ++r) {
-      if (!plan_[r].empty()) planned.push_back(static_cast<int>(r));
-    }
-    if (part != planned) PlanLocked();
+  // An unplanned step (it waited for workers) is planned once they are
+  // there, whatever is in.
+  const std::vector<int> part = TakingPartLocked();
+  std::vector<int> planned;
+  for (size_t r = 0; r < plan_.size(); ++r) {
+    if (!plan_[r].empty()) planned.push_back(static_cast<int>(r));
+  }
+  if ((sums_.empty() && part != planned) ||
+      (planned.empty() && !part.empty())) {
+    PlanLocked();
   }
   // Orphans (and, with a plan made just now, their own blocks) to the
   // ranks that wait, oldest wait first.
@@ -897,9 +901,7 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeases(
   {
     absl::MutexLock lock(&mu_);
     events = CheckLeasesLocked(timeout);
-    bool lost = false;
-    for (const LeaseEvent& e : events) lost = lost || e.kind == LeaseEvent::kMissing;
-    if (lost && elastic_.reassign) wakes = ReplanOrHandOutLocked();
+    wakes = ReplanOrHandOutLocked();
   }
   RunWakes(wakes);
   return events;
@@ -923,11 +925,9 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeasesLocked(
       }
       continue;
     }
-    // Waiting in a call (barrier), or its block in: not what the step
-    // lacks.
-    const bool needed =
-        !work_[r].empty() && !CoveredLocked(work_[r]) && !waiting[r];
-    const bool missing = needed && silent > timeout;
+    // Waiting in a call (barrier) is taking part; otherwise a rank calls at
+    // least once per block it computes.
+    const bool missing = !waiting[r] && silent > timeout;
     if (missing && !reported_missing_[r]) {
       reported_missing_[r] = true;
       if (elastic_.reassign) lost_[r] = true;

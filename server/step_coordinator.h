@@ -61,6 +61,10 @@ struct ElasticOptions {
   // its first push took, and at least straggler_min_wait.
   double straggler_factor = 3.0;
   absl::Duration straggler_min_wait = absl::Milliseconds(20);
+  // The first step this process plans waits this long for every rank
+  // (world_size) to register, then starts with those there (at least
+  // min_workers): workers starting together start together.
+  absl::Duration start_wait = absl::Seconds(30);
 };
 
 // Counts of what elasticity did, since the start.
@@ -272,12 +276,12 @@ class StepCoordinator {
   void SetCheckpointHook(int64_t every,
                          std::function<void(TrainingState, uint64_t)> hook);
 
-  // Lease events since the last call. A rank the current step still needs
-  // (its block is not in) is "missing" once it has made no call for
-  // `timeout` while not waiting in a call; "back" when it calls again.
-  // Ranks that never registered are reported as "not registered yet". A
-  // missing rank is lost: with reassign, its block goes to an idle rank at
-  // once, or to the next that asks. Only the leader reports.
+  // Lease events since the last call. A registered rank is "missing" once
+  // it has made no call for `timeout` while not waiting in a call; "back"
+  // when it calls again. Ranks that never registered are reported as "not
+  // registered yet". A missing rank is lost: with reassign, its block goes
+  // to an idle rank at once, or to the next that asks. Only the leader
+  // reports. Also starts the first step once the start wait is over.
   struct LeaseEvent {
     int rank;
     enum Kind { kMissing, kBack, kNeverRegistered } kind;

@@ -30,9 +30,15 @@ JobConfig Job(int world, int micro_batches, int min_workers = 1) {
   return c;
 }
 
+ElasticOptions Instant() {
+  ElasticOptions o;
+  o.start_wait = absl::ZeroDuration();
+  return o;
+}
+
 // A coordinator whose ranks [0, registered) have joined.
 std::unique_ptr<StepCoordinator> Make(const JobConfig& job, int registered,
-                                      ElasticOptions elastic = {}) {
+                                      ElasticOptions elastic = Instant()) {
   TrainingState s;
   s.params = InitParams(Layout(), 1);
   auto c = std::make_unique<StepCoordinator>(Layout(), job, s);
@@ -148,6 +154,19 @@ TEST(ElasticCoordinatorTest, AJoinerGetsBlocksFromTheNextStepOn) {
   EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 1}, {1, 1}, {}, {}}));
 }
 
+TEST(ElasticCoordinatorTest, TheFirstStepWaitsForEveryRankUntilTheStartWait) {
+  ElasticOptions patient;
+  patient.start_wait = absl::Hours(1);
+  auto c = Make(Job(2, 2), 1, patient);
+  EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty()) << "rank 1 is not there yet";
+  ASSERT_TRUE(c->Register(1, Layout().Fingerprint(), kData).ok());
+  EXPECT_EQ(c->Pull(0, 0, 0)->block, (Block{0, 1}));
+  ElasticOptions impatient;
+  impatient.start_wait = absl::ZeroDuration();
+  auto d = Make(Job(2, 2), 1, impatient);
+  EXPECT_EQ(d->Pull(0, 0, 0)->block, (Block{0, 2}));
+}
+
 TEST(ElasticCoordinatorTest, StepsWaitForMinWorkers) {
   auto c = Make(Job(3, 2, /*min_workers=*/2), 1);
   EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty());
@@ -194,7 +213,7 @@ TEST(ElasticCoordinatorTest, ALostRanksBlockGoesToARankThatWaits) {
 
 // With reassign off (--on_worker_loss=wait) the step waits for the rank.
 TEST(ElasticCoordinatorTest, WithoutReassignTheStepWaitsForALostRank) {
-  ElasticOptions wait;
+  ElasticOptions wait = Instant();
   wait.reassign = false;
   auto c = Make(Job(2, 2), 2, wait);
   ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
