@@ -208,7 +208,9 @@ absl::Status PsServer::Serve() {
     ASSIGN_OR_RETURN(
         metrics_endpoint_,
         metrics_->Serve(o.metrics_host, o.metrics_port, [this] {
-          metrics_->SetProgress(ProgressOf(coordinator_->Status()));
+          const CoordinatorStatus status = coordinator_->Status();
+          metrics_->SetProgress(ProgressOf(status));
+          metrics_->SetElasticity(ElasticityOf(status));
         }));
     Log("metrics on %s:%d", o.metrics_host, metrics_endpoint_->port());
   }

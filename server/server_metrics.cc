@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/step_coordinator.h"
 
 namespace dp {
 namespace {
@@ -27,6 +28,16 @@ std::string ReasonOf(absl::StatusCode code) {
 }
 
 int64_t UnixNanos(absl::Time t) { return absl::ToUnixNanos(t); }
+
+// Brings a counter that mirrors a cumulative count from *mirrored up to
+// `count`; a count below it (never, from one coordinator) moves only the
+// mark, as a counter cannot go down.
+void Mirror(prometheus::Counter* counter, int64_t count, int64_t* mirrored) {
+  if (count > *mirrored) {
+    counter->Increment(static_cast<double>(count - *mirrored));
+  }
+  *mirrored = count;
+}
 
 }  // namespace
 
@@ -71,6 +82,39 @@ ServerMetrics::ServerMetrics(int world_size, int shard,
     barrier_wait_.push_back(
         &barrier.Add({{"rank", absl::StrCat(r)}}, SecondsBuckets()));
   }
+  live_workers_ = &NewGauge(
+      "dp_ps_live_workers",
+      "Ranks registered and not lost: those the step's blocks are split "
+      "among.");
+  micro_batches_ = &NewGauge(
+      "dp_ps_micro_batches",
+      "Micro-batches per step: the leaves of the step's tree, split into "
+      "blocks among the live ranks.");
+  auto& planned = NewGaugeFamily(
+      "dp_ps_planned_micro_batches",
+      "Per rank, the micro-batches of its block in the current step's plan "
+      "(0: none); blocks handed on later are not included.");
+  auto& completed = NewCounterFamily(
+      "dp_ps_steps_completed_by_total",
+      "Per rank, applied steps whose last missing block the rank pushed: the "
+      "rank each step waited for.");
+  for (int r = 0; r < world_size_; ++r) {
+    planned_micro_batches_.push_back(
+        &planned.Add({{"rank", absl::StrCat(r)}}));
+    steps_completed_by_.push_back(&completed.Add({{"rank", absl::StrCat(r)}}));
+  }
+  mirrored_.steps_completed_by.assign(std::max(world_size_, 0), 0);
+  blocks_reassigned_ = &NewCounter(
+      "dp_ps_blocks_reassigned_total",
+      "Blocks of lost ranks handed to other ranks.");
+  backup_blocks_ = &NewCounter(
+      "dp_ps_backup_blocks_total",
+      "Late blocks handed to an idle rank as well (straggler backups); the "
+      "first copy in counts.");
+  duplicate_pushes_ = &NewCounter(
+      "dp_ps_duplicate_pushes_total",
+      "Pushes of a block already in, while its step was open: copies "
+      "computed after the first.");
   auto& rejected = NewCounterFamily(
       "dp_ps_rejected_requests_total",
       "Requests dp-ps refused, by status code (reason); a client cancelling "
@@ -126,6 +170,40 @@ void ServerMetrics::SetProgress(const Progress& p) {
     test_accuracy_->Add({}).Set(p.test_accuracy);
     test_loss_->Add({}).Set(p.test_loss);
   }
+}
+
+void ServerMetrics::SetElasticity(const Elasticity& e) {
+  live_workers_->Set(e.live_workers);
+  micro_batches_->Set(e.micro_batches);
+  for (int r = 0; r < world_size_; ++r) {
+    planned_micro_batches_[r]->Set(
+        r < static_cast<int>(e.planned_micro_batches.size())
+            ? e.planned_micro_batches[r]
+            : 0);
+  }
+  absl::MutexLock lock(&elastic_mu_);
+  Mirror(blocks_reassigned_, e.blocks_reassigned,
+         &mirrored_.blocks_reassigned);
+  Mirror(backup_blocks_, e.backup_blocks, &mirrored_.backup_blocks);
+  Mirror(duplicate_pushes_, e.duplicate_pushes, &mirrored_.duplicate_pushes);
+  for (int r = 0; r < world_size_ &&
+                  r < static_cast<int>(e.steps_completed_by.size());
+       ++r) {
+    Mirror(steps_completed_by_[r], e.steps_completed_by[r],
+           &mirrored_.steps_completed_by[r]);
+  }
+}
+
+ServerMetrics::Elasticity ElasticityOf(const CoordinatorStatus& s) {
+  ServerMetrics::Elasticity e;
+  e.live_workers = static_cast<int>(s.live_ranks.size());
+  e.micro_batches = s.micro_batches;
+  for (const Block& b : s.plan) e.planned_micro_batches.push_back(b.count);
+  e.blocks_reassigned = s.elastic.blocks_reassigned;
+  e.backup_blocks = s.elastic.backups_handed;
+  e.duplicate_pushes = s.elastic.duplicate_pushes;
+  e.steps_completed_by = s.completed_by;
+  return e;
 }
 
 int ServerMetrics::ActiveWorkers() const {

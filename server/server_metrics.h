@@ -1,5 +1,5 @@
 // What dp-ps exports to Prometheus: training progress, workers, rejections,
-// update and barrier times (docs/monitoring.md).
+// update and barrier times, elasticity (docs/monitoring.md).
 #ifndef DP_SERVER_SERVER_METRICS_H_
 #define DP_SERVER_SERVER_METRICS_H_
 
@@ -9,12 +9,16 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
 
 namespace dp {
+
+struct CoordinatorStatus;  // server/step_coordinator.h
 
 class ServerMetrics final : public Metrics {
  public:
@@ -54,6 +58,23 @@ class ServerMetrics final : public Metrics {
   };
   void SetProgress(const Progress& p);
 
+  // How the step coordinator spreads the work (see ElasticityOf), mirrored
+  // at scrape time. The counts are cumulative, as the coordinator keeps
+  // them: their counters grow by the difference to the last call (never
+  // down). Per-rank entries beyond world_size are ignored; a rank missing
+  // from planned_micro_batches reads 0, one missing from
+  // steps_completed_by keeps its count.
+  struct Elasticity {
+    int live_workers = 0;   // registered and not lost
+    int micro_batches = 0;  // per step
+    std::vector<int> planned_micro_batches;  // by rank, in the current plan
+    int64_t blocks_reassigned = 0;
+    int64_t backup_blocks = 0;
+    int64_t duplicate_pushes = 0;
+    std::vector<int64_t> steps_completed_by;  // by rank
+  };
+  void SetElasticity(const Elasticity& e);
+
   // Ranks seen within the active window, now.
   int ActiveWorkers() const;
 
@@ -74,6 +95,17 @@ class ServerMetrics final : public Metrics {
   prometheus::Gauge* active_workers_;
   prometheus::Histogram* update_seconds_;
   std::vector<prometheus::Histogram*> barrier_wait_;  // by rank
+  prometheus::Gauge* live_workers_;
+  prometheus::Gauge* micro_batches_;
+  std::vector<prometheus::Gauge*> planned_micro_batches_;  // by rank
+  prometheus::Counter* blocks_reassigned_;
+  prometheus::Counter* backup_blocks_;
+  prometheus::Counter* duplicate_pushes_;
+  std::vector<prometheus::Counter*> steps_completed_by_;  // by rank
+  // The cumulative counts the counters above were last brought up to:
+  // concurrent scrapes must not add the same difference twice.
+  absl::Mutex elastic_mu_;
+  Elasticity mirrored_ ABSL_GUARDED_BY(elastic_mu_);
   // By absl::StatusCode value, all created at 0 so that rate() works from
   // the first scrape; the label set is the fixed list of code names.
   std::vector<prometheus::Counter*> rejected_;
@@ -82,6 +114,9 @@ class ServerMetrics final : public Metrics {
   prometheus::Family<prometheus::Gauge>* test_accuracy_;
   prometheus::Family<prometheus::Gauge>* test_loss_;
 };
+
+// The elasticity part of the coordinator's status, for SetElasticity.
+ServerMetrics::Elasticity ElasticityOf(const CoordinatorStatus& s);
 
 }  // namespace dp
 

@@ -74,6 +74,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   step_start_ = started_;
   arrival_.assign(world, started_);
   wait_time_.assign(world, absl::ZeroDuration());
+  completed_by_.assign(world, 0);
   last_seen_.assign(world, started_);
   reported_missing_.assign(world, false);
   missing_since_.assign(world, started_);
@@ -378,6 +379,7 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
   }
   if (top == Root(K())) {
     last_completed_by_ = rank;
+    ++completed_by_[rank];
     after.wakes = ApplyLocked();
     if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
       after.checkpoint_hook = checkpoint_hook_;
@@ -965,6 +967,7 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.micro_batches = K();
   s.elastic = counts_;
   s.last_completed_by = last_completed_by_;
+  s.completed_by = completed_by_;
   s.last_plan_blocks = last_plan_blocks_;
   s.done = have_data_ && state_.step >= s.total_steps;
   s.last_loss = last_loss_;

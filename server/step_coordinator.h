@@ -92,6 +92,9 @@ struct CoordinatorStatus {
   // blocks the last applied step was planned in.
   int last_completed_by = -1;
   int last_plan_blocks = 0;
+  // By rank: how many applied steps its push completed, i.e. how often the
+  // step waited for that rank last (since the start; for the metrics).
+  std::vector<int64_t> completed_by;
   bool done = false;
   float last_loss = 0.0f;  // mean of the ranks' losses of the last step
   bool has_eval = false;
@@ -467,6 +470,7 @@ class StepCoordinator {
   absl::Time first_push_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   ElasticCounts counts_ ABSL_GUARDED_BY(mu_);
   int last_completed_by_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<int64_t> completed_by_ ABSL_GUARDED_BY(mu_);  // by rank
   int last_plan_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread straggler_thread_;
   // The snapshot Pull hands out for the current version (null until the

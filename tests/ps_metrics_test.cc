@@ -1,15 +1,23 @@
 // What dp-ps records about real gRPC requests: rejections by reason, update
-// time, per-rank barrier waits, bytes, active ranks; bad ranks create no
-// series.
+// time, per-rank barrier waits, bytes, active ranks, the coordinator's
+// elasticity; bad ranks create no series.
 #include <grpcpp/grpcpp.h>
 
 #include <cmath>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 
 #include "common/grpc_status.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "server/ps_service.h"
 #include "server/server_metrics.h"
+#include "server/step_coordinator.h"
 #include "tests/exposition.h"
 #include "tests/in_process_ps.h"
 
@@ -53,6 +61,14 @@ class PsMetricsTest : public ::testing::Test {
     req.set_loss(1.0f);
     req.set_gradient(std::string(reinterpret_cast<const char*>(g.data()),
                                  g.size() * sizeof(float)));
+    return req;
+  }
+
+  // rank's push of `block` (its own micro-batch when empty).
+  dp::v1::PushRequest BlockPush(int rank, int64_t step, Block block) const {
+    dp::v1::PushRequest req = PushRequest(rank, step);
+    req.mutable_block()->set_first(block.first);
+    req.mutable_block()->set_count(block.count);
     return req;
   }
 
@@ -168,6 +184,137 @@ TEST_F(PsMetricsTest, AStepRecordsUpdateTimeBarrierWaitPerRankAndBytes) {
     // A dp-ps of one shard is shard 0, like the first shard of many.
     EXPECT_NE(series.find("shard=\"0\""), std::string::npos) << series;
   }
+}
+
+// The coordinator's elasticity on a real endpoint, mirrored at scrape time
+// as dp-ps does it (ps_server.cc): the live ranks, the plan, the blocks
+// handed on and copied, and per rank the steps that waited for it last.
+TEST_F(PsMetricsTest, ElasticityIsMirroredAtScrapeTime) {
+  auto endpoint =
+      metrics_.Serve("127.0.0.1", kMetricsAnyPort, [this] {
+        metrics_.SetElasticity(ElasticityOf(coordinator_->Status()));
+      });
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  auto scrape = [port]() {
+    absl::StatusOr<std::string> text = HttpGet("127.0.0.1", port, "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    return ParseExposition(text.ok() ? *text : "");
+  };
+  auto of_rank = [](int rank) {
+    return std::map<std::string, std::string>{
+        {"role", "ps"}, {"shard", "0"}, {"rank", absl::StrCat(rank)}};
+  };
+  // The values a scrape shows, in the order of `expected` below.
+  auto values = [&](const std::map<std::string, double>& s) {
+    std::vector<std::optional<double>> v = {
+        Sample(s, "dp_ps_live_workers", kPs),
+        Sample(s, "dp_ps_micro_batches", kPs),
+        Sample(s, "dp_ps_planned_micro_batches", of_rank(0)),
+        Sample(s, "dp_ps_planned_micro_batches", of_rank(1)),
+        Sample(s, "dp_ps_blocks_reassigned_total", kPs),
+        Sample(s, "dp_ps_backup_blocks_total", kPs),
+        Sample(s, "dp_ps_duplicate_pushes_total", kPs),
+        Sample(s, "dp_ps_steps_completed_by_total", of_rank(0)),
+        Sample(s, "dp_ps_steps_completed_by_total", of_rank(1))};
+    return v;
+  };
+  using V = std::vector<std::optional<double>>;
+  // live, micro-batches, planned 0 and 1, reassigned, backups, duplicates,
+  // completed by 0 and 1: every series exists from the start.
+  EXPECT_EQ(values(scrape()), (V{0, 2, 0, 0, 0, 0, 0, 0, 0}));
+  ASSERT_TRUE(Register(0).ok());
+  ASSERT_TRUE(Register(1).ok());
+  EXPECT_EQ(values(scrape()), (V{2, 2, 1, 1, 0, 0, 0, 0, 0}));
+
+  // Step 0: rank 1 pushes its micro-batch and rank 0 a copy of it (the
+  // first counts, the copy is a duplicate), then its own, which completes
+  // the step: the step waited for rank 0.
+  ASSERT_TRUE(Push(PushRequest(1, 0)).ok());
+  ASSERT_TRUE(Push(BlockPush(0, 0, Block{1, 1})).ok());
+  ASSERT_TRUE(Push(PushRequest(0, 0)).ok());
+  EXPECT_EQ(values(scrape()), (V{2, 2, 1, 1, 0, 0, 1, 1, 0}));
+
+  // Step 1: rank 0 pushes and waits; rank 1 is silent past its lease, so
+  // its block goes to rank 0's wait, and rank 0's push of it completes the
+  // step. The next plan is rank 0's alone.
+  ASSERT_TRUE(Push(PushRequest(0, 1)).ok());
+  Block handed;
+  absl::Notification woken;
+  auto ticket = coordinator_->WaitForStep(
+      0, 1, [&](const absl::Status& s, int64_t, Block work) {
+        EXPECT_TRUE(s.ok()) << s;
+        handed = work;
+        woken.Notify();
+      });
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_FALSE(ticket->ready);
+  ASSERT_EQ(coordinator_->CheckLeases(absl::ZeroDuration()).size(), 1u);
+  ASSERT_TRUE(woken.HasBeenNotified());  // called inside CheckLeases
+  ASSERT_EQ(handed, (Block{1, 1}));
+  ASSERT_TRUE(Push(BlockPush(0, 1, handed)).ok());
+  ASSERT_EQ(coordinator_->Status().step, 2);
+  const V after = {1, 2, 2, 0, 1, 0, 1, 2, 0};
+  EXPECT_EQ(values(scrape()), after);
+  // Scrapes mirror the coordinator's counts; they add nothing themselves.
+  EXPECT_EQ(values(ParseExposition(metrics_.Text())), after);
+  EXPECT_EQ(values(scrape()), after);
+}
+
+// SetElasticity's counters follow cumulative counts: they grow by the
+// difference, never go down, and ignore ranks beyond --workers.
+TEST(ServerMetricsElasticityTest, CountersFollowCumulativeCounts) {
+  ServerMetrics m(2);
+  ServerMetrics::Elasticity e;
+  e.live_workers = 2;
+  e.micro_batches = 4;
+  e.planned_micro_batches = {3, 1, 7};  // a third rank: no series
+  e.blocks_reassigned = 2;
+  e.backup_blocks = 3;
+  e.duplicate_pushes = 4;
+  e.steps_completed_by = {5, 6, 9};
+  m.SetElasticity(e);
+  m.SetElasticity(e);  // the same counts again: no change
+  auto s = ParseExposition(m.Text());
+  auto rank = [](const char* r) {
+    return std::map<std::string, std::string>{
+        {"role", "ps"}, {"shard", "0"}, {"rank", r}};
+  };
+  EXPECT_EQ(Sample(s, "dp_ps_planned_micro_batches", rank("0")), 3);
+  EXPECT_EQ(Sample(s, "dp_ps_planned_micro_batches", rank("1")), 1);
+  EXPECT_EQ(Sample(s, "dp_ps_backup_blocks_total", kPs), 3);
+  EXPECT_EQ(Sample(s, "dp_ps_steps_completed_by_total", rank("1")), 6);
+  EXPECT_EQ(m.Text().find("rank=\"2\""), std::string::npos);
+  e.planned_micro_batches = {4};  // rank 1 has no block now
+  e.backup_blocks = 5;
+  e.duplicate_pushes = 1;  // lower: the counter stays
+  e.steps_completed_by = {5, 8};
+  m.SetElasticity(e);
+  e.duplicate_pushes = 2;  // grows again from the lower mark
+  m.SetElasticity(e);
+  s = ParseExposition(m.Text());
+  EXPECT_EQ(Sample(s, "dp_ps_planned_micro_batches", rank("1")), 0);
+  EXPECT_EQ(Sample(s, "dp_ps_blocks_reassigned_total", kPs), 2);
+  EXPECT_EQ(Sample(s, "dp_ps_backup_blocks_total", kPs), 5);
+  EXPECT_EQ(Sample(s, "dp_ps_duplicate_pushes_total", kPs), 5);
+  EXPECT_EQ(Sample(s, "dp_ps_steps_completed_by_total", rank("0")), 5);
+  EXPECT_EQ(Sample(s, "dp_ps_steps_completed_by_total", rank("1")), 8);
+
+  // ElasticityOf reads the coordinator's status field by field.
+  CoordinatorStatus status;
+  status.live_ranks = {0, 2};
+  status.micro_batches = 8;
+  status.plan = {Block{0, 4}, Block{}, Block{4, 4}};
+  status.elastic = ElasticCounts{1, 2, 3};
+  status.completed_by = {4, 0, 5};
+  const ServerMetrics::Elasticity got = ElasticityOf(status);
+  EXPECT_EQ(got.live_workers, 2);
+  EXPECT_EQ(got.micro_batches, 8);
+  EXPECT_EQ(got.planned_micro_batches, (std::vector<int>{4, 0, 4}));
+  EXPECT_EQ(got.blocks_reassigned, 1);
+  EXPECT_EQ(got.backup_blocks, 2);
+  EXPECT_EQ(got.duplicate_pushes, 3);
+  EXPECT_EQ(got.steps_completed_by, (std::vector<int64_t>{4, 0, 5}));
 }
 
 }  // namespace

@@ -84,7 +84,10 @@ def main():
     titles = {p["title"] for p in mc.all_panels(dashboard)}
     for wanted in ["Training loss", "Test accuracy", "Samples/s (total)",
                    "Samples/s per rank", "Step time p50 / p99",
-                   "Workers: active vs expected", "Slowest rank", "Bytes/s"]:
+                   "Workers: active vs expected", "Slowest rank", "Bytes/s",
+                   "Elasticity", "Live workers", "Micro-batches per worker",
+                   "Blocks reassigned / backups / duplicates",
+                   "Steps waited for, by rank"]:
         if wanted not in titles:
             failures.append(f"no panel titled '{wanted}'")
 

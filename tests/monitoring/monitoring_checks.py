@@ -108,8 +108,24 @@ def static_problems(dashboard):
         title = p.get("title", "")
         name = f"panel {p.get('id')} '{title}'"
         if p.get("type") == "row":
-            problems.append(f"{name}: rows are not used here (no datasource, "
-                            "no unit)")
+            # A heading over the panels below it: no queries of its own.
+            # Open, it holds none (Grafana draws the panels that follow it);
+            # collapsed, its panels are checked as any other (all_panels).
+            if not isinstance(title, str) or not title.strip():
+                problems.append(f"{name}: a row needs a title")
+            if p.get("id") in ids:
+                problems.append(f"{name}: duplicate id")
+            ids.add(p.get("id"))
+            if p.get("gridPos") != {"x": 0, "y": p.get("gridPos", {}).get("y"),
+                                    "w": 24, "h": 1} or \
+                    not isinstance(p["gridPos"].get("y"), int):
+                problems.append(f"{name}: a row spans the width, 1 high, "
+                                f"not {p.get('gridPos')!r}")
+            if p.get("targets"):
+                problems.append(f"{name}: a row has no queries")
+            if not p.get("collapsed") and p.get("panels"):
+                problems.append(f"{name}: an open row holds no panels (the "
+                                "panels after it are its own)")
             continue
         if not isinstance(title, str) or not title.strip():
             problems.append(f"{name}: no title")
