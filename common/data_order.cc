@@ -55,8 +55,10 @@ absl::Status ValidateSchedule(const Schedule& s) {
   if (s.num_samples < s.global_batch()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the data set has %d samples, fewer than one global batch of %d "
-        "(%d micro-batches x %d)",
-        s.num_samples, s.global_batch(), s.num_micro_batches(), s.batch_size));
+        "(%d micro-batches of batch_size %d; by default one per worker, "
+        "workers %d)",
+        s.num_samples, s.global_batch(), s.num_micro_batches(), s.batch_size,
+        s.world_size));
   }
   return absl::OkStatus();
 }

@@ -49,6 +49,7 @@ Block Sibling(int k, const Block& b) {
 }
 
 std::vector<Block> SplitForWorkers(int k, int workers) {
+  if (workers < 1) return {};
   std::vector<Block> blocks = {Root(k)};
   while (static_cast<int>(blocks.size()) < std::min(k, workers)) {
     auto largest = std::max_element(

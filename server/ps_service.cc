@@ -446,6 +446,7 @@ ServerUnaryReactor* PsService::GetStatus(
   }
   for (int r : s.registered_ranks) response->add_registered_ranks(r);
   for (int r : s.pushed_ranks) response->add_pushed_ranks(r);
+  for (int r : s.waits_for) response->add_waits_for(r);
   response->set_done(s.done);
   response->set_last_test_accuracy(s.last_eval.accuracy);
   response->set_last_loss(s.last_loss);

@@ -415,10 +415,10 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     RETURN_IF_ERROR(retry.status());
     if (*retry) {
       Touch(rank);
-      if (step == state_.step) {
-        ++counts_.duplicate_pushes;
-        if (work_[rank] == block) work_[rank] = Block{};
-      }
+      // A copy of a block that is in, or of the step just applied (a late
+      // straggler's, or a retry whose answer was lost).
+      ++counts_.duplicate_pushes;
+      if (step == state_.step && work_[rank] == block) work_[rank] = Block{};
       return PushResult{state_.step, /*duplicate=*/true};
     }
     RETURN_IF_ERROR(CheckLoss(rank, step, loss));
@@ -962,6 +962,14 @@ CoordinatorStatus StepCoordinator::Status() const {
     if (registered_[r]) s.registered_ranks.push_back(r);
     if (received_[r]) s.pushed_ranks.push_back(r);
     if (registered_[r] && !lost_[r]) s.live_ranks.push_back(r);
+  }
+  const bool planned =
+      std::any_of(plan_.begin(), plan_.end(),
+                  [](const Block& b) { return !b.empty(); });
+  for (int r = 0; r < config_.schedule.world_size; ++r) {
+    const bool waits = planned ? !work_[r].empty() && !CoveredLocked(work_[r])
+                               : !registered_[r] || lost_[r];
+    if (waits) s.waits_for.push_back(r);
   }
   s.plan = plan_;
   s.micro_batches = K();

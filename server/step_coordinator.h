@@ -84,6 +84,9 @@ struct CoordinatorStatus {
   std::vector<int> registered_ranks;
   std::vector<int> pushed_ranks;  // ranks that pushed a block this step
   std::vector<int> live_ranks;    // registered and not lost
+  // Whom the step waits for: the ranks whose block (planned or handed to
+  // them) is not in; before a plan, the ranks not live.
+  std::vector<int> waits_for;
   // The current step's plan: the block of every rank (empty: none).
   std::vector<Block> plan;
   int micro_batches = 0;       // per step

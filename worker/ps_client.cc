@@ -327,6 +327,8 @@ absl::StatusOr<JobStatus> PsClient::GetStatus() {
                                         response.shard(), num_params_);
   status.pushed_ranks.assign(response.pushed_ranks().begin(),
                              response.pushed_ranks().end());
+  status.waits_for.assign(response.waits_for().begin(),
+                          response.waits_for().end());
   return status;
 }
 

@@ -62,6 +62,7 @@ struct JobStatus {
   JobConfig config;
   int64_t step = 0;
   std::vector<int> pushed_ranks;  // ranks whose push for `step` arrived
+  std::vector<int> waits_for;     // ranks whose block of `step` is not in
   ShardState shard;
   int rank = 0;  // Register: the rank this worker is
 };

@@ -428,11 +428,9 @@ absl::StatusOr<std::vector<int>> PsGroup::Unpushed(int64_t step,
       return absl::NotFoundError(
           absl::StrFormat("shard %d is at step %d", k, s.step));
     }
-    std::vector<bool> pushed(world_size, false);
-    for (int r : s.pushed_ranks) {
-      if (r >= 0 && r < world_size) pushed[r] = true;
+    for (int r : s.waits_for) {
+      if (r >= 0 && r < world_size) lacking[r] = true;
     }
-    for (int r = 0; r < world_size; ++r) lacking[r] = lacking[r] || !pushed[r];
   }
   std::vector<int> ranks;
   for (int r = 0; r < world_size; ++r) {

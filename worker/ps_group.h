@@ -71,8 +71,9 @@ class PsGroup {
   // buffer that some of them were read in place from was rewritten since
   // (PsClient::CheckInPlaceWeights).
   absl::Status CheckInPlaceWeights() const;
-  // The ranks whose push for `step` some shard still lacks (a shard past
-  // `step` lacks none); NOT_FOUND when a shard is at an earlier step.
+  // The ranks whose block of `step` some shard still lacks, or that the
+  // step waits for to join (a shard past `step` lacks none); NOT_FOUND when
+  // a shard is at an earlier step.
   absl::StatusOr<std::vector<int>> Unpushed(int64_t step, int world_size);
   int shards() const { return static_cast<int>(clients_.size()); }
   std::string address() const;
