@@ -91,6 +91,11 @@ absl::Status PsServer::Build() {
                                       o.gather.addresses.size()));
   ASSIGN_OR_RETURN(std::optional<Checkpoint> resumed, OpenCheckpoints());
   RETURN_IF_ERROR(MakeCoordinator(std::move(resumed)));
+  ElasticOptions elastic = o.elastic;
+  elastic.lead = shard_.index == 0;
+  // A lost rank ends the job: its block goes to no one meanwhile.
+  if (o.fail_on_worker_loss) elastic.reassign = false;
+  coordinator_->SetElastic(elastic);
   StartSharedPlane();
   service_ = std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
                                          ServiceOptions());
@@ -281,10 +286,23 @@ absl::Status PsServer::Watch() {
         return JobFailedError(absl::StrFormat(
             "rank %d was lost (no call for %.1f s, --on_worker_loss=fail)",
             e.rank, secs));
-      } else {
+      } else if (!options_.elastic.reassign) {
         Log("rank %d is missing: no call for %.1f s; step %d waits for it "
             "(--on_worker_loss=wait)",
             e.rank, secs, coordinator_->Status().step);
+      } else {
+        const CoordinatorStatus s = coordinator_->Status();
+        const int live = static_cast<int>(s.live_ranks.size());
+        const int min_workers = std::max(1, s.config.min_workers);
+        if (live >= min_workers) {
+          Log("rank %d is missing: no call for %.1f s; its block of step %d "
+              "goes to the others (--on_worker_loss=reassign)",
+              e.rank, secs, s.step);
+        } else {
+          Log("rank %d is missing: no call for %.1f s; step %d waits: %d "
+              "live, fewer than --min_workers=%d",
+              e.rank, secs, s.step, live, min_workers);
+        }
       }
     }
     const absl::Time now = absl::Now();

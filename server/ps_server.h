@@ -67,9 +67,14 @@ struct PsServerOptions {
   int64_t checkpoint_every = 100;
   int keep_checkpoints = 3;
   absl::Duration worker_timeout = absl::Seconds(10);
-  bool fail_on_worker_loss = false;  // else wait for the rank to come back
-  int update_threads = 0;            // 0: DefaultUpdateThreads
-  bool exit_when_done = true;        // false: serve until Stop()
+  // Ends the job when a rank is lost; elastic.reassign is then ignored.
+  bool fail_on_worker_loss = false;
+  // How blocks follow the ranks: a lost rank's go to the others
+  // (elastic.reassign; else the step waits for it), late ones are backed
+  // up. `lead` is ignored: shard 0 leads.
+  ElasticOptions elastic;
+  int update_threads = 0;      // 0: DefaultUpdateThreads
+  bool exit_when_done = true;  // false: serve until Stop()
   // Offer workers on this host (this network namespace) their tensors
   // through shared memory.
   bool shared_memory = true;

@@ -38,6 +38,9 @@ struct ServerFlags {
   std::string metrics_host = "0.0.0.0";
   int workers = 2;
   int batch_size = 64;
+  int64_t global_batch = 0;  // 0: batch_size x workers
+  int micro_batch = 0;       // 0: batch_size
+  int min_workers = 1;
   int epochs = 3;
   double lr = 1e-3;
   int64_t seed = 0;
@@ -51,7 +54,10 @@ struct ServerFlags {
   int64_t checkpoint_every = 100;
   int keep_checkpoints = 3;
   double worker_timeout_s = 10;
-  std::string on_worker_loss = "wait";
+  std::string on_worker_loss = "reassign";
+  int backup_blocks = 1;
+  double straggler_factor = 3.0;
+  int straggler_min_wait_ms = 20;
   std::string grad_encoding = "f32";
   std::string weight_encoding = "f32";
   int update_threads = 0;
@@ -62,6 +68,20 @@ struct ServerFlags {
   std::string shard_addresses;
   bool dry_run = false;
 };
+
+// The most micro-batches a step: --global_batch / --micro_batch.
+constexpr int kMaxMicroBatches = 65536;
+
+// Samples per micro-batch: --micro_batch, by default --batch_size.
+int MicroBatch(const ServerFlags& f) {
+  return f.micro_batch > 0 ? f.micro_batch : f.batch_size;
+}
+
+// Samples per step: --global_batch, by default --batch_size x --workers.
+int64_t GlobalBatch(const ServerFlags& f) {
+  return f.global_batch > 0 ? f.global_batch
+                            : int64_t{f.batch_size} * f.workers;
+}
 
 // --shard, or the ordinal at the end of the host name (a StatefulSet's pod
 // "dp-ps-2" is shard 2), or 0 for a job of one shard.
@@ -99,6 +119,34 @@ absl::Status Validate(const ServerFlags& f) {
   if (f.batch_size < 1 || f.batch_size > 65536) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--batch_size must be in 1..65536, got %d", f.batch_size));
+  }
+  if (f.micro_batch < 0 || f.micro_batch > 65536) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--micro_batch must be in 1..65536 (0: --batch_size), got %d",
+        f.micro_batch));
+  }
+  const int micro_batch = MicroBatch(f);
+  const int64_t global_batch = GlobalBatch(f);
+  if (f.global_batch < 0 || global_batch % micro_batch != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--global_batch must be a positive multiple of --micro_batch (%d), "
+        "got %s",
+        micro_batch,
+        f.global_batch != 0
+            ? absl::StrCat(f.global_batch)
+            : absl::StrCat(global_batch, " (--batch_size x --workers)")));
+  }
+  const int64_t micro_batches = global_batch / micro_batch;
+  if (micro_batches > kMaxMicroBatches) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--global_batch / --micro_batch must be at most %d micro-batches a "
+        "step, got %d / %d = %d",
+        kMaxMicroBatches, global_batch, micro_batch, micro_batches));
+  }
+  if (f.min_workers < 1 || f.min_workers > f.workers) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--min_workers must be in 1..%d (--workers), got %d",
+                        f.workers, f.min_workers));
   }
   if (f.epochs < 1) {
     return absl::InvalidArgumentError(
@@ -149,9 +197,25 @@ absl::Status Validate(const ServerFlags& f) {
         absl::StrFormat("--shard must be in 0..%d (--shards=%d), got %d",
                         f.shards - 1, f.shards, f.shard));
   }
-  if (f.on_worker_loss != "wait" && f.on_worker_loss != "fail") {
+  if (f.on_worker_loss != "reassign" && f.on_worker_loss != "wait" &&
+      f.on_worker_loss != "fail") {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--on_worker_loss must be wait or fail, got '%s'", f.on_worker_loss));
+        "--on_worker_loss must be reassign, wait or fail, got '%s'",
+        f.on_worker_loss));
+  }
+  if (f.backup_blocks < 0 || f.backup_blocks > micro_batches) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--backup_blocks must be in 0..%d (the micro-batches a step), got %d",
+        micro_batches, f.backup_blocks));
+  }
+  if (!(f.straggler_factor > 1.0) || !std::isfinite(f.straggler_factor)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--straggler_factor must be a number > 1, got %g", f.straggler_factor));
+  }
+  if (f.straggler_min_wait_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--straggler_min_wait_ms must be >= 0, got %d",
+                        f.straggler_min_wait_ms));
   }
   return absl::OkStatus();
 }
@@ -194,8 +258,19 @@ int Run(int argc, char** argv) {
                   "address the metrics endpoint listens on (0.0.0.0 or ::: "
                   "every IPv4 and IPv6 address; an IPv6 address with or "
                   "without brackets)");
-  flags.AddInt("workers", &f.workers, "number of workers N");
-  flags.AddInt("batch_size", &f.batch_size, "batch size per worker");
+  flags.AddInt("workers", &f.workers,
+               "the most workers at once (ranks 0..N-1)");
+  flags.AddInt("batch_size", &f.batch_size,
+               "batch size per worker: the default --micro_batch");
+  flags.AddInt("global_batch", &f.global_batch,
+               "samples a step, a multiple of --micro_batch; the model "
+               "depends on it, not on how many workers compute it (0 = "
+               "--batch_size x --workers)");
+  flags.AddInt("micro_batch", &f.micro_batch,
+               "samples a micro-batch, the unit of work handed to a worker "
+               "(0 = --batch_size)");
+  flags.AddInt("min_workers", &f.min_workers,
+               "steps wait while fewer workers are live (1..--workers)");
   flags.AddInt("epochs", &f.epochs, "epochs to train");
   flags.AddDouble("lr", &f.lr, "Adam learning rate");
   flags.AddInt("seed", &f.seed, "seed of initialisation and data order");
@@ -232,8 +307,17 @@ int Run(int argc, char** argv) {
                   "a worker the step needs that has not called for this long "
                   "is reported missing");
   flags.AddString("on_worker_loss", &f.on_worker_loss,
-                  "wait (keep the step open until the rank comes back) | fail "
-                  "(end the job with an error)");
+                  "reassign (a lost worker's micro-batches go to the others) "
+                  "| wait (keep the step open until the rank comes back) | "
+                  "fail (end the job with an error)");
+  flags.AddInt("backup_blocks", &f.backup_blocks,
+               "late blocks a step also handed to an idle worker; the first "
+               "copy counts (0 = no straggler backups)");
+  flags.AddDouble("straggler_factor", &f.straggler_factor,
+                  "a block is late once the step has run this many times as "
+                  "long as the step's first push took (> 1)");
+  flags.AddInt("straggler_min_wait_ms", &f.straggler_min_wait_ms,
+               "a block is never late sooner than this into the step");
   flags.AddBool("shared_memory", &f.shared_memory,
                 "offer workers on this host (this network namespace) their "
                 "tensors through shared memory; gRPC stays the control "
@@ -281,6 +365,12 @@ int Run(int argc, char** argv) {
   if (f.dry_run) return FinishDryRun(flags);
   WarnUnknownEnvironment(flags);
   Log("dp-ps %s starting: %s", DP_VERSION, flags.Effective());
+  Log("a step: %d micro-batches of %d samples (global batch %d), on %s at "
+      "a time",
+      GlobalBatch(f) / MicroBatch(f), MicroBatch(f), GlobalBatch(f),
+      f.min_workers == f.workers
+          ? absl::StrFormat("%d worker%s", f.workers, f.workers == 1 ? "" : "s")
+          : absl::StrFormat("%d to %d workers", f.min_workers, f.workers));
 
   PsServerOptions o;
   o.host = f.host;
@@ -290,11 +380,13 @@ int Run(int argc, char** argv) {
   o.metrics_host = f.metrics_host;
   Schedule& schedule = o.config.schedule;
   schedule.world_size = f.workers;
-  schedule.batch_size = f.batch_size;
+  schedule.batch_size = MicroBatch(f);
+  schedule.micro_batches = static_cast<int>(GlobalBatch(f) / MicroBatch(f));
   schedule.epochs = f.epochs;
   schedule.max_steps = f.max_steps;
   schedule.seed = static_cast<uint64_t>(f.seed);
   schedule.shuffle = f.shuffle;
+  o.config.min_workers = f.min_workers;
   o.config.dataset = f.dataset;
   o.config.adam.lr = f.lr;
   o.config.grad_encoding = *ParseEncoding(f.grad_encoding);
@@ -307,6 +399,10 @@ int Run(int argc, char** argv) {
   o.keep_checkpoints = f.keep_checkpoints;
   o.worker_timeout = absl::Seconds(f.worker_timeout_s);
   o.fail_on_worker_loss = f.on_worker_loss == "fail";
+  o.elastic.reassign = f.on_worker_loss == "reassign";
+  o.elastic.backup_blocks = f.backup_blocks;
+  o.elastic.straggler_factor = f.straggler_factor;
+  o.elastic.straggler_min_wait = absl::Milliseconds(f.straggler_min_wait_ms);
   o.update_threads = f.update_threads;
   o.exit_when_done = f.exit_when_done;
   o.shared_memory = f.shared_memory;

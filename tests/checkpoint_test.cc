@@ -327,17 +327,39 @@ TEST(JobConfigTest, ResumeRefusesOtherHyperParametersButAllowsMoreEpochs) {
   b.schedule.epochs = 9;
   b.schedule.max_steps = 1234;
   EXPECT_TRUE(CheckResumable(a, b).ok());
-  b.schedule.batch_size = 16;
+  b.schedule.batch_size = 16;  // 2 micro-batches of 16: 32 a step
   b.adam.lr = 0.5;
   b.weight_encoding = Encoding::kBf16;
   absl::Status s = CheckResumable(a, b);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("--batch_size=16 (saved: 8)"), std::string::npos)
+  EXPECT_NE(s.message().find("--global_batch=32 (saved: 16)"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("--micro_batch=16 (saved: 8)"), std::string::npos)
       << s;
   EXPECT_NE(s.message().find("--lr=0.5"), std::string::npos) << s;
   EXPECT_NE(s.message().find("--weight_encoding=bf16 (saved: f32)"),
             std::string::npos)
       << s;
+}
+
+// The step is what a checkpoint pins: its global batch and micro-batch size,
+// not how many workers compute it or how many must be live.
+TEST(JobConfigTest, ResumeAllowsOtherWorkersButNotAnotherSplitOfTheStep) {
+  JobConfig a = Make(1).config;  // 2 workers, one micro-batch of 8 each
+  JobConfig b = a;
+  b.schedule.world_size = 5;
+  b.schedule.micro_batches = 2;
+  b.min_workers = 3;
+  EXPECT_TRUE(CheckResumable(a, b).ok()) << CheckResumable(a, b);
+  // The same 16 samples a step in 4 micro-batches of 4.
+  b.schedule.batch_size = 4;
+  b.schedule.micro_batches = 4;
+  absl::Status s = CheckResumable(a, b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "the checkpoint was written by a different job: --micro_batch=4 "
+            "(saved: 8)");
 }
 
 }  // namespace

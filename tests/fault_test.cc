@@ -166,13 +166,33 @@ TEST(FaultTest, TruncatedAndCorruptCheckpointsAreSkippedSayingWhy) {
 TEST(FaultTest, CheckpointOfAnotherJobIsRefused) {
   TempDir dir;
   const std::string ckpt = "--checkpoint_dir=" + dir.File("ckpt");
+  // A step of one micro-batch of 16.
   JobResult r = RunJob({"--max_steps=5", "--batch_size=16", ckpt}, 1);
   ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
-  Subprocess other({DP_PS_BINARY, "--port=0", "--batch_size=32", ckpt});
+  // The same global batch in two micro-batches of 8 is another job.
+  Subprocess other(
+      {DP_PS_BINARY, "--port=0", "--global_batch=16", "--micro_batch=8", ckpt});
   EXPECT_EQ(other.Wait(absl::Seconds(30)), kExitConfigError);
-  EXPECT_NE(other.output().find("--batch_size=32 (saved: 16)"),
-            std::string::npos)
+  EXPECT_NE(
+      other.output().find("a different job: --micro_batch=8 (saved: 16)\n"),
+      std::string::npos)
       << other.output();
+  // So is --batch_size=32 with its default global batch (32 x 2 workers).
+  Subprocess bigger({DP_PS_BINARY, "--port=0", "--batch_size=32", ckpt});
+  EXPECT_EQ(bigger.Wait(absl::Seconds(30)), kExitConfigError);
+  EXPECT_NE(bigger.output().find(
+                "--global_batch=64 (saved: 16), --micro_batch=32 (saved: 16)"),
+            std::string::npos)
+      << bigger.output();
+  // More workers for the same step are the same job: it resumes.
+  int port = 0;
+  auto more = StartServer(
+      {"--workers=4", "--global_batch=16", "--micro_batch=16", ckpt}, &port);
+  EXPECT_NE(more->output().find("resuming from the checkpoint of step 5"),
+            std::string::npos)
+      << more->output();
+  more->Signal(SIGTERM);
+  EXPECT_EQ(more->Wait(absl::Seconds(30)), kExitInterrupted) << more->output();
 }
 
 TEST(FaultTest, StoppedWorkerIsReportedAndFailPolicyEndsTheJob) {
@@ -205,6 +225,7 @@ TEST(FaultTest, StoppedWorkerIsReportedAndWaitPolicyFinishesAfterSigcont) {
   const std::string model = dir.File("model.safetensors");
   std::vector<std::string> flags = JobFlags(model);
   flags.push_back("--worker_timeout_s=1");
+  flags.push_back("--on_worker_loss=wait");
   int port = 0;
   auto ps = StartServer(flags, &port);
   auto w0 = StartWorker(port, 0);

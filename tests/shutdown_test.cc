@@ -265,6 +265,11 @@ TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
       {DP_PS_BINARY, "--dry_run", "--shards=2", "--shard=2"},
       {DP_PS_BINARY, "--dry_run", "--shards=2", "--shard=0"},  // no peers
       {DP_PS_BINARY, "--dry_run", "--shards=65", "--shard=1"},
+      {DP_PS_BINARY, "--dry_run", "--micro_batch=-1"},
+      {DP_PS_BINARY, "--dry_run", "--global_batch=100", "--micro_batch=16"},
+      {DP_PS_BINARY, "--dry_run", "--min_workers=3"},
+      {DP_PS_BINARY, "--dry_run", "--on_worker_loss=retry"},
+      {DP_PS_BINARY, "--dry_run", "--straggler_factor=1"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=a:1,b"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=ps-{shard}:1"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=no-port"},
@@ -280,6 +285,101 @@ TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
     EXPECT_EQ(p.Wait(kStopDeadline), kExitConfigError)
         << argv.back() << ": " << p.output();
   }
+}
+
+// The step's shape and the elastic flags: each refusal names the flag, and
+// the bound it broke.
+TEST(DryRunTest, RefusesBadElasticFlagsNamingThem) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{"--micro_batch=-1"}, "--micro_batch must be in 1..65536"},
+      {{"--micro_batch=70000"}, "--micro_batch must be in 1..65536"},
+      {{"--global_batch=-64"},
+       "--global_batch must be a positive multiple of --micro_batch (64), "
+       "got -64"},
+      {{"--global_batch=100", "--micro_batch=16"},
+       "--global_batch must be a positive multiple of --micro_batch (16), "
+       "got 100"},
+      // The default global batch (--batch_size x --workers) too.
+      {{"--workers=2", "--batch_size=64", "--micro_batch=48"},
+       "--global_batch must be a positive multiple of --micro_batch (48), "
+       "got 128 (--batch_size x --workers)"},
+      {{"--global_batch=1048576", "--micro_batch=1"},
+       "--global_batch / --micro_batch must be at most 65536"},
+      {{"--workers=4", "--min_workers=0"},
+       "--min_workers must be in 1..4 (--workers), got 0"},
+      {{"--workers=4", "--min_workers=5"},
+       "--min_workers must be in 1..4 (--workers), got 5"},
+      {{"--on_worker_loss=retry"},
+       "--on_worker_loss must be reassign, wait or fail, got 'retry'"},
+      {{"--backup_blocks=-1"}, "--backup_blocks must be in 0..2"},
+      // At most the micro-batches a step: 64 / 16.
+      {{"--global_batch=64", "--micro_batch=16", "--backup_blocks=5"},
+       "--backup_blocks must be in 0..4 (the micro-batches a step), got 5"},
+      {{"--straggler_factor=1"}, "--straggler_factor must be a number > 1"},
+      {{"--straggler_factor=inf"}, "--straggler_factor must be a number > 1"},
+      {{"--straggler_min_wait_ms=-1"},
+       "--straggler_min_wait_ms must be >= 0, got -1"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {DP_PS_BINARY, "--dry_run"};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    Subprocess p(argv);
+    EXPECT_EQ(p.Wait(kStopDeadline), kExitConfigError) << p.output();
+    EXPECT_NE(p.output().find("configuration error: " + c.error),
+              std::string::npos)
+        << c.flags.back() << ": " << p.output();
+  }
+  // Their bounds are accepted.
+  Subprocess edge({DP_PS_BINARY, "--dry_run", "--workers=4", "--min_workers=4",
+                   "--global_batch=48", "--micro_batch=16", "--backup_blocks=3",
+                   "--straggler_factor=1.01", "--straggler_min_wait_ms=0",
+                   "--on_worker_loss=wait"});
+  EXPECT_EQ(edge.Wait(kStopDeadline), kExitOk) << edge.output();
+  Subprocess off({DP_PS_BINARY, "--dry_run", "--backup_blocks=0",
+                  "--on_worker_loss=fail"});
+  EXPECT_EQ(off.Wait(kStopDeadline), kExitOk) << off.output();
+}
+
+// The configuration dp-ps hands to workers, as GetStatus shows it.
+dp::v1::JobConfig ServedConfig(std::vector<std::string> flags) {
+  flags.push_back("--dataset=synthetic");
+  int port = 0;
+  auto ps = StartServer(flags, &port);
+  if (port <= 0) {
+    ADD_FAILURE() << ps->output();
+    return {};
+  }
+  dp::v1::JobConfig config = GetStatus(port).config();
+  ps->Signal(SIGTERM);
+  EXPECT_EQ(ps->Wait(kStopDeadline), kExitInterrupted) << ps->output();
+  return config;
+}
+
+TEST(ElasticFlagsTest, DefaultsKeepOneMicroBatchOfBatchSizePerWorker) {
+  const dp::v1::JobConfig c = ServedConfig({"--workers=3", "--batch_size=8"});
+  EXPECT_EQ(c.world_size(), 3);
+  EXPECT_EQ(c.batch_size(), 8);
+  EXPECT_EQ(c.micro_batches(), 3);
+  EXPECT_EQ(c.min_workers(), 1);
+}
+
+TEST(ElasticFlagsTest, GlobalAndMicroBatchSetTheMicroBatchesOfAStep) {
+  const dp::v1::JobConfig c =
+      ServedConfig({"--workers=3", "--batch_size=8", "--global_batch=64",
+                    "--micro_batch=4", "--min_workers=2"});
+  EXPECT_EQ(c.world_size(), 3);
+  EXPECT_EQ(c.batch_size(), 4);
+  EXPECT_EQ(c.micro_batches(), 16);
+  EXPECT_EQ(c.min_workers(), 2);
+  // --micro_batch alone splits the default global batch (8 x 3).
+  const dp::v1::JobConfig d =
+      ServedConfig({"--workers=3", "--batch_size=8", "--micro_batch=2"});
+  EXPECT_EQ(d.batch_size(), 2);
+  EXPECT_EQ(d.micro_batches(), 12);
 }
 
 }  // namespace

@@ -12,8 +12,9 @@
 //     arguments and environment (ConfigMaps and $(VAR) references resolved
 //     as the kubelet does) are run through `dp-ps`/`dp-worker --dry_run`,
 //     and the ports, probes, Service, NetworkPolicies (together, for a
-//     default deny), worker count, shard count and addresses ({shard}
-//     expanded as the binaries do), run id and the workloads' names,
+//     default deny), worker count and parallelism, shard count and
+//     addresses ({shard} expanded as the binaries do), run id and the
+//     workloads' names,
 //     failure policies (per exit code of common/flags.h, per rank, with a
 //     deadline), dp-ps's QoS, threads and placement, grace periods,
 //     volumes, TLS mounts and certificates, GPU settings and monitoring
@@ -96,6 +97,7 @@ const EXIT = (() => {
   };
   return {
     config: code("kExitConfigError"),            // FailJob
+    interrupted: code("kExitInterrupted"),       // Ignore (SIGTERM: scaled down)
     psUnreachable: code("kExitPsUnreachable"),   // Ignore (an outage)
     cannotRunHere: code("kExitCannotRunHere"),   // Count, per rank
   };
@@ -554,6 +556,11 @@ function failurePolicyErrors(jobSpec, container, who, workers = false) {
                 "would hold their resources with no end");
   }
   if (!workers) return errors;
+  if (!onExit("Ignore", EXIT.interrupted)) {
+    errors.push(`${who}: exit code ${EXIT.interrupted} (stopped by SIGTERM) must be ` +
+                "retried without counting (Ignore): every lower parallelism stops a " +
+                "worker, and would use up its rank's retries");
+  }
   if (!onExit("Ignore", EXIT.psUnreachable)) {
     errors.push(`${who}: exit code ${EXIT.psUnreachable} (dp-ps unreachable) must be ` +
                 "retried without counting (Ignore): a dp-ps outage is no worker's fault");
@@ -821,13 +828,22 @@ function driftErrors(objects, bins, target) {
           "(node drains would wait for ever)");
   }
 
-  // Workers: the rank, the count (their addresses of dp-ps: above).
+  // Workers: the rank, the count (their addresses of dp-ps: above). One
+  // completion index per rank, --workers of them (the most at once); the
+  // parallelism, how many run now, may change while the Job runs, and
+  // steps go on while at least --min_workers do.
   check(wc.rank === "0", `worker rank from JOB_COMPLETION_INDEX: ${wc.rank}`);
   check(w.worker.job.completionMode === "Indexed", "the workers' Job is not Indexed");
-  check(w.worker.job.completions === Number(pc.workers) &&
-            w.worker.job.parallelism === Number(pc.workers),
-        `workers' completions ${w.worker.job.completions} / parallelism ` +
-        `${w.worker.job.parallelism} != dp-ps --workers ${pc.workers}`);
+  check(w.worker.job.completions === Number(pc.workers),
+        `workers' completions ${w.worker.job.completions} != dp-ps --workers ` +
+        `${pc.workers} (one completion index per rank)`);
+  const parallelism = w.worker.job.parallelism;
+  check(Number.isInteger(parallelism) && parallelism >= Number(pc.min_workers) &&
+            parallelism <= w.worker.job.completions,
+        `workers' parallelism ${parallelism} is not in dp-ps --min_workers ` +
+        `${pc.min_workers} .. completions ${w.worker.job.completions}: ` +
+        (parallelism > w.worker.job.completions
+             ? "no more pods than ranks run" : "the steps would wait"));
   errors.push(...failurePolicyErrors(w.worker.job, worker, "workers' Job", true));
 
   // Worker probes and ports.
@@ -1216,6 +1232,15 @@ const MUTATIONS = [
   ["JobSet worker count differs", "overlays/jobset", (objs) => {
     workloads(objs).worker.job.completions = 3;
   }],
+  ["workers' parallelism below --min_workers", "overlays/gpu", (objs) => {
+    cm(objs, "dp-ps-config").DP_MIN_WORKERS = "2";
+    workersJob(objs).spec.parallelism = 1;
+  }, false, /parallelism 1 is not in dp-ps --min_workers 2 \.\. completions 2: the steps/],
+  ["a worker stopped by a lower parallelism counted against its rank", "overlays/gpu",
+   (objs) => {
+     const rules = workersJob(objs).spec.podFailurePolicy.rules;
+     rules.splice(rules.findIndex((r) => r.onExitCodes?.values.includes(3)), 1);
+   }, false, /exit code 3 \(stopped by SIGTERM\) must be retried without counting/],
   ["invalid flag value", "overlays/gpu", (objs) => {
     cm(objs, "dp-worker-config").DP_BACKEND = "tpu";
   }],
