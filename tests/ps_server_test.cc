@@ -180,7 +180,7 @@ TEST(PsServerTest, ABusyPortIsUnavailableAndACheckpointOfAnotherJobIsRefused) {
   auto other = PsServer::Start(saved);
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(other.status().message().find("--batch_size=16 (saved: 8)"),
+  EXPECT_NE(other.status().message().find("--micro_batch=16 (saved: 8)"),
             std::string::npos)
       << other.status();
 }
