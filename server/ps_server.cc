@@ -21,6 +21,10 @@
 namespace dp {
 namespace {
 
+// How long a failed job goes on answering with its failure, at most, for
+// the workers that were computing when it failed.
+constexpr absl::Duration kFailureGrace = absl::Seconds(5);
+
 // The coordinator's state as the metrics mirror it at scrape time.
 ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
   ServerMetrics::Progress p;
@@ -419,6 +423,13 @@ void PsServer::LogSummary(double seconds, bool have_eval) const {
         absl::ToDoubleMilliseconds(s.read_time) * per_step,
         absl::ToDoubleMilliseconds(s.use_time) * per_step, waits);
   }
+  if (shard_.index == 0) {
+    const ElasticCounts& e = s.elastic;
+    Log("elastic: %d micro-batches a step; %d blocks of lost workers "
+        "reassigned, %d late blocks backed up, %d duplicate pushes",
+        s.micro_batches, e.blocks_reassigned, e.backups_handed,
+        e.duplicate_pushes);
+  }
   if (have_eval) {
     Log("final test accuracy: %.4f", s.last_eval.accuracy);
   } else if (shard_.index == 0) {
@@ -455,6 +466,9 @@ absl::StatusOr<PsServer::Outcome> PsServer::Run() {
       Log("error: %s", failure.message());
       coordinator_->Fail(failure);
       (void)FinalCheckpoint();  // logged; the failure is the result
+      // A worker computing a block when the job failed is told at its
+      // next call, not met by a closed port that it would retry.
+      coordinator_->AwaitFailureTold(kFailureGrace);
       // Serve the failure to workers already in a call before going away.
       ShutdownServers(absl::Seconds(3));
       return failure;

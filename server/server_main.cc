@@ -58,6 +58,7 @@ struct ServerFlags {
   int backup_blocks = 1;
   double straggler_factor = 3.0;
   int straggler_min_wait_ms = 20;
+  double start_wait_s = 30;
   std::string grad_encoding = "f32";
   std::string weight_encoding = "f32";
   int update_threads = 0;
@@ -212,6 +213,10 @@ absl::Status Validate(const ServerFlags& f) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--straggler_factor must be a number > 1, got %g", f.straggler_factor));
   }
+  if (!(f.start_wait_s >= 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--start_wait_s must be >= 0, got %g", f.start_wait_s));
+  }
   if (f.straggler_min_wait_ms < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--straggler_min_wait_ms must be >= 0, got %d",
@@ -318,6 +323,10 @@ int Run(int argc, char** argv) {
                   "long as the step's first push took (> 1)");
   flags.AddInt("straggler_min_wait_ms", &f.straggler_min_wait_ms,
                "a block is never late sooner than this into the step");
+  flags.AddDouble("start_wait_s", &f.start_wait_s,
+                  "the first step waits this long for all --workers to "
+                  "register, then starts with those there (at least "
+                  "--min_workers)");
   flags.AddBool("shared_memory", &f.shared_memory,
                 "offer workers on this host (this network namespace) their "
                 "tensors through shared memory; gRPC stays the control "
@@ -403,6 +412,7 @@ int Run(int argc, char** argv) {
   o.elastic.backup_blocks = f.backup_blocks;
   o.elastic.straggler_factor = f.straggler_factor;
   o.elastic.straggler_min_wait = absl::Milliseconds(f.straggler_min_wait_ms);
+  o.elastic.start_wait = absl::Seconds(f.start_wait_s);
   o.update_threads = f.update_threads;
   o.exit_when_done = f.exit_when_done;
   o.shared_memory = f.shared_memory;

@@ -65,6 +65,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   DP_CHECK(world >= 1);
   registered_.assign(world, false);
   worker_ids_.assign(world, "");
+  told_.assign(world, false);
   spare_ = FreeBufferLocked();
   received_.assign(world, false);
   plan_.assign(world, Block{});
@@ -131,6 +132,25 @@ absl::Status StepCoordinator::RefusalLocked() const {
   if (!failed_.ok()) return failed_;
   if (shutdown_) return Unavailable();
   return absl::OkStatus();
+}
+
+absl::Status StepCoordinator::RefusalToLocked(int rank) {
+  absl::Status refusal = RefusalLocked();
+  if (!failed_.ok() && rank >= 0 && rank < static_cast<int>(told_.size())) {
+    told_[rank] = true;
+  }
+  return refusal;
+}
+
+bool StepCoordinator::AwaitFailureTold(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto told = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    for (size_t r = 0; r < registered_.size(); ++r) {
+      if (registered_[r] && !lost_[r] && !told_[r]) return false;
+    }
+    return true;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&told), timeout);
 }
 
 void StepCoordinator::Touch(int rank) {
@@ -216,7 +236,7 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
 absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
     int rank, int64_t offset, int64_t length, std::optional<int64_t> version) {
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(RefusalLocked());
+  RETURN_IF_ERROR(RefusalToLocked(rank));
   RETURN_IF_ERROR(CheckRank("Pull", rank));
   RETURN_IF_ERROR(CheckPullRange(rank, offset, length, shard_.range));
   const int64_t begin = shard_.range.offset;
@@ -258,7 +278,7 @@ absl::StatusOr<StepCoordinator::Version> StepCoordinator::WithCurrentWeights(
     int rank,
     absl::FunctionRef<void(int64_t step, absl::Span<const float> params)> use) {
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(RefusalLocked());
+  RETURN_IF_ERROR(RefusalToLocked(rank));
   RETURN_IF_ERROR(CheckRank("Pull", rank));
   Touch(rank);
   const absl::Time start = absl::Now();
@@ -397,7 +417,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
   PushResult result;
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(RefusalLocked());
+    RETURN_IF_ERROR(RefusalToLocked(rank));
     RETURN_IF_ERROR(CheckRank("Push", rank));
     if (block.empty()) block = Block{rank, 1};
     // Whether it can count decides only where it is read; the values are
@@ -710,7 +730,7 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStep(
 
 absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
     int rank, int64_t step, WaitCallback done, WaitCallback* evicted) {
-  RETURN_IF_ERROR(RefusalLocked());
+  RETURN_IF_ERROR(RefusalToLocked(rank));
   RETURN_IF_ERROR(CheckRank("WaitForStep", rank));
   if (!registered_[rank]) {
     return absl::FailedPreconditionError(
@@ -759,7 +779,7 @@ bool StepCoordinator::CancelWait(int64_t id) {
 
 absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(RefusalLocked());
+  RETURN_IF_ERROR(RefusalToLocked(rank));
   RETURN_IF_ERROR(CheckRank("ReportEval", rank));
   RETURN_IF_ERROR(CheckEvalReport(rank, r));
   if (r.step > state_.step) {
@@ -831,6 +851,7 @@ void StepCoordinator::Fail(const absl::Status& reason) {
     if (!failed_.ok()) return;
     failed_ = reason;
     step = state_.step;
+    for (const auto& [id, w] : waiters_) told_[w.rank] = true;
     to_fail = TakeAllWaitersLocked();
   }
   for (WaitCallback& cb : to_fail) cb(reason, step, Block{});

@@ -260,6 +260,11 @@ class StepCoordinator {
   // Ends the job with `reason`, a JobFailedError (common/grpc_status.h):
   // pending waits and every later request get it.
   void Fail(const absl::Status& reason);
+  // After Fail: blocks until every live rank has been told (a wait ended or
+  // a call refused with the failure) or `timeout` passes; true if all were.
+  // A worker may be computing when the job fails: serving the failure a
+  // little longer tells it, where a closed port would have it retry.
+  bool AwaitFailureTold(absl::Duration timeout) const;
 
   // Sets the state back to `state` (an earlier step's, of this shard) when
   // the coordinator is still at `generation`: pending waits fail with
@@ -397,6 +402,8 @@ class StepCoordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error every request gets once the job failed or is shutting down.
   absl::Status RefusalLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // RefusalLocked for a call of `rank`, which is then told of a failure.
+  absl::Status RefusalToLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies Adam to the root's sum, publishes the next version, plans it;
   // returns the waits to finish once the lock is released.
   std::vector<Wake> ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -447,6 +454,7 @@ class StepCoordinator {
   DataFingerprint data_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> worker_ids_ ABSL_GUARDED_BY(mu_);  // by rank
+  std::vector<bool> told_ ABSL_GUARDED_BY(mu_);  // of the failure, by rank
   ElasticOptions elastic_ ABSL_GUARDED_BY(mu_);
   // The step's sums that are in, by block (disjoint), in buffers_ (each n_
   // floats, reused from step to step; free_ lists the unused ones).

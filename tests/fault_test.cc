@@ -225,7 +225,9 @@ TEST(FaultTest, StoppedWorkerIsReportedAndWaitPolicyFinishesAfterSigcont) {
   const std::string model = dir.File("model.safetensors");
   std::vector<std::string> flags = JobFlags(model);
   flags.push_back("--worker_timeout_s=1");
+  // Neither reassigned nor backed up: the step waits for the rank.
   flags.push_back("--on_worker_loss=wait");
+  flags.push_back("--backup_blocks=0");
   int port = 0;
   auto ps = StartServer(flags, &port);
   auto w0 = StartWorker(port, 0);

@@ -276,7 +276,7 @@ TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--backend=tpu"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--health_port=-2"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--data_plane=rdma"},
-      {DP_WORKER_BINARY, "--dry_run"},  // no rank
+      {DP_WORKER_BINARY, "--dry_run", "--rank=-2"},
       // Checked when the backend is chosen, before the worker connects.
       {DP_WORKER_BINARY, "--rank=0", "--ps=127.0.0.1:1", "--device=-2"},
   };
