@@ -230,29 +230,35 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
 }
 
 absl::StatusOr<StepCoordinator::Version> PsService::PublishInSharedMemory(
-    int rank) {
+    int rank, std::optional<int64_t> version) {
   // The region is written straight from the params, encoded on the way,
   // with no snapshot between (a gRPC response still makes one when it
   // needs it). Under the coordinator's lock, for one pass, as Pull's
   // encode was; the plane never calls the coordinator, so the two locks
   // cannot deadlock.
   return coordinator_->WithCurrentWeights(
-      rank, [this](int64_t step, absl::Span<const float> params) {
+      rank,
+      [this](int64_t step, absl::Span<const float> params) {
         shared_->Publish(step, params);
-      });
+      },
+      version);
 }
 
 absl::StatusOr<grpc::ByteBuffer> PsService::RespondWithWeights(
     int rank, int64_t offset, int64_t length, std::optional<int64_t> version,
     bool in_shared_memory) {
   // Shared memory holds this shard's whole range of the current version
-  // only.
+  // only: a version asked for by number goes there when it is the current
+  // one (a follower shard's usual case), else in the message.
   const ParamRange range = coordinator_->shard().range;
-  if (in_shared_memory && shared_ != nullptr && !version.has_value() &&
-      offset == range.offset && (length == 0 || length == range.length)) {
-    ASSIGN_OR_RETURN(const StepCoordinator::Version v,
-                     PublishInSharedMemory(rank));
-    return SerializeWeights(v.step, v.block, offset, nullptr);
+  if (in_shared_memory && shared_ != nullptr && offset == range.offset &&
+      (length == 0 || length == range.length)) {
+    absl::StatusOr<StepCoordinator::Version> v =
+        PublishInSharedMemory(rank, version);
+    if (v.ok()) return SerializeWeights(v->step, v->block, offset, nullptr);
+    if (!version.has_value() || v.status().code() != absl::StatusCode::kAborted) {
+      return v.status();
+    }
   }
   ASSIGN_OR_RETURN(const StepCoordinator::PulledWeights weights,
                    coordinator_->Pull(rank, offset, length, version));

@@ -148,7 +148,10 @@ class PsService final : public ParameterServerBase {
       bool in_shared_memory);
   // Writes this shard's whole range of the current version in shared memory
   // (once a version: SharedPlane::Publish) and returns the version.
-  absl::StatusOr<StepCoordinator::Version> PublishInSharedMemory(int rank);
+  // ABORTED, publishing nothing, when `version` is set and not the current
+  // one.
+  absl::StatusOr<StepCoordinator::Version> PublishInSharedMemory(
+      int rank, std::optional<int64_t> version);
   // The PullResponse for the weights of version `step` at `offset`: saying
   // they are in shared memory when `sent` is null, else sending sent's bytes
   // from their memory.

@@ -246,7 +246,8 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
   const int64_t local = offset - begin;
   if (version.has_value() && *version != state_.step) {
     if (*version != state_.step - 1 || !holds_previous_) {
-      return absl::FailedPreconditionError(absl::StrFormat(
+      // The job moved on since the caller looked: it looks again.
+      return absl::AbortedError(absl::StrFormat(
           "rank %d asks for the weights of version %d; this dp-ps is at "
           "version %d and holds %s",
           rank, *version, state_.step,
@@ -276,10 +277,16 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
 
 absl::StatusOr<StepCoordinator::Version> StepCoordinator::WithCurrentWeights(
     int rank,
-    absl::FunctionRef<void(int64_t step, absl::Span<const float> params)> use) {
+    absl::FunctionRef<void(int64_t step, absl::Span<const float> params)> use,
+    std::optional<int64_t> version) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalToLocked(rank));
   RETURN_IF_ERROR(CheckRank("Pull", rank));
+  if (version.has_value() && *version != state_.step) {
+    return absl::AbortedError(absl::StrFormat(
+        "rank %d asks for version %d; the current one is %d", rank, *version,
+        state_.step));
+  }
   Touch(rank);
   const absl::Time start = absl::Now();
   use(state_.step, state_.params);

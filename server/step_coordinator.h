@@ -189,10 +189,13 @@ class StepCoordinator {
     int64_t step = 0;
     Block block;
   };
+  // With `version` set, ABORTED (calling nothing) unless it is the
+  // current one.
   absl::StatusOr<Version> WithCurrentWeights(
       int rank,
       absl::FunctionRef<void(int64_t step, absl::Span<const float> params)>
-          use);
+          use,
+      std::optional<int64_t> version = std::nullopt);
 
   struct PushResult {
     int64_t step = 0;        // the job's step after this push

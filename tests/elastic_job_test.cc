@@ -76,6 +76,8 @@ void LeaveAndJoin(int shards) {
   const int64_t two = CurrentStep(port);
   ASSERT_TRUE(WaitForStep(port, two + 30, absl::Minutes(2)))
       << "2 workers go on";
+  // Their ranks are free once they are lost (a joiner stands by until then).
+  EXPECT_TRUE(ps[0]->WaitForOutput("rank 2 is missing", absl::Seconds(60)));
   ASSERT_LT(CurrentStep(port), kLong - 500) << "too fast to see the joins";
   w[2] = StartWorker(list, -1);
   w[3] = StartWorker(list, -1);

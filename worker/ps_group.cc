@@ -120,7 +120,8 @@ PsGroup::PsGroup(std::vector<std::string> addresses,
                  const PsClientOptions& options)
     : layout_(ModelLayout::SimpleNet()),
       num_params_(layout_.num_params()),
-      pool_(static_cast<int>(addresses.size())) {
+      pool_(static_cast<int>(addresses.size())),
+      retry_for_(options.retry_for) {
   for (const std::string& address : addresses) {
     PsClientOptions o = options;
     o.address = address;
@@ -270,10 +271,21 @@ absl::StatusOr<JobStatus> PsGroup::Register(const Registration& wanted) {
   Registration registration = wanted;
   if (registration.any_rank) {
     // One dp-ps picks the rank (the first listed: the same for every
-    // worker), and every shard then knows the worker by it.
-    ASSIGN_OR_RETURN(const JobStatus picked,
-                     clients_[0]->Register(registration));
-    registration.rank = picked.rank;
+    // worker), and every shard then knows the worker by it. While every
+    // rank is live this worker stands by: a rank frees up when its worker
+    // is lost.
+    absl::StatusOr<JobStatus> picked = clients_[0]->Register(registration);
+    const absl::Time give_up = absl::Now() + retry_for_;
+    bool said = false;
+    while (picked.status().code() == absl::StatusCode::kResourceExhausted &&
+           absl::Now() < give_up) {
+      if (!said) Log("%s; standing by", picked.status().message());
+      said = true;
+      absl::SleepFor(absl::Seconds(1));
+      picked = clients_[0]->Register(registration);
+    }
+    RETURN_IF_ERROR(picked.status());
+    registration.rank = picked->rank;
     registration.any_rank = false;
   }
   for (int round = 0; round < kMaxJoinRounds; ++round) {
@@ -368,11 +380,26 @@ absl::Status PsGroup::Pull(int rank, Weights* weights) {
   weights->params.resize(num_params_);
   std::vector<Received> received(clients_.size());
   const absl::Span<float> all = absl::MakeSpan(weights->params);
-  RETURN_IF_ERROR(ForEachShard([&](int k) {
-    return shard(k).Pull(rank, join_version_, all, &received[k]);
-  }));
+  // Shard 0's version, then the same from the others: the job does not
+  // wait for a worker that pulls, and they may be a step ahead by then
+  // (they hold the version before theirs).
+  // The join's version once: a retry asks for the current one.
+  const std::optional<int64_t> version = join_version_;
   join_version_.reset();
+  RETURN_IF_ERROR(shard(0).Pull(rank, version, all, &received[0]));
+  RETURN_IF_ERROR(PullFollowers(rank, received[0].step, all, &received));
   return Combine(received, weights);
+}
+
+absl::Status PsGroup::PullFollowers(int rank, int64_t version,
+                                    absl::Span<float> all,
+                                    std::vector<Received>* received) {
+  if (shards() == 1) return absl::OkStatus();
+  return ForEachShard(
+      [&](int k) {
+        return shard(k).Pull(rank, version, all, &(*received)[k]);
+      },
+      /*with_leader=*/false);
 }
 
 absl::Status PsGroup::PushToFollowers(const Gradient& gradient,
@@ -405,11 +432,8 @@ absl::Status PsGroup::PushPull(const Gradient& gradient, Weights* weights,
   const absl::Span<float> all = absl::MakeSpan(weights->params);
   absl::Status s = PushToFollowers(gradient, &sent);
   if (s.ok()) s = shard(0).PushPull(gradient, all, &received[0], &sent[0]);
-  if (s.ok() && !received[0].work_only && shards() > 1) {
-    s = ForEachShard(
-        [&](int k) { return shard(k).Pull(gradient.rank, std::nullopt, all,
-                                          &received[k]); },
-        /*with_leader=*/false);
+  if (s.ok() && !received[0].work_only) {
+    s = PullFollowers(gradient.rank, received[0].step, all, &received);
   }
   *sent_bytes = 0;
   for (int64_t b : sent) *sent_bytes += b;

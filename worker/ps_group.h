@@ -84,6 +84,9 @@ class PsGroup {
   absl::Status ForEachShard(absl::FunctionRef<absl::Status(int shard)> call,
                             bool with_leader = true);
   // One round of Register: the statuses by shard index.
+  // The weights of `version` from every shard but 0, into `all`.
+  absl::Status PullFollowers(int rank, int64_t version, absl::Span<float> all,
+                             std::vector<Received>* received);
   // The push to every shard but 0 (none for an idle one).
   absl::Status PushToFollowers(const Gradient& gradient,
                                std::vector<int64_t>* sent);
@@ -105,6 +108,7 @@ class PsGroup {
   // The version Pull fetches after a join: the shards ahead by one serve
   // the one before theirs.
   std::optional<int64_t> join_version_;
+  const absl::Duration retry_for_;  // of a rank to free up (any_rank)
 };
 
 }  // namespace dp
