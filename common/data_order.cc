@@ -11,7 +11,8 @@
 
 namespace dp {
 namespace {
-// Stream id space for epoch permutations, apart from the parameter-init streams.
+// Stream id space for epoch permutations, apart from the parameter-init
+// streams.
 constexpr uint64_t kOrderStream = 0x0de0'0000'0000'0000ULL;
 }  // namespace
 
@@ -76,8 +77,7 @@ std::vector<int32_t> EpochOrder(uint64_t seed, int64_t epoch, int64_t n,
 
 BatchSampler::BatchSampler(Schedule schedule) : s_(schedule) {}
 
-absl::Span<const int32_t> BatchSampler::Indices(int64_t step,
-                                                int micro_batch) {
+absl::Span<const int32_t> BatchSampler::Indices(int64_t step, int micro_batch) {
   DP_CHECK(micro_batch >= 0 && micro_batch < s_.num_micro_batches() &&
            step >= 0);
   const int64_t epoch = s_.epoch_of(step);

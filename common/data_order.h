@@ -17,8 +17,8 @@ namespace dp {
 
 struct Schedule {
   int64_t num_samples = 0;
-  int world_size = 1;  // the most workers at once
-  int batch_size = 1;  // samples per micro-batch
+  int world_size = 1;     // the most workers at once
+  int batch_size = 1;     // samples per micro-batch
   int micro_batches = 0;  // per step; 0: world_size
   int epochs = 1;
   int64_t max_steps = 0;  // 0 = all epochs

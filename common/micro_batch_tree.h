@@ -48,8 +48,8 @@ Block Sibling(int k, const Block& b);
 
 // `workers` blocks (k when workers > k; none when workers < 1) covering
 // [0, k), in micro-batch order: the root split, largest node first (ties:
-// leftmost), until there are enough. Every block is a node; the largest is at most twice the
-// smallest, plus one.
+// leftmost), until there are enough. Every block is a node; the largest is at
+// most twice the smallest, plus one.
 std::vector<Block> SplitForWorkers(int k, int workers);
 
 // Sums the gradients of a block's micro-batches in tree order, given in

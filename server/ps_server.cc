@@ -214,13 +214,12 @@ PsServiceOptions PsServer::ServiceOptions() {
 absl::Status PsServer::Serve() {
   const PsServerOptions& o = options_;
   if (o.metrics_port != kMetricsOff) {
-    ASSIGN_OR_RETURN(
-        metrics_endpoint_,
-        metrics_->Serve(o.metrics_host, o.metrics_port, [this] {
-          const CoordinatorStatus status = coordinator_->Status();
-          metrics_->SetProgress(ProgressOf(status));
-          metrics_->SetElasticity(ElasticityOf(status));
-        }));
+    ASSIGN_OR_RETURN(metrics_endpoint_,
+                     metrics_->Serve(o.metrics_host, o.metrics_port, [this] {
+                       const CoordinatorStatus status = coordinator_->Status();
+                       metrics_->SetProgress(ProgressOf(status));
+                       metrics_->SetElasticity(ElasticityOf(status));
+                     }));
     Log("metrics on %s:%d", o.metrics_host, metrics_endpoint_->port());
   }
   GrpcServerOptions grpc_options;

@@ -256,7 +256,8 @@ absl::StatusOr<grpc::ByteBuffer> PsService::RespondWithWeights(
     absl::StatusOr<StepCoordinator::Version> v =
         PublishInSharedMemory(rank, version);
     if (v.ok()) return SerializeWeights(v->step, v->block, offset, nullptr);
-    if (!version.has_value() || v.status().code() != absl::StatusCode::kAborted) {
+    if (!version.has_value() ||
+        v.status().code() != absl::StatusCode::kAborted) {
       return v.status();
     }
   }

@@ -214,8 +214,8 @@ absl::Status Validate(const ServerFlags& f) {
         "--straggler_factor must be a number > 1, got %g", f.straggler_factor));
   }
   if (!(f.start_wait_s >= 0)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--start_wait_s must be >= 0, got %g", f.start_wait_s));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--start_wait_s must be >= 0, got %g", f.start_wait_s));
   }
   if (f.straggler_min_wait_ms < 0) {
     return absl::InvalidArgumentError(

@@ -99,14 +99,13 @@ ServerMetrics::ServerMetrics(int world_size, int shard,
       "Per rank, applied steps whose last missing block the rank pushed: the "
       "rank each step waited for.");
   for (int r = 0; r < world_size_; ++r) {
-    planned_micro_batches_.push_back(
-        &planned.Add({{"rank", absl::StrCat(r)}}));
+    planned_micro_batches_.push_back(&planned.Add({{"rank", absl::StrCat(r)}}));
     steps_completed_by_.push_back(&completed.Add({{"rank", absl::StrCat(r)}}));
   }
   mirrored_.steps_completed_by.assign(std::max(world_size_, 0), 0);
-  blocks_reassigned_ = &NewCounter(
-      "dp_ps_blocks_reassigned_total",
-      "Blocks of lost ranks handed to other ranks.");
+  blocks_reassigned_ =
+      &NewCounter("dp_ps_blocks_reassigned_total",
+                  "Blocks of lost ranks handed to other ranks.");
   backup_blocks_ = &NewCounter(
       "dp_ps_backup_blocks_total",
       "Late blocks handed to an idle rank as well (straggler backups); the "
@@ -182,12 +181,11 @@ void ServerMetrics::SetElasticity(const Elasticity& e) {
             : 0);
   }
   absl::MutexLock lock(&elastic_mu_);
-  Mirror(blocks_reassigned_, e.blocks_reassigned,
-         &mirrored_.blocks_reassigned);
+  Mirror(blocks_reassigned_, e.blocks_reassigned, &mirrored_.blocks_reassigned);
   Mirror(backup_blocks_, e.backup_blocks, &mirrored_.backup_blocks);
   Mirror(duplicate_pushes_, e.duplicate_pushes, &mirrored_.duplicate_pushes);
-  for (int r = 0; r < world_size_ &&
-                  r < static_cast<int>(e.steps_completed_by.size());
+  for (int r = 0;
+       r < world_size_ && r < static_cast<int>(e.steps_completed_by.size());
        ++r) {
     Mirror(steps_completed_by_[r], e.steps_completed_by[r],
            &mirrored_.steps_completed_by[r]);

@@ -65,8 +65,8 @@ class ServerMetrics final : public Metrics {
   // from planned_micro_batches reads 0, one missing from
   // steps_completed_by keeps its count.
   struct Elasticity {
-    int live_workers = 0;   // registered and not lost
-    int micro_batches = 0;  // per step
+    int live_workers = 0;                    // registered and not lost
+    int micro_batches = 0;                   // per step
     std::vector<int> planned_micro_batches;  // by rank, in the current plan
     int64_t blocks_reassigned = 0;
     int64_t backup_blocks = 0;

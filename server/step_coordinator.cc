@@ -186,8 +186,7 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
   RETURN_IF_ERROR(RefusalLocked());
   if (rank == kAnyRank) {
     const int world = static_cast<int>(registered_.size());
-    for (int r = 0; r < world && rank == kAnyRank && !worker_id.empty();
-         ++r) {
+    for (int r = 0; r < world && rank == kAnyRank && !worker_id.empty(); ++r) {
       if (registered_[r] && worker_ids_[r] == worker_id) rank = r;
     }
     for (int r = 0; r < world && rank == kAnyRank; ++r) {
@@ -258,8 +257,9 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
     auto bytes = std::make_shared<std::string>(n_ * width, '\0');
     Encode(encoding, previous_.data(), n_, bytes->data());
     absl::string_view all(*bytes);
-    return PulledWeights{*version, Block{}, encoding, bytes, all,
-                         all.substr(local * width, length * width)};
+    return PulledWeights{*version, Block{},
+                         encoding, bytes,
+                         all,      all.substr(local * width, length * width)};
   }
   Touch(rank);
   const Block block = NextWorkLocked(rank);
@@ -271,7 +271,11 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
     ++snapshots_made_;
   }
   return PulledWeights{
-      state_.step, block, encoding, published_->Lend(), published_->view(),
+      state_.step,
+      block,
+      encoding,
+      published_->Lend(),
+      published_->view(),
       absl::string_view(published_->data() + local * width, length * width)};
 }
 
@@ -283,9 +287,9 @@ absl::StatusOr<StepCoordinator::Version> StepCoordinator::WithCurrentWeights(
   RETURN_IF_ERROR(RefusalToLocked(rank));
   RETURN_IF_ERROR(CheckRank("Pull", rank));
   if (version.has_value() && *version != state_.step) {
-    return absl::AbortedError(absl::StrFormat(
-        "rank %d asks for version %d; the current one is %d", rank, *version,
-        state_.step));
+    return absl::AbortedError(
+        absl::StrFormat("rank %d asks for version %d; the current one is %d",
+                        rank, *version, state_.step));
   }
   Touch(rank);
   const absl::Time start = absl::Now();
@@ -991,9 +995,8 @@ CoordinatorStatus StepCoordinator::Status() const {
     if (received_[r]) s.pushed_ranks.push_back(r);
     if (registered_[r] && !lost_[r]) s.live_ranks.push_back(r);
   }
-  const bool planned =
-      std::any_of(plan_.begin(), plan_.end(),
-                  [](const Block& b) { return !b.empty(); });
+  const bool planned = std::any_of(plan_.begin(), plan_.end(),
+                                   [](const Block& b) { return !b.empty(); });
   for (int r = 0; r < config_.schedule.world_size; ++r) {
     const bool waits = planned ? !work_[r].empty() && !CoveredLocked(work_[r])
                                : !registered_[r] || lost_[r];

@@ -89,7 +89,7 @@ struct CoordinatorStatus {
   std::vector<int> waits_for;
   // The current step's plan: the block of every rank (empty: none).
   std::vector<Block> plan;
-  int micro_batches = 0;       // per step
+  int micro_batches = 0;  // per step
   ElasticCounts elastic;
   // The rank whose push completed the last step (-1: none yet), and the
   // blocks the last applied step was planned in.
@@ -193,8 +193,7 @@ class StepCoordinator {
   // current one.
   absl::StatusOr<Version> WithCurrentWeights(
       int rank,
-      absl::FunctionRef<void(int64_t step, absl::Span<const float> params)>
-          use,
+      absl::FunctionRef<void(int64_t step, absl::Span<const float> params)> use,
       std::optional<int64_t> version = std::nullopt);
 
   struct PushResult {
@@ -325,7 +324,7 @@ class StepCoordinator {
     std::vector<Block> plan;
     std::vector<Block> work;
     std::vector<bool> lost;
-    std::vector<absl::Time> last_seen;  // the leases
+    std::vector<absl::Time> last_seen;             // the leases
     std::vector<std::pair<int, int64_t>> waiters;  // (rank, step), oldest first
     bool has_eval = false;
     bool final_eval = false;

@@ -118,12 +118,12 @@ TEST(ElasticCoordinatorTest, TheStateDependsOnTheMicroBatchesNotOnWhoPushed) {
 TEST(ElasticCoordinatorTest, CopiesCountOnceAndABlockMustBeANode) {
   auto c = Make(Job(4, 4), 4);
   ASSERT_TRUE(PushBlock(*c, 0, 0, {0, 2}).ok());
-  auto again = c->Push(1, 0, 0, BlockSum({0, 2}, 0), 1.0f, Encoding::kF32,
-                       Block{0, 2});
+  auto again =
+      c->Push(1, 0, 0, BlockSum({0, 2}, 0), 1.0f, Encoding::kF32, Block{0, 2});
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->duplicate);
-  auto inside = c->Push(1, 0, 0, BlockSum({1, 1}, 0), 1.0f, Encoding::kF32,
-                        Block{1, 1});
+  auto inside =
+      c->Push(1, 0, 0, BlockSum({1, 1}, 0), 1.0f, Encoding::kF32, Block{1, 1});
   ASSERT_TRUE(inside.ok());
   EXPECT_TRUE(inside->duplicate);
   EXPECT_EQ(c->Status().elastic.duplicate_pushes, 2);
@@ -182,13 +182,13 @@ TEST(ElasticCoordinatorTest, ALostRanksBlockGoesToARankThatWaits) {
   ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
   Block handed;
   absl::Notification woken;
-  auto ticket = c->WaitForStep(1, 0, [&](const absl::Status& s, int64_t step,
-                                         Block work) {
-    EXPECT_TRUE(s.ok()) << s;
-    EXPECT_EQ(step, 0);
-    handed = work;
-    woken.Notify();
-  });
+  auto ticket = c->WaitForStep(
+      1, 0, [&](const absl::Status& s, int64_t step, Block work) {
+        EXPECT_TRUE(s.ok()) << s;
+        EXPECT_EQ(step, 0);
+        handed = work;
+        woken.Notify();
+      });
   ASSERT_TRUE(ticket.ok());
   ASSERT_FALSE(ticket->ready);
   std::vector<StepCoordinator::LeaseEvent> events =
@@ -217,7 +217,8 @@ TEST(ElasticCoordinatorTest, WithoutReassignTheStepWaitsForALostRank) {
   wait.reassign = false;
   auto c = Make(Job(2, 2), 2, wait);
   ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
-  auto ticket = c->WaitForStep(1, 0, [](const absl::Status&, int64_t, Block) {});
+  auto ticket =
+      c->WaitForStep(1, 0, [](const absl::Status&, int64_t, Block) {});
   ASSERT_TRUE(ticket.ok());
   EXPECT_EQ(c->CheckLeases(absl::ZeroDuration()).size(), 1u);
   EXPECT_EQ(c->Status().elastic.blocks_reassigned, 0);
@@ -260,8 +261,8 @@ TEST(ElasticCoordinatorTest, ALateBlockIsBackedUpByAnIdleRank) {
   ASSERT_TRUE(PushBlock(c, 1, 0, {1, 1}).ok());
   Block handed;
   absl::Notification woken;
-  auto ticket = c.WaitForStep(
-      1, 0, [&](const absl::Status& st, int64_t, Block work) {
+  auto ticket =
+      c.WaitForStep(1, 0, [&](const absl::Status& st, int64_t, Block work) {
         EXPECT_TRUE(st.ok()) << st;
         handed = work;
         woken.Notify();

@@ -59,7 +59,8 @@ TEST(MicroBatchTreeTest, ParentAndSiblingMakeTheParent) {
 TEST(MicroBatchTreeTest, WorkersGetNodesThatTileTheStep) {
   EXPECT_EQ(SplitForWorkers(2, 1), (std::vector<Block>{{0, 2}}));
   EXPECT_TRUE(SplitForWorkers(2, 0).empty());
-  EXPECT_EQ(SplitForWorkers(4, 3), (std::vector<Block>{{0, 1}, {1, 1}, {2, 2}}));
+  EXPECT_EQ(SplitForWorkers(4, 3),
+            (std::vector<Block>{{0, 1}, {1, 1}, {2, 2}}));
   EXPECT_EQ(SplitForWorkers(4, 9),
             (std::vector<Block>{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
   for (int k = 1; k <= 20; ++k) {

@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-
 #include "common/grpc_status.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
@@ -190,10 +189,9 @@ TEST_F(PsMetricsTest, AStepRecordsUpdateTimeBarrierWaitPerRankAndBytes) {
 // as dp-ps does it (ps_server.cc): the live ranks, the plan, the blocks
 // handed on and copied, and per rank the steps that waited for it last.
 TEST_F(PsMetricsTest, ElasticityIsMirroredAtScrapeTime) {
-  auto endpoint =
-      metrics_.Serve("127.0.0.1", kMetricsAnyPort, [this] {
-        metrics_.SetElasticity(ElasticityOf(coordinator_->Status()));
-      });
+  auto endpoint = metrics_.Serve("127.0.0.1", kMetricsAnyPort, [this] {
+    metrics_.SetElasticity(ElasticityOf(coordinator_->Status()));
+  });
   ASSERT_TRUE(endpoint.ok()) << endpoint.status();
   const int port = (*endpoint)->port();
   auto scrape = [port]() {

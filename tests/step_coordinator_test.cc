@@ -289,11 +289,12 @@ TEST(StepCoordinatorTest, WaitCompletesWhenTheStepIsApplied) {
   ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
   int calls = 0;
   int64_t seen = -1;
-  auto ticket = c->WaitForStep(0, 0, [&](const absl::Status& s, int64_t step, Block) {
-    EXPECT_TRUE(s.ok());
-    ++calls;
-    seen = step;
-  });
+  auto ticket =
+      c->WaitForStep(0, 0, [&](const absl::Status& s, int64_t step, Block) {
+        EXPECT_TRUE(s.ok());
+        ++calls;
+        seen = step;
+      });
   ASSERT_TRUE(ticket.ok());
   EXPECT_FALSE(ticket->ready);
   EXPECT_EQ(calls, 0);
@@ -303,8 +304,8 @@ TEST(StepCoordinatorTest, WaitCompletesWhenTheStepIsApplied) {
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(seen, 1);
   // Waiting for an applied step is ready at once, without a callback.
-  auto again =
-      c->WaitForStep(0, 0, [&](const absl::Status&, int64_t, Block) { ++calls; });
+  auto again = c->WaitForStep(
+      0, 0, [&](const absl::Status&, int64_t, Block) { ++calls; });
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->ready);
   EXPECT_EQ(calls, 1);
@@ -319,8 +320,9 @@ TEST(StepCoordinatorTest, CancelledWaitIsNeverCalledAndShutdownFailsWaits) {
   absl::Status shutdown_status;
   auto a = c->WaitForStep(
       0, 0, [&](const absl::Status&, int64_t, Block) { ++cancelled_calls; });
-  auto b = c->WaitForStep(
-      1, 0, [&](const absl::Status& s, int64_t, Block) { shutdown_status = s; });
+  auto b = c->WaitForStep(1, 0, [&](const absl::Status& s, int64_t, Block) {
+    shutdown_status = s;
+  });
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_TRUE(c->CancelWait(a->id));
   EXPECT_FALSE(c->CancelWait(a->id));
@@ -343,7 +345,8 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
   // a refused request could disturb.
   int64_t released_at = -1;
   auto wait = c->WaitForStep(
-      0, 2, [&](const absl::Status&, int64_t step, Block) { released_at = step; });
+      0, 2,
+      [&](const absl::Status&, int64_t step, Block) { released_at = step; });
   ASSERT_TRUE(wait.ok() && !wait->ready);
   ASSERT_TRUE(c->RecordEval(0, EvalReport{2, 1, 0.5, 0.7, 10, false}).ok());
   const StepCoordinator::ObservableState before = c->Observe();
@@ -388,7 +391,8 @@ TEST(StepCoordinatorTest, RejectedRequestsChangeNothing) {
       {"future step", c->Push(1, 3, 0, ok, 1.0f).status(),
        absl::StatusCode::kAborted},
       {"future barrier",
-       c->WaitForStep(1, 3, [](const absl::Status&, int64_t, Block) {}).status(),
+       c->WaitForStep(1, 3, [](const absl::Status&, int64_t, Block) {})
+           .status(),
        absl::StatusCode::kAborted},
       {"wrong model", c->Register(1, l.Fingerprint() + 1, kData).status(),
        absl::StatusCode::kFailedPrecondition},
@@ -449,7 +453,8 @@ TEST(StepCoordinatorTest, ObservableDifferencesSeesLeasesWaitersAndPushes) {
   EXPECT_EQ(ObservableDifferences(pulled, c->Observe()),
             "received pushes, losses, received sums, plan, leases");
   const StepCoordinator::ObservableState pushed = c->Observe();
-  ASSERT_TRUE(c->WaitForStep(2, 0, [](const absl::Status&, int64_t, Block) {}).ok());
+  ASSERT_TRUE(
+      c->WaitForStep(2, 0, [](const absl::Status&, int64_t, Block) {}).ok());
   EXPECT_EQ(ObservableDifferences(pushed, c->Observe()), "leases, waiters");
 }
 
@@ -543,10 +548,11 @@ TEST(StepCoordinatorTest, WaitsOfOneRankAreBoundedOldestEvicted) {
   std::vector<absl::Status> results(n);
   std::vector<int> calls(n, 0);
   for (int i = 0; i < n; ++i) {
-    auto t = c->WaitForStep(0, 0, [&, i](const absl::Status& s, int64_t, Block) {
-      results[i] = s;
-      ++calls[i];
-    });
+    auto t =
+        c->WaitForStep(0, 0, [&, i](const absl::Status& s, int64_t, Block) {
+          results[i] = s;
+          ++calls[i];
+        });
     ASSERT_TRUE(t.ok());
     EXPECT_FALSE(t->ready);
   }
@@ -889,8 +895,8 @@ TEST(ShardedCoordinatorTest, RewindRestoresAStateAndEndsTheWaits) {
       c.Push(0, 2, range.offset, GradientBytes(layout, 0, 2, range), 1.0f)
           .ok());
   absl::Status waited;
-  auto ticket =
-      c.WaitForStep(0, 2, [&](const absl::Status& s, int64_t, Block) { waited = s; });
+  auto ticket = c.WaitForStep(
+      0, 2, [&](const absl::Status& s, int64_t, Block) { waited = s; });
   ASSERT_TRUE(ticket.ok() && !ticket->ready);
 
   // A rollback decided on another generation changes nothing.

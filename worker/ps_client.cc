@@ -443,11 +443,10 @@ absl::Status PsClient::Barrier(int rank, int64_t step, Block* work) {
   request.set_rank(rank);
   request.set_step(step);
   dp::v1::BarrierResponse response;
-  RETURN_IF_ERROR(WithRetry("Barrier", options_.wait_timeout,
-                            [&](grpc::ClientContext* c) {
-                              return rpc_->stub->Barrier(c, request,
-                                                         &response);
-                            }));
+  RETURN_IF_ERROR(
+      WithRetry("Barrier", options_.wait_timeout, [&](grpc::ClientContext* c) {
+        return rpc_->stub->Barrier(c, request, &response);
+      }));
   *work = Block{response.block().first(), response.block().count()};
   return absl::OkStatus();
 }

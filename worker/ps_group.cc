@@ -396,9 +396,7 @@ absl::Status PsGroup::PullFollowers(int rank, int64_t version,
                                     std::vector<Received>* received) {
   if (shards() == 1) return absl::OkStatus();
   return ForEachShard(
-      [&](int k) {
-        return shard(k).Pull(rank, version, all, &(*received)[k]);
-      },
+      [&](int k) { return shard(k).Pull(rank, version, all, &(*received)[k]); },
       /*with_leader=*/false);
 }
 
@@ -407,8 +405,9 @@ absl::Status PsGroup::PushToFollowers(const Gradient& gradient,
   // Every block reaches the other shards before shard 0: when shard 0 has
   // applied a step, they have every block of it too, and applied it.
   if (gradient.idle || shards() == 1) return absl::OkStatus();
-  return ForEachShard([&](int k) { return shard(k).Push(gradient, &(*sent)[k]); },
-                      /*with_leader=*/false);
+  return ForEachShard(
+      [&](int k) { return shard(k).Push(gradient, &(*sent)[k]); },
+      /*with_leader=*/false);
 }
 
 absl::Status PsGroup::Push(const Gradient& gradient, int64_t* sent_bytes) {

@@ -2,11 +2,12 @@
 // of the vector (common/shard_plan.h); every push goes to the other shards
 // first and then to shard 0, which leads the step (it hands out the blocks
 // and waits for the step); the new weights come from every shard
-// concurrently. Shard 0 speaks for the job (status, evaluations, ranks). Joining keeps the shards at one
-// step: when a shard restarted from an older checkpoint, every shard rolls
-// back to the newest step they can all restore, and the workers redo the
-// steps after it (same data, same weights: the same model to the bit).
-// One address means one dp-ps and the calls pass straight through.
+// concurrently. Shard 0 speaks for the job (status, evaluations, ranks).
+// Joining keeps the shards at one step: when a shard restarted from an older
+// checkpoint, every shard rolls back to the newest step they can all restore,
+// and the workers redo the steps after it (same data, same weights: the same
+// model to the bit). One address means one dp-ps and the calls pass straight
+// through.
 #ifndef DP_WORKER_PS_GROUP_H_
 #define DP_WORKER_PS_GROUP_H_
 

@@ -44,8 +44,7 @@ absl::Status Timed(WorkerMetrics& metrics, WorkerMetrics::Call what,
 absl::Status CheckSameJob(const JobConfig& loaded, const JobConfig& now) {
   if (now.dataset == loaded.dataset &&
       now.schedule.batch_size == loaded.schedule.batch_size &&
-      now.schedule.num_micro_batches() ==
-          loaded.schedule.num_micro_batches() &&
+      now.schedule.num_micro_batches() == loaded.schedule.num_micro_batches() &&
       now.schedule.seed == loaded.schedule.seed &&
       now.grad_encoding == loaded.grad_encoding) {
     return absl::OkStatus();
@@ -144,8 +143,7 @@ absl::Status Trainer::Join() {
   const int64_t total = schedule.total_steps();
   const bool first = sampler_ == nullptr;
   if (!first && total != total_) {
-    Log("rank %d: the job now has %d steps (was %d)", rank_, total,
-        total_);
+    Log("rank %d: the job now has %d steps (was %d)", rank_, total, total_);
   }
   if (first || schedule.epochs != schedule_.epochs ||
       schedule.max_steps != schedule_.max_steps) {
@@ -382,7 +380,8 @@ absl::Status Trainer::Run() {
     // the loop.
     if (exchanged.code() == absl::StatusCode::kAborted ||
         exchanged.code() == absl::StatusCode::kFailedPrecondition ||
-        (exchanged.ok() && (weights_.work_only || weights_.step != step_ + 1))) {
+        (exchanged.ok() &&
+         (weights_.work_only || weights_.step != step_ + 1))) {
       Log("rank %d: re-joining at step %d: %s", rank, step_,
           exchanged.ok() ? "unexpected version" : exchanged.message());
       if (++resyncs_in_a_row > kMaxResyncsInARow) {

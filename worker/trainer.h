@@ -124,7 +124,7 @@ class Trainer {
   std::vector<float> grad_;  // float32 gradient for the other encodings
   // A block's micro-batch gradients before they are summed.
   std::vector<std::vector<float>> leaves_;
-  size_t grad_size_ = 0;     // values of a gradient
+  size_t grad_size_ = 0;  // values of a gradient
   // As of the last join: the path the log and the metric last named (shared
   // memory or gRPC), and whether the backend computes the gradient straight
   // into the one dp-ps's shared-memory slot.
