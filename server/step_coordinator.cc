@@ -245,12 +245,16 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
   const int64_t local = offset - begin;
   if (version.has_value() && *version != state_.step) {
     if (*version != state_.step - 1 || !holds_previous_) {
-      // The job moved on since the caller looked: it looks again.
-      return absl::AbortedError(absl::StrFormat(
-          "rank %d asks for the weights of version %d; this dp-ps is at "
-          "version %d and holds %s",
-          rank, *version, state_.step,
-          holds_previous_ ? "the one before too" : "no other"));
+      // An older version: the job moved on since the caller looked
+      // (ABORTED: it looks again); any other is no version of this job.
+      const bool moved_on = *version >= 0 && *version < state_.step;
+      return absl::Status(
+          moved_on ? absl::StatusCode::kAborted
+                   : absl::StatusCode::kFailedPrecondition,
+          absl::StrFormat("rank %d asks for the weights of version %d; this "
+                          "dp-ps is at version %d and holds %s",
+                          rank, *version, state_.step,
+                          holds_previous_ ? "the one before too" : "no other"));
     }
     Touch(rank);
     // Rare (a join while the shards are a step apart): a buffer of its own.
@@ -524,7 +528,6 @@ void StepCoordinator::PlanLocked() {
   received_.assign(received_.size(), false);
   plan_.assign(plan_.size(), Block{});
   work_.assign(work_.size(), Block{});
-  handed_.clear();
   backed_up_.clear();
   backups_this_step_ = 0;
   step_start_ = absl::Now();
@@ -570,15 +573,25 @@ std::vector<Block> StepCoordinator::OrphansLocked() const {
     live += registered_[r] && !lost_[r] ? 1 : 0;
   }
   if (live < std::max(1, config_.min_workers)) return orphans;
-  // Planned for a lost rank (with reassign), and neither in nor handed to
-  // another.
+  if (!elastic_.reassign) return orphans;
+  // A block a lost rank was planned or handed that is not in and that no
+  // live rank computes (a block handed on whose new rank was lost too is
+  // an orphan again).
+  auto computed = [this](const Block& b) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    for (size_t r = 0; r < work_.size(); ++r) {
+      if (registered_[r] && !lost_[r] && work_[r].Contains(b)) return true;
+    }
+    return false;
+  };
   for (size_t r = 0; r < plan_.size(); ++r) {
-    if (plan_[r].empty()) continue;
-    if (!lost_[r] || !elastic_.reassign) continue;
-    if (CoveredLocked(plan_[r])) continue;
-    bool handed = false;
-    for (const Block& h : handed_) handed = handed || h.Contains(plan_[r]);
-    if (!handed) orphans.push_back(plan_[r]);
+    if (!lost_[r]) continue;
+    for (const Block& b : {plan_[r], work_[r]}) {
+      if (b.empty() || CoveredLocked(b) || computed(b) ||
+          std::find(orphans.begin(), orphans.end(), b) != orphans.end()) {
+        continue;
+      }
+      orphans.push_back(b);
+    }
   }
   return orphans;
 }
@@ -591,7 +604,6 @@ Block StepCoordinator::NextWorkLocked(int rank) {
   const std::vector<Block> orphans = OrphansLocked();
   if (orphans.empty()) return Block{};
   work_[rank] = orphans[0];
-  handed_.push_back(orphans[0]);
   ++counts_.blocks_reassigned;
   return orphans[0];
 }
@@ -702,7 +714,6 @@ std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
     --waits_of_rank_[rank];
     waiters_.erase(it);
     work_[rank] = late;
-    handed_.push_back(late);
     backed_up_.push_back(late);
     ++backups_this_step_;
     ++counts_.backups_handed;

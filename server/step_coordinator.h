@@ -425,8 +425,8 @@ class StepCoordinator {
   std::vector<int> TakingPartLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::vector<LeaseEvent> CheckLeasesLocked(absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The blocks of the plan whose rank is lost and that are not in or
-  // handed to another.
+  // The blocks of lost ranks that are not in and that no live rank
+  // computes.
   std::vector<Block> OrphansLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // When the next late block is due, for the straggler thread.
   absl::Time NextLateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -475,8 +475,6 @@ class StepCoordinator {
   std::vector<Block> work_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> straggler_ ABSL_GUARDED_BY(mu_);
-  // Blocks of this step handed to a rank other than their planned one.
-  std::vector<Block> handed_ ABSL_GUARDED_BY(mu_);
   std::vector<Block> backed_up_ ABSL_GUARDED_BY(mu_);  // late, handed again
   int backups_this_step_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time step_start_ ABSL_GUARDED_BY(mu_);

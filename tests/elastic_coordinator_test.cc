@@ -211,6 +211,35 @@ TEST(ElasticCoordinatorTest, ALostRanksBlockGoesToARankThatWaits) {
   EXPECT_EQ(c->Status().live_ranks, (std::vector<int>{0, 1}));
 }
 
+// A lost rank's block handed to a rank that is lost in turn goes on to the
+// next rank that waits.
+TEST(ElasticCoordinatorTest, ABlockHandedToARankLostInTurnIsHandedOnAgain) {
+  auto c = Make(Job(3, 3), 3);
+  std::vector<Block> handed(3);
+  auto wait = [&](int rank) {
+    auto t = c->WaitForStep(rank, 0,
+                            [&handed, rank](const absl::Status& s, int64_t,
+                                            Block work) {
+                              EXPECT_TRUE(s.ok()) << s;
+                              handed[rank] = work;
+                            });
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_FALSE(t->ready);
+  };
+  ASSERT_TRUE(PushBlock(*c, 2, 0, {2, 1}).ok());
+  wait(2);
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  wait(1);
+  c->CheckLeases(absl::ZeroDuration());  // rank 0 is lost
+  EXPECT_EQ(handed[2], (Block{0, 1})) << "to the oldest wait";
+  EXPECT_TRUE(handed[1].empty());
+  c->CheckLeases(absl::ZeroDuration());  // rank 2, computing it, too
+  EXPECT_EQ(handed[1], (Block{0, 1}));
+  EXPECT_EQ(c->Status().elastic.blocks_reassigned, 2);
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {0, 1}).ok());
+  EXPECT_EQ(c->Status().step, 1);
+}
+
 // With reassign off (--on_worker_loss=wait) the step waits for the rank.
 TEST(ElasticCoordinatorTest, WithoutReassignTheStepWaitsForALostRank) {
   ElasticOptions wait = Instant();
