@@ -45,4 +45,4 @@ cd build-sanitize
 # the sanitizers need); they say nothing about memory safety. Neither do the
 # simulated network's (netsim), which ran above.
 ctest --output-on-failure --timeout 900 -j 2 -LE 'deploy|netsim' \
-  -E '^(grpc:)?(JobTest|FaultTest|EquivalenceTest|ReplanTest|DataPlaneTest|ShardTest)\.' "$@"
+  -E '^(grpc:)?(JobTest|FaultTest|ElasticJobTest|EquivalenceTest|ReplanTest|DataPlaneTest|ShardTest)\.' "$@"
