@@ -71,12 +71,18 @@ int64_t RandomStep(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return s;
 }
 
+// With --on_worker_loss=wait and no backups the step waits for the killed
+// rank, whose restart joins at that step (elastic_job_test.cc has the job
+// going on without it).
 TEST(FaultTest, KilledWorkerRestartedGivesByteIdenticalModel) {
   TempDir dir;
   const std::string reference = ReferenceModel(dir);
   const std::string model = dir.File("model.safetensors");
+  std::vector<std::string> flags = JobFlags(model);
+  flags.push_back("--on_worker_loss=wait");
+  flags.push_back("--backup_blocks=0");
   int port = 0;
-  auto ps = StartServer(JobFlags(model), &port);
+  auto ps = StartServer(flags, &port);
   auto w0 = StartWorker(port, 0);
   auto w1 = StartWorker(port, 1);
   std::mt19937_64 rng(FaultSeed());
