@@ -610,7 +610,7 @@ Block StepCoordinator::NextWorkLocked(int rank) {
 
 std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
   std::vector<Wake> wakes;
-  if (!elastic_.lead || state_.step >= TotalStepsLocked()) return wakes;
+  if (state_.step >= TotalStepsLocked()) return wakes;
   // Nothing of the step is in: plan it again for the ranks there now.
   // (A rank that already computes its old block still pushes it: any node
   // counts.)
@@ -626,7 +626,9 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
     PlanLocked();
   }
   // Orphans (and, with a plan made just now, their own blocks) to the
-  // ranks that wait, oldest wait first.
+  // ranks that wait, oldest wait first. (The other shards plan too, to say
+  // whom they wait for, but hand nothing out.)
+  if (!elastic_.lead) return wakes;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     const int rank = it->second.rank;
     if (it->second.step != state_.step || lost_[rank]) {
