@@ -205,7 +205,8 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
   DataFingerprint data{request->data().num_samples(), request->data().hash()};
   auto reg = coordinator_->Register(
       request->any_rank() ? StepCoordinator::kAnyRank : request->rank(),
-      request->model_fingerprint(), data, request->worker_id());
+      request->model_fingerprint(), data, request->worker_id(),
+      request->any_rank() ? request->rank() : -1);
   if (!reg.ok()) return FinishCall(ctx, reg.status());
   const int rank = reg->rank;
   response->set_rank(rank);

@@ -168,12 +168,12 @@ int64_t StepCoordinator::TotalStepsLocked() const {
 
 absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
     int rank, uint64_t model_fingerprint, const DataFingerprint& data,
-    absl::string_view worker_id) {
+    absl::string_view worker_id, int preferred) {
   std::vector<Wake> wakes;
   absl::StatusOr<Registration> r;
   {
     absl::MutexLock lock(&mu_);
-    r = RegisterLocked(rank, model_fingerprint, data, worker_id);
+    r = RegisterLocked(rank, model_fingerprint, data, worker_id, preferred);
     if (r.ok()) wakes = ReplanOrHandOutLocked();
   }
   RunWakes(wakes);
@@ -182,12 +182,16 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::Register(
 
 absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
     int rank, uint64_t model_fingerprint, const DataFingerprint& data,
-    absl::string_view worker_id) {
+    absl::string_view worker_id, int preferred) {
   RETURN_IF_ERROR(RefusalLocked());
   if (rank == kAnyRank) {
     const int world = static_cast<int>(registered_.size());
     for (int r = 0; r < world && rank == kAnyRank && !worker_id.empty(); ++r) {
       if (registered_[r] && worker_ids_[r] == worker_id) rank = r;
+    }
+    if (rank == kAnyRank && preferred >= 0 && preferred < world &&
+        (!registered_[preferred] || lost_[preferred])) {
+      rank = preferred;
     }
     for (int r = 0; r < world && rank == kAnyRank; ++r) {
       if (!registered_[r]) rank = r;

@@ -146,15 +146,17 @@ class StepCoordinator {
     int rank = 0;  // the rank admitted (kAnyRank: the one picked)
   };
   // Register's rank when dp-ps picks it: the one last registered with this
-  // worker_id (the same process joining again), else the lowest never
-  // registered, else the lowest lost one.
+  // worker_id (the same process joining again), else `preferred` if it is
+  // free (the rank the process had before this dp-ps restarted), else the
+  // lowest never registered, else the lowest lost one.
   static constexpr int kAnyRank = -1;
   // Admits `rank` (again, after a restart). The first registration fixes the
   // data fingerprint of the job; later ones must match it.
   // RESOURCE_EXHAUSTED for kAnyRank when every rank is live.
   absl::StatusOr<Registration> Register(int rank, uint64_t model_fingerprint,
                                         const DataFingerprint& data,
-                                        absl::string_view worker_id = {});
+                                        absl::string_view worker_id = {},
+                                        int preferred = -1);
 
   // The weights of one version, encoded in the job's weight_encoding in an
   // immutable snapshot that every caller shares until the next update:
@@ -357,7 +359,8 @@ class StepCoordinator {
   absl::StatusOr<Registration> RegisterLocked(int rank,
                                               uint64_t model_fingerprint,
                                               const DataFingerprint& data,
-                                              absl::string_view worker_id)
+                                              absl::string_view worker_id,
+                                              int preferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<WaitTicket> WaitForStepLocked(int rank, int64_t step,
                                                WaitCallback done,

@@ -70,7 +70,7 @@ struct JobStatus {
 // Who registers: dp-ps refuses a worker whose model or data differ.
 struct Registration {
   int rank = 0;
-  bool any_rank = false;  // dp-ps picks the rank
+  bool any_rank = false;  // dp-ps picks the rank, `rank` if it is free
   uint64_t model_fingerprint = 0;
   DataFingerprint data;
   std::string worker_id;  // host/pid, for dp-ps's logs

@@ -133,6 +133,8 @@ absl::Status Trainer::Join() {
   ASSIGN_OR_RETURN(const JobStatus joined, client_->Register(registration_));
   RETURN_IF_ERROR(CheckSameJob(loaded_, joined.config));
   rank_ = joined.rank;
+  // Asked for again at the next join (a dp-ps restarted knows no process).
+  registration_.rank = rank_;
   // Rank 0 evaluates: a worker that dp-ps made rank 0 loads the test set.
   if (rank_ == 0 && !test_.has_value()) {
     ASSIGN_OR_RETURN(test_, LoadDataset(loaded_.dataset, options_.data_dir,

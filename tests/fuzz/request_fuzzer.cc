@@ -247,7 +247,7 @@ class Harness {
   absl::Status Wait(int rank, int64_t step) {
     auto w = std::make_shared<struct Wait>();
     auto ticket = coordinator_->WaitForStep(
-        rank, step, [w](const absl::Status&, int64_t) { ++w->calls; });
+        rank, step, [w](const absl::Status&, int64_t, Block) { ++w->calls; });
     if (!ticket.ok()) return ticket.status();
     if (ticket->ready) return absl::OkStatus();
     // A callback may already have run (an eviction of an older wait runs
