@@ -141,8 +141,8 @@ absl::Status PsServer::MakeCoordinator(std::optional<Checkpoint> resumed) {
     ASSIGN_OR_RETURN(state, InitialState());
     if (!o.init_model.empty()) Log("initial weights from %s", o.init_model);
   }
-  metrics_ = std::make_unique<ServerMetrics>(o.config.schedule.world_size,
-                                             shard_.index);
+  metrics_ = std::make_unique<ServerMetrics>(
+      o.config.schedule.world_size, shard_.index, o.config.min_workers);
   const int threads =
       o.update_threads > 0
           ? o.update_threads

@@ -144,7 +144,9 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       own_metrics_(metrics != nullptr
                        ? nullptr
                        : std::make_unique<ServerMetrics>(
-                             coordinator->Status().config.schedule.world_size)),
+                             coordinator->Status().config.schedule.world_size,
+                             /*shard=*/0,
+                             coordinator->Status().config.min_workers)),
       metrics_(metrics != nullptr ? metrics : own_metrics_.get()),
       token_(options.auth_token),
       validator_(coordinator->Status().config.schedule.world_size,

@@ -41,7 +41,7 @@ void Mirror(prometheus::Counter* counter, int64_t count, int64_t* mirrored) {
 
 }  // namespace
 
-ServerMetrics::ServerMetrics(int world_size, int shard,
+ServerMetrics::ServerMetrics(int world_size, int shard, int min_workers,
                              absl::Duration active_window,
                              std::function<absl::Time()> now)
     : Metrics("ps", -1, std::max(shard, 0)),
@@ -63,6 +63,9 @@ ServerMetrics::ServerMetrics(int world_size, int shard,
                 "1-based epoch of the step being trained (0 until known).");
   expected_workers_ =
       &NewGauge("dp_ps_expected_workers", "Workers the job needs (--workers).");
+  min_workers_ = &NewGauge(
+      "dp_ps_min_workers",
+      "Live workers below which steps wait (--min_workers, at least 1).");
   registered_workers_ = &NewGauge("dp_ps_registered_workers",
                                   "Ranks that have registered at least once.");
   active_workers_ =
@@ -70,6 +73,7 @@ ServerMetrics::ServerMetrics(int world_size, int shard,
                 absl::StrFormat("Ranks that made a request in the last %s.",
                                 absl::FormatDuration(active_window_)));
   expected_workers_->Set(world_size_);
+  min_workers_->Set(std::max(min_workers, 1));
   update_seconds_ =
       &NewSeconds("dp_ps_update_duration_seconds",
                   "Time dp-ps takes to apply one update (rank-ordered "

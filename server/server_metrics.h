@@ -22,13 +22,14 @@ struct CoordinatorStatus;  // server/step_coordinator.h
 
 class ServerMetrics final : public Metrics {
  public:
-  // world_size fixes the rank labels (0..world_size-1). Every series carries
+  // world_size fixes the rank labels (0..world_size-1); min_workers is the
+  // job's --min_workers (0 counts as 1). Every series carries
   // shard="<shard>" (0 for a dp-ps of one shard), so that the shards of one
   // job, scraped under one job name, stay apart. A rank counts as active
   // while it made a request within `active_window`: a worker waiting at the
   // barrier re-asks every --wait_timeout_s (30 s by default), so the window
   // must be longer than that.
-  explicit ServerMetrics(int world_size, int shard = 0,
+  explicit ServerMetrics(int world_size, int shard = 0, int min_workers = 1,
                          absl::Duration active_window = absl::Seconds(60),
                          std::function<absl::Time()> now = absl::Now);
 
@@ -91,6 +92,7 @@ class ServerMetrics final : public Metrics {
   prometheus::Gauge* planned_steps_;
   prometheus::Gauge* epoch_;
   prometheus::Gauge* expected_workers_;
+  prometheus::Gauge* min_workers_;
   prometheus::Gauge* registered_workers_;
   prometheus::Gauge* active_workers_;
   prometheus::Histogram* update_seconds_;

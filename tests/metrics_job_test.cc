@@ -85,8 +85,8 @@ TEST(MetricsJobTest, MetricsAreOffByDefaultAndAnyFreePortServesThem) {
   EXPECT_EQ(off.Wait(kTimeout), kExitInterrupted);
 
   Subprocess on({DP_PS_BINARY, "--host=127.0.0.1", "--port=0",
-                 "--metrics_port=-1", "--metrics_host=127.0.0.1",
-                 "--workers=3"});
+                 "--metrics_port=-1", "--metrics_host=127.0.0.1", "--workers=3",
+                 "--min_workers=2"});
   ASSERT_TRUE(on.WaitForOutput("listening on", kTimeout)) << on.output();
   const int port = MetricsPort(on, "127.0.0.1");
   ASSERT_GT(port, 0) << on.output();
@@ -95,6 +95,8 @@ TEST(MetricsJobTest, MetricsAreOffByDefaultAndAnyFreePortServesThem) {
   auto s = ParseExposition(*body);
   EXPECT_EQ(
       Sample(s, "dp_ps_expected_workers", {{"role", "ps"}, {"shard", "0"}}), 3);
+  EXPECT_EQ(Sample(s, "dp_ps_min_workers", {{"role", "ps"}, {"shard", "0"}}),
+            2);
   EXPECT_EQ(
       Sample(s, "dp_ps_registered_workers", {{"role", "ps"}, {"shard", "0"}}),
       0);

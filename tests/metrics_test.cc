@@ -173,6 +173,17 @@ TEST(MetricsTest, LossAndTestAccuracyAppearOnlyOnceKnown) {
   EXPECT_EQ(Sample(s, "dp_ps_expected_workers", ps), 2);
 }
 
+TEST(MetricsTest, MinWorkersIsTheJobsMinimumAndAtLeastOne) {
+  const Labels ps = {{"role", "ps"}, {"shard", "0"}};
+  ServerMetrics three(4, /*shard=*/0, /*min_workers=*/3);
+  EXPECT_EQ(Sample(ParseExposition(three.Text()), "dp_ps_min_workers", ps), 3);
+  // JobConfig's 0 counts as 1, as the coordinator reads it.
+  ServerMetrics zero(4, /*shard=*/0, /*min_workers=*/0);
+  EXPECT_EQ(Sample(ParseExposition(zero.Text()), "dp_ps_min_workers", ps), 1);
+  ServerMetrics unset(4);
+  EXPECT_EQ(Sample(ParseExposition(unset.Text()), "dp_ps_min_workers", ps), 1);
+}
+
 TEST(MetricsTest,
      RejectedReasonsAreStatusCodeNamesAndCancelledIsNotARejection) {
   ServerMetrics m(2);
@@ -222,7 +233,8 @@ TEST(MetricsTest, RanksOutsideTheJobCreateNoSeries) {
 
 TEST(MetricsTest, ActiveWorkersAreRanksSeenWithinTheWindow) {
   absl::Time now = absl::FromUnixSeconds(1000);
-  ServerMetrics m(3, /*shard=*/0, absl::Seconds(60), [&now] { return now; });
+  ServerMetrics m(3, /*shard=*/0, /*min_workers=*/1, absl::Seconds(60),
+                  [&now] { return now; });
   EXPECT_EQ(m.ActiveWorkers(), 0);
   m.SawRank(0);
   now += absl::Seconds(30);

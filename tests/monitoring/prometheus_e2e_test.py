@@ -345,7 +345,7 @@ def run(args, tmp, processes):
     # 5. No outage alert pending or firing while the job trains normally.
     #    (The straggler alert depends on this machine's load: not asserted.)
     outage = ('ALERTS{alertname=~"DpPsDown|DpWorkerDown|DpWorkersMissing|'
-              'DpTrainingStalled|DpLossNotFinite"}')
+              'DpTooFewWorkers|DpTrainingStalled|DpLossNotFinite"}')
     if alerts := api.query(outage):
         raise Failure(f"alerts during a healthy run: {alerts}")
 
