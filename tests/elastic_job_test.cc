@@ -100,6 +100,74 @@ TEST(ElasticJobTest, ShardedWorkersKilledAndJoiningGiveTheSameModel) {
   LeaveAndJoin(2);
 }
 
+// Recovery in a mix with elasticity: a worker killed without replacement,
+// dp-ps (or a shard) killed -9 and restarted from its checkpoint, a new
+// worker without a rank joining, then another shard (or dp-ps again)
+// killed: the model of 4 workers throughout, byte for byte.
+void KillsOfEverything(int shards) {
+  constexpr int kLong = 1500;
+  TempDir dir;
+  const std::string reference = ModelOf(dir, 4, 1, kLong);
+  const std::string model = dir.File("model.safetensors");
+  std::vector<std::string> flags = Flags(model, kLong);
+  flags.push_back("--workers=4");
+  flags.push_back("--worker_timeout_s=1");
+  flags.push_back("--checkpoint_every=20");
+  std::vector<std::vector<std::string>> shard_flags(shards, flags);
+  for (int k = 0; k < shards; ++k) {
+    shard_flags[k].push_back("--checkpoint_dir=" +
+                             dir.File(absl::StrCat("ckpt", k)));
+  }
+  std::vector<int> ports(shards, 0);
+  std::vector<std::unique_ptr<Subprocess>> ps(shards);
+  auto start = [&](int k, int port) {
+    int got = 0;
+    ps[k] = StartServer(
+        shards > 1 ? ShardArgs(shard_flags[k], k, ports) : shard_flags[k],
+        &got, port);
+    ports[k] = got;
+  };
+  for (int k = shards - 1; k >= 0; --k) start(k, 0);
+  const std::string list = PsList(ports);
+  std::vector<std::unique_ptr<Subprocess>> w;
+  for (int r = 0; r < 4; ++r) w.push_back(StartWorker(list, r));
+  auto kill_server = [&](int k) {
+    ps[k]->Signal(SIGKILL);
+    ps[k]->Wait(absl::Seconds(30));
+    const int port = ports[k];
+    start(k, port);
+    ASSERT_EQ(ports[k], port) << ps[k]->output();
+  };
+  ASSERT_TRUE(WaitForStep(ports[0], 100, absl::Minutes(2)));
+  w[3]->Signal(SIGKILL);
+  EXPECT_EQ(w[3]->Wait(absl::Seconds(30)), 128 + SIGKILL);
+  ASSERT_TRUE(WaitForStep(ports[0], CurrentStep(ports[0]) + 60,
+                          absl::Minutes(2)));
+  kill_server(0);
+  ASSERT_TRUE(WaitForStep(ports[0], CurrentStep(ports[0]) + 60,
+                          absl::Minutes(2)));
+  w[3] = StartWorker(list, -1);
+  ASSERT_TRUE(w[3]->WaitForOutput("joined at step", absl::Minutes(2)))
+      << w[3]->output();
+  ASSERT_TRUE(WaitForStep(ports[0], CurrentStep(ports[0]) + 60,
+                          absl::Minutes(2)));
+  ASSERT_LT(CurrentStep(ports[0]), kLong - 100) << "too fast for the kills";
+  kill_server(shards - 1);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(w[r]->Wait(kJobTimeout), 0) << w[r]->output();
+  }
+  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  EXPECT_TRUE(ReadModel(model) == reference);
+}
+
+TEST(ElasticJobTest, ServerKillsAmongWorkersLeavingAndJoiningChangeNothing) {
+  KillsOfEverything(1);
+}
+
+TEST(ElasticJobTest, ShardKillsAmongWorkersLeavingAndJoiningChangeNothing) {
+  KillsOfEverything(2);
+}
+
 // A worker stopped (SIGSTOP) for many steps, then continued: its blocks are
 // backed up by the others meanwhile (it is never declared lost: the lease
 // is long), and the model is the same.

@@ -231,8 +231,8 @@ struct JoinPlan {
   std::optional<int64_t> version;
 };
 
-// Shards at one step: join there. A step applied on some shards and still
-// waiting on others (for this worker's push, perhaps): join at the older
+// Shards at one step: join there. A step applied on other shards and still
+// waiting on shard 0 (for this worker's push, perhaps): join at the older
 // one. Otherwise the newest step every shard is at or can restore;
 // FAILED_PRECONDITION when there is none.
 absl::StatusOr<JoinPlan> PlanJoin(const std::vector<JobStatus>& all) {
@@ -246,7 +246,12 @@ absl::StatusOr<JoinPlan> PlanJoin(const std::vector<JobStatus>& all) {
     if (s.step != lo) ahead_hold_previous &= s.shard.holds_previous;
   }
   if (hi == lo) return JoinPlan{true, lo, std::nullopt};
-  if (hi == lo + 1 && ahead_hold_previous) return JoinPlan{true, lo, lo};
+  // Only while shard 0 is at the older step: it plans that step's blocks,
+  // which the shards behind it still need. Shard 0 ahead would plan the
+  // next step and nobody would compute the older one.
+  if (hi == lo + 1 && ahead_hold_previous && all[0].step == lo) {
+    return JoinPlan{true, lo, lo};
+  }
   const int64_t target = CommonStep(all, lo);
   if (target < 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
