@@ -31,3 +31,38 @@ launch_run() {
   fi
   field 's/^launch: all processes finished; logs in //p' "$out"
 }
+
+# start_job BIN DIR WORKERS [dp-ps flags...]: dp-ps of build directory BIN
+# on a free loopback port (its model saved to DIR/model.safetensors) and
+# WORKERS CPU workers, logs in DIR; JOB_PIDS holds dp-ps's pid, then the
+# workers'. finish_job waits for them: call both in the same shell.
+start_job() {
+  local bin=$1 dir=$2 workers=$3 port="" r
+  shift 3
+  rm -rf "$dir" && mkdir -p "$dir"
+  "$bin/server/dp-ps" --host=127.0.0.1 --port=0 --health_port=-1 \
+    --metrics_port=0 --workers="$workers" \
+    --save_model="$dir/model.safetensors" "$@" >"$dir/ps.log" 2>&1 &
+  JOB_PIDS=("$!")
+  for _ in $(seq 300); do
+    port=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$dir/ps.log" | cut -d: -f2 || true)
+    [ -n "$port" ] && break
+    sleep 0.1
+  done
+  [ -n "$port" ] || { cat "$dir/ps.log" >&2; return 1; }
+  for r in $(seq 0 $((workers - 1))); do
+    "$bin/worker/dp-worker" --ps="127.0.0.1:$port" --rank="$r" --backend=cpu \
+      >"$dir/w$r.log" 2>&1 &
+    JOB_PIDS+=("$!")
+  done
+}
+
+# finish_job DIR: waits for start_job's processes; prints dp-ps's samples/s
+# while training and the first 16 hex digits of the model's sha256.
+finish_job() {
+  local dir=$1 p
+  wait "${JOB_PIDS[0]}" || { tail -5 "$dir/ps.log" >&2; return 1; }
+  for p in "${JOB_PIDS[@]:1}"; do wait "$p" || true; done
+  echo "$(grep -o '[0-9]* samples/s while training' "$dir/ps.log" | cut -d' ' -f1)" \
+    "$(sha256sum "$dir/model.safetensors" | cut -c1-16)"
+}

@@ -19,42 +19,21 @@ STOP_MS=${STOP_MS:-300}
 RUN_MS=${RUN_MS:-300}
 BIN=${BIN:-build}
 [ -x "$BIN/server/dp-ps" ] || scripts/build.sh >/dev/null
+# shellcheck source=scripts/perf-lib.sh
+. scripts/perf-lib.sh
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 work=$(mktemp -d "${TMPDIR:-/tmp}/dp-straggler-XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'rm -rf "$work"' EXIT
 
 # run NAME STRAGGLE(0|1) [dp-ps flags...]: prints samples/s and the model's
-# sha256.
+# sha256 prefix.
 run() {
   local name=$1 straggle=$2
   shift 2
   local dir="$work/$name"
-  rm -rf "$dir" && mkdir -p "$dir"
-  "$BIN/server/dp-ps" --host=127.0.0.1 --port=0 --health_port=-1 \
-    --metrics_port=0 --workers=4 --batch_size=32 --max_steps="$steps" \
-    --worker_timeout_s=600 --final_eval_timeout_s=1 \
-    --save_model="$dir/model.safetensors" "$@" >"$dir/ps.log" 2>&1 &
-  local ps=$!
-  pids=("$ps")
-  local port=""
-  for _ in $(seq 300); do
-    port=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$dir/ps.log" | cut -d: -f2 || true)
-    [ -n "$port" ] && break
-    sleep 0.1
-  done
-  [ -n "$port" ] || { cat "$dir/ps.log" >&2; exit 1; }
-  local r
-  for r in 0 1 2 3; do
-    "$BIN/worker/dp-worker" --ps="127.0.0.1:$port" --rank=$r --backend=cpu \
-      >"$dir/w$r.log" 2>&1 &
-    pids+=("$!")
-  done
-  local slow=${pids[4]}
+  start_job "$BIN" "$dir" 4 --batch_size=32 --max_steps="$steps" \
+    --worker_timeout_s=600 --final_eval_timeout_s=1 "$@"
+  local ps=${JOB_PIDS[0]} slow=${JOB_PIDS[4]}
   if [ "$straggle" = 1 ]; then
     # Bursts start once the job runs (the first step is in).
     until grep -q 'step [1-9]' "$dir/ps.log" || ! kill -0 "$ps" 2>/dev/null; do
@@ -67,14 +46,8 @@ run() {
       sleep "$(awk "BEGIN{print $RUN_MS/1000}")"
     done
   fi
-  wait "$ps" || { echo "dp-ps failed:" >&2; tail -5 "$dir/ps.log" >&2; exit 1; }
-  for p in "${pids[@]:1}"; do kill -CONT "$p" 2>/dev/null || true; wait "$p" || true; done
-  local rate
-  rate=$(grep -o '[0-9]* samples/s while training' "$dir/ps.log" | cut -d' ' -f1)
-  echo "$rate $(sha256sum "$dir/model.safetensors" | cut -c1-16)"
+  finish_job "$dir"
 }
-
-median() { sort -n | awk '{a[NR]=$1} END{print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
 
 declare -A rates
 declare -A shas

@@ -217,12 +217,11 @@ TEST(ElasticCoordinatorTest, ABlockHandedToARankLostInTurnIsHandedOnAgain) {
   auto c = Make(Job(3, 3), 3);
   std::vector<Block> handed(3);
   auto wait = [&](int rank) {
-    auto t = c->WaitForStep(rank, 0,
-                            [&handed, rank](const absl::Status& s, int64_t,
-                                            Block work) {
-                              EXPECT_TRUE(s.ok()) << s;
-                              handed[rank] = work;
-                            });
+    auto t = c->WaitForStep(
+        rank, 0, [&handed, rank](const absl::Status& s, int64_t, Block work) {
+          EXPECT_TRUE(s.ok()) << s;
+          handed[rank] = work;
+        });
     ASSERT_TRUE(t.ok()) << t.status();
     ASSERT_FALSE(t->ready);
   };

@@ -123,8 +123,8 @@ void KillsOfEverything(int shards) {
   auto start = [&](int k, int port) {
     int got = 0;
     ps[k] = StartServer(
-        shards > 1 ? ShardArgs(shard_flags[k], k, ports) : shard_flags[k],
-        &got, port);
+        shards > 1 ? ShardArgs(shard_flags[k], k, ports) : shard_flags[k], &got,
+        port);
     ports[k] = got;
   };
   for (int k = shards - 1; k >= 0; --k) start(k, 0);
@@ -141,16 +141,16 @@ void KillsOfEverything(int shards) {
   ASSERT_TRUE(WaitForStep(ports[0], 100, absl::Minutes(2)));
   w[3]->Signal(SIGKILL);
   EXPECT_EQ(w[3]->Wait(absl::Seconds(30)), 128 + SIGKILL);
-  ASSERT_TRUE(WaitForStep(ports[0], CurrentStep(ports[0]) + 60,
-                          absl::Minutes(2)));
+  ASSERT_TRUE(
+      WaitForStep(ports[0], CurrentStep(ports[0]) + 60, absl::Minutes(2)));
   kill_server(0);
-  ASSERT_TRUE(WaitForStep(ports[0], CurrentStep(ports[0]) + 60,
-                          absl::Minutes(2)));
+  ASSERT_TRUE(
+      WaitForStep(ports[0], CurrentStep(ports[0]) + 60, absl::Minutes(2)));
   w[3] = StartWorker(list, -1);
   ASSERT_TRUE(w[3]->WaitForOutput("joined at step", absl::Minutes(2)))
       << w[3]->output();
-  ASSERT_TRUE(WaitForStep(ports[0], CurrentStep(ports[0]) + 60,
-                          absl::Minutes(2)));
+  ASSERT_TRUE(
+      WaitForStep(ports[0], CurrentStep(ports[0]) + 60, absl::Minutes(2)));
   ASSERT_LT(CurrentStep(ports[0]), kLong - 100) << "too fast for the kills";
   kill_server(shards - 1);
   for (int r = 0; r < 4; ++r) {
