@@ -1,6 +1,8 @@
 // The worker loop: learn the job from dp-ps, load the data it names, join,
-// then per step: gradient of the local batch -> exchange (push, barrier, new
-// weights). Rank 0 also evaluates the test set at the end of every epoch.
+// then per step: the blocks of micro-batches dp-ps hands this worker (each
+// micro-batch's gradient alone, the block summed in the step's tree) ->
+// exchange (push, barrier, new weights or more work). Rank 0 also evaluates
+// the test set at the end of every epoch.
 // Every (re-)join adopts the job's plan as dp-ps has it then, so a dp-ps
 // restarted with more or fewer steps is followed.
 #ifndef DP_WORKER_TRAINER_H_
