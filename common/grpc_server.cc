@@ -106,6 +106,10 @@ grpc::ChannelArguments ClientChannelArguments(int max_message_bytes,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A restarted dp-ps pod has a new address under the same name: look it
+  // up again within a second, not after gRPC's default 30 s (the job does
+  // not wait that long for a worker).
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
   return args;
 }
 

@@ -168,6 +168,24 @@ TEST(ElasticJobTest, ShardKillsAmongWorkersLeavingAndJoiningChangeNothing) {
   KillsOfEverything(2);
 }
 
+// The job does not wait for rank 0: rank 1 trains it to the end alone, and
+// rank 0, joining after the last step, still evaluates the final weights.
+TEST(ElasticJobTest, RankZeroJoiningAtTheEndEvaluatesTheFinalWeights) {
+  int port = 0;
+  auto ps = StartServer({"--workers=2", "--max_steps=30", "--start_wait_s=0"},
+                        &port);
+  auto w1 = StartWorker(port, 1);
+  EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+  ASSERT_TRUE(WaitForStep(port, 30, absl::Minutes(1)));
+  auto w0 = StartWorker(port, 0);
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_NE(w0->output().find("joined at step 30 of 30"), std::string::npos)
+      << w0->output();
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  EXPECT_NE(ps->output().find("final test accuracy:"), std::string::npos)
+      << ps->output();
+}
+
 // A worker stopped (SIGSTOP) for many steps, then continued: its blocks are
 // backed up by the others meanwhile (it is never declared lost: the lease
 // is long), and the model is the same.

@@ -324,6 +324,7 @@ absl::Status Trainer::Evaluate(int64_t finished) {
   report.final = step_ == total_;
   Log("rank 0: test accuracy %.4f after epoch %d", report.accuracy,
       report.epoch);
+  evaluated_final_ = evaluated_final_ || report.final;
   // The number is informative: a refused report must not stop training.
   if (absl::Status s = client_->ReportEval(rank_, report); !s.ok()) {
     Log("rank 0: evaluation report not accepted: %s", s.message());
@@ -407,6 +408,12 @@ absl::Status Trainer::Run() {
     if (rank == 0 && schedule_.ends_epoch(finished)) {
       RETURN_IF_ERROR(Evaluate(finished));
     }
+  }
+  // The job does not wait for rank 0: the others may have applied the last
+  // steps while it was away, and it joined at the end. It evaluates the
+  // final weights all the same.
+  if (rank_ == 0 && !evaluated_final_ && total_ > 0 && step_ == total_) {
+    RETURN_IF_ERROR(Evaluate(total_ - 1));
   }
   const double per_step = stats_.steps ? 1.0 / stats_.steps : 0.0;
   Log("rank %d: finished at step %d: %d steps here (%d gradients), %.3f ms "

@@ -131,6 +131,8 @@ class Trainer {
   // memory or gRPC), and whether the backend computes the gradient straight
   // into the one dp-ps's shared-memory slot.
   bool logged_shared_memory_ = false;
+  // Rank 0 reported its evaluation of the job's final weights.
+  bool evaluated_final_ = false;
   bool gradient_into_slot_ = false;
 };
 
