@@ -511,7 +511,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   }
   last_plan_blocks_ = 0;
   for (const Block& b : plan_) last_plan_blocks_ += b.empty() ? 0 : 1;
-  PlanLocked();
+  NewStepLocked();
   std::vector<Wake> ready;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.step < state_.step) {
@@ -526,16 +526,20 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   return ready;
 }
 
-void StepCoordinator::PlanLocked() {
+void StepCoordinator::NewStepLocked() {
   for (auto& [block, sum] : sums_) free_.push_back(sum.buffer);
   sums_.clear();
   received_.assign(received_.size(), false);
-  plan_.assign(plan_.size(), Block{});
-  work_.assign(work_.size(), Block{});
   backed_up_.clear();
   backups_this_step_ = 0;
   step_start_ = absl::Now();
   first_push_ = absl::InfiniteFuture();
+  PlanLocked();
+}
+
+void StepCoordinator::PlanLocked() {
+  plan_.assign(plan_.size(), Block{});
+  work_.assign(work_.size(), Block{});
   const std::vector<int> taking_part = TakingPartLocked();
   const std::vector<Block> blocks =
       SplitForWorkers(K(), static_cast<int>(taking_part.size()));
@@ -912,7 +916,7 @@ absl::Status StepCoordinator::Rewind(uint64_t generation, TrainingState state) {
     generation_ = NewGeneration();
     holds_previous_ = false;
     published_ = nullptr;
-    PlanLocked();
+    NewStepLocked();
     to_abort = TakeAllWaitersLocked();
   }
   const absl::Status aborted = absl::AbortedError(absl::StrFormat(

@@ -412,9 +412,11 @@ class StepCoordinator {
   // Applies Adam to the root's sum, publishes the next version, plans it;
   // returns the waits to finish once the lock is released.
   std::vector<Wake> ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the current step: no sums, no pushes, no backups, then a plan.
+  void NewStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Splits the current step's blocks among the ranks taking part (live,
-  // and not a straggler that has not called since), when enough are;
-  // clears the step's sums and work.
+  // and not a straggler that has not called since), when enough are, as
+  // their work; what is in stays in (any node counts, whoever planned it).
   void PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans again while no block of the step is in (a rank joined or was
   // lost before anyone pushed), and hands lost ranks' blocks and late ones

@@ -167,6 +167,25 @@ TEST(ElasticCoordinatorTest, TheFirstStepWaitsForEveryRankUntilTheStartWait) {
   EXPECT_EQ(d->Pull(0, 0, 0)->block, (Block{0, 2}));
 }
 
+// A push while the step waits for ranks counts (any node does), and
+// planning the step when the last rank registers keeps it.
+TEST(ElasticCoordinatorTest, PlanningTheStepKeepsWhatIsIn) {
+  ElasticOptions patient;
+  patient.start_wait = absl::Hours(1);
+  auto c = Make(Job(2, 2), 1, patient);
+  ASSERT_TRUE(PushBlock(*c, 0, 0, {0, 1}).ok());
+  const auto before = c->Observe();
+  ASSERT_TRUE(c->Register(1, Layout().Fingerprint(), kData).ok());
+  EXPECT_EQ(c->Status().pushed_ranks, std::vector<int>{0});
+  const auto after = c->Observe();
+  ASSERT_EQ(after.sums.size(), 1u);
+  EXPECT_EQ(after.sums[0].first, (Block{0, 1}));
+  EXPECT_EQ(after.sums[0].second, before.sums[0].second);
+  EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 1}, {1, 1}}));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  EXPECT_EQ(c->Status().step, 1);
+}
+
 TEST(ElasticCoordinatorTest, StepsWaitForMinWorkers) {
   auto c = Make(Job(3, 2, /*min_workers=*/2), 1);
   EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty());
