@@ -64,7 +64,7 @@ absl::Status CheckSameJob(const JobConfig& loaded, const JobConfig& now) {
 Trainer::Trainer(PsGroup* client, TrainerOptions options)
     : client_(client),
       options_(std::move(options)),
-      rank_(rank_),
+      rank_(options_.rank),
       unexported_(options_.metrics == nullptr
                       ? std::make_unique<WorkerMetrics>(rank_)
                       : nullptr),
