@@ -98,6 +98,20 @@ void StepCoordinator::SetElastic(const ElasticOptions& options) {
   }
 }
 
+std::vector<bool> StepCoordinator::WaitingLocked() const {
+  std::vector<bool> waiting(registered_.size(), false);
+  for (const auto& [id, w] : waiters_) waiting[w.rank] = true;
+  return waiting;
+}
+
+StepCoordinator::WaitCallback StepCoordinator::TakeWaitLocked(
+    std::map<int64_t, Waiter>::iterator& it) {
+  WaitCallback done = std::move(it->second.done);
+  --waits_of_rank_[it->second.rank];
+  it = waiters_.erase(it);
+  return done;
+}
+
 void StepCoordinator::RunWakes(std::vector<Wake>& wakes) {
   for (Wake& w : wakes) w.done(w.status, w.step, w.work);
 }
@@ -146,7 +160,7 @@ bool StepCoordinator::AwaitFailureTold(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   auto told = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     for (size_t r = 0; r < registered_.size(); ++r) {
-      if (registered_[r] && !lost_[r] && !told_[r]) return false;
+      if (LiveLocked(r) && !told_[r]) return false;
     }
     return true;
   };
@@ -500,8 +514,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   // A rank that had a block and pushed nothing while others completed the
   // step is a straggler: the next plan leaves it out, and it takes part
   // again once it waits for a step in time.
-  std::vector<bool> waiting(registered_.size(), false);
-  for (const auto& [id, w] : waiters_) waiting[w.rank] = true;
+  const std::vector<bool> waiting = WaitingLocked();
   for (size_t r = 0; r < plan_.size(); ++r) {
     if (!plan_[r].empty() && !received_[r] && !waiting[r]) {
       straggler_[r] = true;
@@ -516,9 +529,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.step < state_.step) {
       ready.push_back(
-          Wake{std::move(it->second.done), absl::OkStatus(), state_.step, {}});
-      --waits_of_rank_[it->second.rank];
-      it = waiters_.erase(it);
+          Wake{TakeWaitLocked(it), absl::OkStatus(), state_.step, {}});
     } else {
       ++it;
     }
@@ -552,7 +563,7 @@ void StepCoordinator::PlanLocked() {
 std::vector<int> StepCoordinator::TakingPartLocked() const {
   std::vector<int> part, with_stragglers;
   for (size_t r = 0; r < registered_.size(); ++r) {
-    if (!registered_[r] || lost_[r]) continue;
+    if (!LiveLocked(r)) continue;
     with_stragglers.push_back(static_cast<int>(r));
     if (!straggler_[r]) part.push_back(static_cast<int>(r));
   }
@@ -578,7 +589,7 @@ std::vector<Block> StepCoordinator::OrphansLocked() const {
   if (!elastic_.lead) return orphans;
   int live = 0;
   for (size_t r = 0; r < registered_.size(); ++r) {
-    live += registered_[r] && !lost_[r] ? 1 : 0;
+    live += LiveLocked(r) ? 1 : 0;
   }
   if (live < std::max(1, config_.min_workers)) return orphans;
   if (!elastic_.reassign) return orphans;
@@ -587,7 +598,7 @@ std::vector<Block> StepCoordinator::OrphansLocked() const {
   // an orphan again).
   auto computed = [this](const Block& b) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     for (size_t r = 0; r < work_.size(); ++r) {
-      if (registered_[r] && !lost_[r] && work_[r].Contains(b)) return true;
+      if (LiveLocked(r) && work_[r].Contains(b)) return true;
     }
     return false;
   };
@@ -619,11 +630,10 @@ Block StepCoordinator::NextWorkLocked(int rank) {
 std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
   std::vector<Wake> wakes;
   if (state_.step >= TotalStepsLocked()) return wakes;
-  // Nothing of the step is in: plan it again for the ranks there now.
-  // (A rank that already computes its old block still pushes it: any node
-  // counts.)
-  // An unplanned step (it waited for workers) is planned once they are
-  // there, whatever is in.
+  // Planned again for the ranks there now while nothing of the step is in,
+  // and an unplanned step (it waited for workers) once they are there,
+  // whatever is in. A rank that already computes its old block still
+  // pushes it: any node counts.
   const std::vector<int> part = TakingPartLocked();
   std::vector<int> planned;
   for (size_t r = 0; r < plan_.size(); ++r) {
@@ -649,9 +659,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
       continue;
     }
     wakes.push_back(
-        Wake{std::move(it->second.done), absl::OkStatus(), state_.step, work});
-    --waits_of_rank_[rank];
-    it = waiters_.erase(it);
+        Wake{TakeWaitLocked(it), absl::OkStatus(), state_.step, work});
   }
   return wakes;
 }
@@ -698,8 +706,7 @@ void StepCoordinator::WatchStragglers() {
 std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
   // The first late block: one a rank computes (planned or handed to it),
   // not in, not backed up yet, its rank not waiting.
-  std::vector<bool> waiting(registered_.size(), false);
-  for (const auto& [id, w] : waiters_) waiting[w.rank] = true;
+  const std::vector<bool> waiting = WaitingLocked();
   Block late;
   for (size_t r = 0; r < work_.size() && late.empty(); ++r) {
     const Block b = work_[r];
@@ -720,9 +727,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
     if (it->second.step != state_.step || lost_[rank]) continue;
     std::vector<Wake> wakes;
     wakes.push_back(
-        Wake{std::move(it->second.done), absl::OkStatus(), state_.step, late});
-    --waits_of_rank_[rank];
-    waiters_.erase(it);
+        Wake{TakeWaitLocked(it), absl::OkStatus(), state_.step, late});
     work_[rank] = late;
     backed_up_.push_back(late);
     ++backups_this_step_;
@@ -787,9 +792,7 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
   if (waits_of_rank_[rank] >= kMaxWaitsPerRank) {
     for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
       if (it->second.rank == rank) {  // the oldest: ids grow with time
-        *evicted = std::move(it->second.done);
-        waiters_.erase(it);
-        --waits_of_rank_[rank];
+        *evicted = TakeWaitLocked(it);
         break;
       }
     }
@@ -804,8 +807,7 @@ bool StepCoordinator::CancelWait(int64_t id) {
   absl::MutexLock lock(&mu_);
   auto it = waiters_.find(id);
   if (it == waiters_.end()) return false;
-  --waits_of_rank_[it->second.rank];
-  waiters_.erase(it);
+  TakeWaitLocked(it);
   return true;
 }
 
@@ -968,8 +970,7 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeasesLocked(
   if (!elastic_.lead) return events;  // the leader's business
   if (have_data_ && state_.step >= TotalStepsLocked()) return events;
   const absl::Time now = absl::Now();
-  std::vector<bool> waiting(registered_.size(), false);
-  for (const auto& [id, w] : waiters_) waiting[w.rank] = true;
+  const std::vector<bool> waiting = WaitingLocked();
   for (size_t r = 0; r < registered_.size(); ++r) {
     const absl::Duration silent = now - last_seen_[r];
     const int rank = static_cast<int>(r);
@@ -1014,13 +1015,13 @@ CoordinatorStatus StepCoordinator::Status() const {
   for (int r = 0; r < config_.schedule.world_size; ++r) {
     if (registered_[r]) s.registered_ranks.push_back(r);
     if (received_[r]) s.pushed_ranks.push_back(r);
-    if (registered_[r] && !lost_[r]) s.live_ranks.push_back(r);
+    if (LiveLocked(r)) s.live_ranks.push_back(r);
   }
   const bool planned = std::any_of(plan_.begin(), plan_.end(),
                                    [](const Block& b) { return !b.empty(); });
   for (int r = 0; r < config_.schedule.world_size; ++r) {
     const bool waits = planned ? !work_[r].empty() && !CoveredLocked(work_[r])
-                               : !registered_[r] || lost_[r];
+                               : !LiveLocked(r);
     if (waits) s.waits_for.push_back(r);
   }
   s.plan = plan_;

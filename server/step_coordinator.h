@@ -356,6 +356,16 @@ class StepCoordinator {
     Block work;
   };
   static void RunWakes(std::vector<Wake>& wakes);
+  // By rank: it has a wait pending.
+  std::vector<bool> WaitingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Removes the wait at `it` (which then points past it), returning its
+  // callback.
+  WaitCallback TakeWaitLocked(std::map<int64_t, Waiter>::iterator& it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registered and not lost.
+  bool LiveLocked(size_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return registered_[rank] && !lost_[rank];
+  }
   absl::StatusOr<Registration> RegisterLocked(int rank,
                                               uint64_t model_fingerprint,
                                               const DataFingerprint& data,
