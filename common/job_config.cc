@@ -39,4 +39,13 @@ JobConfig FromProto(const dp::v1::JobConfig& c) {
   return config;
 }
 
+void ToProto(const Block& block, dp::v1::Block* out) {
+  out->set_first(block.first);
+  out->set_count(block.count);
+}
+
+Block FromProto(const dp::v1::Block& block) {
+  return Block{block.first(), block.count()};
+}
+
 }  // namespace dp

@@ -11,10 +11,12 @@
 #include <vector>
 
 #include "common/data_order.h"
+#include "common/micro_batch_tree.h"
 #include "common/tensor_codec.h"
 
 namespace dp {
 namespace v1 {
+class Block;
 class JobConfig;
 }  // namespace v1
 
@@ -71,6 +73,10 @@ struct EvalReport {
 // on the wire).
 void ToProto(const JobConfig& config, dp::v1::JobConfig* out);
 JobConfig FromProto(const dp::v1::JobConfig& config);
+// A block of micro-batches <-> dp.v1.Block (an empty block is the default,
+// absent message).
+void ToProto(const Block& block, dp::v1::Block* out);
+Block FromProto(const dp::v1::Block& block);
 
 }  // namespace dp
 

@@ -274,8 +274,7 @@ grpc::ByteBuffer PsService::SerializeWork(int64_t step, Block work) const {
   header.set_step(step);
   header.set_encoding(static_cast<dp::v1::Encoding>(weight_encoding_));
   header.set_work_only(true);
-  header.mutable_block()->set_first(work.first);
-  header.mutable_block()->set_count(work.count);
+  ToProto(work, header.mutable_block());
   grpc::ByteBuffer bytes = SerializeMessage(header);
   metrics_->AddSentBytes(bytes.Length());
   return bytes;
@@ -287,10 +286,7 @@ grpc::ByteBuffer PsService::SerializeWeights(
   dp::v1::PullResponse header;
   header.set_step(step);
   header.set_offset(offset);
-  if (!block.empty()) {
-    header.mutable_block()->set_first(block.first);
-    header.mutable_block()->set_count(block.count);
-  }
+  if (!block.empty()) ToProto(block, header.mutable_block());
   header.set_done(coordinator_->done());
   header.set_encoding(static_cast<dp::v1::Encoding>(weight_encoding_));
   header.set_params_in_shm(sent == nullptr);
@@ -370,7 +366,7 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
   }
   RETURN_IF_ERROR(CheckCall(ctx, *request, gradient));
   metrics_->AddReceivedBytes(bytes.Length());
-  const Block block{request->block().first(), request->block().count()};
+  const Block block = FromProto(request->block());
   absl::StatusOr<StepCoordinator::PushResult> pushed = coordinator_->Push(
       request->rank(), request->step(), request->offset(), gradient,
       request->loss(), static_cast<Encoding>(request->encoding()), block);
@@ -401,8 +397,7 @@ ServerUnaryReactor* PsService::Barrier(CallbackServerContext* ctx,
                      response->set_step(step);
                      response->set_done(coordinator_->done());
                      if (!work.empty()) {
-                       response->mutable_block()->set_first(work.first);
-                       response->mutable_block()->set_count(work.count);
+                       ToProto(work, response->mutable_block());
                      }
                      return absl::OkStatus();
                    });

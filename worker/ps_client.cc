@@ -136,10 +136,7 @@ grpc::ByteBuffer PsClient::SerializePush(const Gradient& gradient,
   header.set_num_samples(gradient.num_samples);
   header.set_encoding(static_cast<dp::v1::Encoding>(gradient.encoding));
   header.set_weights_in_shm(shared_memory());
-  if (!gradient.block.empty()) {
-    header.mutable_block()->set_first(gradient.block.first);
-    header.mutable_block()->set_count(gradient.block.count);
-  }
+  if (!gradient.block.empty()) ToProto(gradient.block, header.mutable_block());
   if (gradient.idle) {
     header.set_idle(true);
     return SerializeMessage(header);
@@ -173,7 +170,7 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
       all.subspan(shard_.range.offset, shard_.range.length);
   received->step = header.step();
   received->wire_bytes = static_cast<int64_t>(response.Length());
-  received->block = Block{header.block().first(), header.block().count()};
+  received->block = FromProto(header.block());
   received->work_only = header.work_only();
   // More work on the weights held: in place ones stay read.
   if (header.work_only()) return absl::OkStatus();
@@ -447,7 +444,7 @@ absl::Status PsClient::Barrier(int rank, int64_t step, Block* work) {
       WithRetry("Barrier", options_.wait_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->Barrier(c, request, &response);
       }));
-  *work = Block{response.block().first(), response.block().count()};
+  *work = FromProto(response.block());
   return absl::OkStatus();
 }
 
