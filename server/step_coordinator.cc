@@ -395,12 +395,6 @@ absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank, int64_t step,
         "rank %d pushed step %d but the job finished at step %d", rank, step,
         current));
   }
-  if (!IsNode(K(), block)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d pushed micro-batches %s, which is not a block of the step's "
-        "%d micro-batches",
-        rank, block.ToString(), K()));
-  }
   return CoveredLocked(block);
 }
 
@@ -453,6 +447,13 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     RETURN_IF_ERROR(RefusalToLocked(rank));
     RETURN_IF_ERROR(CheckRank("Push", rank));
     if (block.empty()) block = Block{rank, 1};
+    // Like the gradient's shape, whatever the step.
+    if (!IsNode(K(), block)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "rank %d pushed micro-batches %s, which is not a block of the "
+          "step's %d micro-batches",
+          rank, block.ToString(), K()));
+    }
     // Whether it can count decides only where it is read; the values are
     // checked first, before anything that depends on the step, so that a
     // bad gradient is INVALID_ARGUMENT whatever the state.

@@ -399,7 +399,7 @@ class StepCoordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True for a push that does not count (a retry of the step just applied,
   // a block already in); an error for a push the step refuses (not
-  // registered, stale, future, after the end, not a node of the tree).
+  // registered, stale, future, after the end). `block` is a node.
   absl::StatusOr<bool> IsRetryLocked(int rank, int64_t step,
                                      const Block& block) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -131,6 +131,9 @@ TEST(ElasticCoordinatorTest, CopiesCountOnceAndABlockMustBeANode) {
   const absl::Status odd = PushBlock(*c, 2, 0, {1, 2});
   EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument) << odd;
   EXPECT_NE(odd.message().find("[1,3)"), std::string::npos) << odd;
+  // Whatever the step: not ABORTED for a future one.
+  const absl::Status future = PushBlock(*c, 2, 7, {1, 2});
+  EXPECT_EQ(future.code(), absl::StatusCode::kInvalidArgument) << future;
   EXPECT_EQ(ObservableDifferences(before, c->Observe()), "");
 }
 
