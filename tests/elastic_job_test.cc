@@ -48,17 +48,23 @@ TEST(ElasticJobTest, OneTwoThreeAndFourWorkersGiveOneModel) {
   EXPECT_TRUE(ModelOf(dir, 2, /*shards=*/2) == four) << "2 workers, 2 shards";
 }
 
-// 4 workers; two are killed (-9, no replacement), the job goes on with 2;
-// then two new workers without a rank join: the model of 4 throughout.
-// Long enough for the new workers to load their data and join.
-void LeaveAndJoin(int shards) {
-  constexpr int kLong = 1500;
-  TempDir dir;
-  const std::string reference = ModelOf(dir, 4, 1, kLong);
-  const std::string model = dir.File("model.safetensors");
+// The jobs whose workers leave and join: long enough for new workers to
+// load their data and join, up to 4 workers, lost after a second's silence.
+constexpr int kLong = 1500;
+std::vector<std::string> ElasticFlags(const std::string& model) {
   std::vector<std::string> flags = Flags(model, kLong);
   flags.push_back("--workers=4");
   flags.push_back("--worker_timeout_s=1");
+  return flags;
+}
+
+// 4 workers; two are killed (-9, no replacement), the job goes on with 2;
+// then two new workers without a rank join: the model of 4 throughout.
+void LeaveAndJoin(int shards) {
+  TempDir dir;
+  const std::string reference = ModelOf(dir, 4, 1, kLong);
+  const std::string model = dir.File("model.safetensors");
+  const std::vector<std::string> flags = ElasticFlags(model);
   std::vector<int> ports;
   auto ps = StartShards(shards, flags, &ports);
   const int port = ports[0];
@@ -105,58 +111,32 @@ TEST(ElasticJobTest, ShardedWorkersKilledAndJoiningGiveTheSameModel) {
 // worker without a rank joining, then another shard (or dp-ps again)
 // killed: the model of 4 workers throughout, byte for byte.
 void KillsOfEverything(int shards) {
-  constexpr int kLong = 1500;
   TempDir dir;
   const std::string reference = ModelOf(dir, 4, 1, kLong);
   const std::string model = dir.File("model.safetensors");
-  std::vector<std::string> flags = Flags(model, kLong);
-  flags.push_back("--workers=4");
-  flags.push_back("--worker_timeout_s=1");
+  std::vector<std::string> flags = ElasticFlags(model);
   flags.push_back("--checkpoint_every=20");
-  std::vector<std::vector<std::string>> shard_flags(shards, flags);
-  for (int k = 0; k < shards; ++k) {
-    shard_flags[k].push_back("--checkpoint_dir=" +
-                             dir.File(absl::StrCat("ckpt", k)));
-  }
-  std::vector<int> ports(shards, 0);
-  std::vector<std::unique_ptr<Subprocess>> ps(shards);
-  auto start = [&](int k, int port) {
-    int got = 0;
-    ps[k] = StartServer(
-        shards > 1 ? ShardArgs(shard_flags[k], k, ports) : shard_flags[k], &got,
-        port);
-    ports[k] = got;
-  };
-  for (int k = shards - 1; k >= 0; --k) start(k, 0);
-  const std::string list = PsList(ports);
+  RestartableShards ps(shards, flags, dir);
+  const int port = ps.port(0);
+  const std::string list = ps.list();
   std::vector<std::unique_ptr<Subprocess>> w;
   for (int r = 0; r < 4; ++r) w.push_back(StartWorker(list, r));
-  auto kill_server = [&](int k) {
-    ps[k]->Signal(SIGKILL);
-    ps[k]->Wait(absl::Seconds(30));
-    const int port = ports[k];
-    start(k, port);
-    ASSERT_EQ(ports[k], port) << ps[k]->output();
-  };
-  ASSERT_TRUE(WaitForStep(ports[0], 100, absl::Minutes(2)));
+  ASSERT_TRUE(WaitForStep(port, 100, absl::Minutes(2)));
   w[3]->Signal(SIGKILL);
   EXPECT_EQ(w[3]->Wait(absl::Seconds(30)), 128 + SIGKILL);
-  ASSERT_TRUE(
-      WaitForStep(ports[0], CurrentStep(ports[0]) + 60, absl::Minutes(2)));
-  kill_server(0);
-  ASSERT_TRUE(
-      WaitForStep(ports[0], CurrentStep(ports[0]) + 60, absl::Minutes(2)));
+  ASSERT_TRUE(WaitForStep(port, CurrentStep(port) + 60, absl::Minutes(2)));
+  ASSERT_TRUE(ps.KillAndRestart(0));
+  ASSERT_TRUE(WaitForStep(port, CurrentStep(port) + 60, absl::Minutes(2)));
   w[3] = StartWorker(list, -1);
   ASSERT_TRUE(w[3]->WaitForOutput("joined at step", absl::Minutes(2)))
       << w[3]->output();
-  ASSERT_TRUE(
-      WaitForStep(ports[0], CurrentStep(ports[0]) + 60, absl::Minutes(2)));
-  ASSERT_LT(CurrentStep(ports[0]), kLong - 100) << "too fast for the kills";
-  kill_server(shards - 1);
+  ASSERT_TRUE(WaitForStep(port, CurrentStep(port) + 60, absl::Minutes(2)));
+  ASSERT_LT(CurrentStep(port), kLong - 100) << "too fast for the kills";
+  ASSERT_TRUE(ps.KillAndRestart(shards - 1));
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(w[r]->Wait(kJobTimeout), 0) << w[r]->output();
   }
-  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  ps.ExpectAllExitZero();
   EXPECT_TRUE(ReadModel(model) == reference);
 }
 
@@ -172,8 +152,8 @@ TEST(ElasticJobTest, ShardKillsAmongWorkersLeavingAndJoiningChangeNothing) {
 // rank 0, joining after the last step, still evaluates the final weights.
 TEST(ElasticJobTest, RankZeroJoiningAtTheEndEvaluatesTheFinalWeights) {
   int port = 0;
-  auto ps = StartServer({"--workers=2", "--max_steps=30", "--start_wait_s=0"},
-                        &port);
+  auto ps =
+      StartServer({"--workers=2", "--max_steps=30", "--start_wait_s=0"}, &port);
   auto w1 = StartWorker(port, 1);
   EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
   ASSERT_TRUE(WaitForStep(port, 30, absl::Minutes(1)));

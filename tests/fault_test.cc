@@ -294,19 +294,8 @@ void Chaos(int shards) {
   flags.push_back("--checkpoint_every=20");
   flags.push_back("--on_worker_loss=wait");
   flags.push_back("--backup_blocks=0");
-  std::vector<std::vector<std::string>> shard_flags(shards, flags);
-  for (int k = 0; k < shards; ++k) {
-    shard_flags[k].push_back("--checkpoint_dir=" +
-                             dir.File(absl::StrCat("ckpt", k)));
-  }
-  std::vector<int> ports(shards, 0);
-  std::vector<std::unique_ptr<Subprocess>> ps(shards);
-  for (int k = shards - 1; k >= 0; --k) {
-    ps[k] = StartServer(
-        shards > 1 ? ShardArgs(shard_flags[k], k, ports) : shard_flags[k],
-        &ports[k]);
-  }
-  const std::string addresses = PsList(ports);
+  RestartableShards ps(shards, flags, dir);
+  const std::string addresses = ps.list();
   std::vector<std::unique_ptr<Subprocess>> w;
   w.push_back(StartWorker(addresses, 0));
   w.push_back(StartWorker(addresses, 1));
@@ -315,7 +304,7 @@ void Chaos(int shards) {
   const absl::Time deadline = absl::Now() + absl::Minutes(3);
   for (int round = 0; round < 5 && absl::Now() < deadline; ++round) {
     at += std::uniform_int_distribution<int>(15, 45)(rng);
-    if (at > kSteps - 40 || !WaitForStep(ports[0], at, absl::Minutes(1))) {
+    if (at > kSteps - 40 || !WaitForStep(ps.port(0), at, absl::Minutes(1))) {
       break;
     }
     // Victims 0 and 1 are the workers, 2.. the shards.
@@ -324,14 +313,8 @@ void Chaos(int shards) {
       const int k = victim - 2;
       std::printf("round %d: kill dp-ps shard %d at step >= %lld\n", round, k,
                   static_cast<long long>(at));
-      ps[k]->Signal(SIGKILL);
-      ps[k]->Wait(absl::Seconds(30));
-      int again = 0;
-      ps[k] = StartServer(
-          shards > 1 ? ShardArgs(shard_flags[k], k, ports) : shard_flags[k],
-          &again, ports[k]);
-      ASSERT_EQ(again, ports[k]) << ps[k]->output();
-      at = std::max<int64_t>(0, CurrentStep(ports[k]));
+      ASSERT_TRUE(ps.KillAndRestart(k));
+      at = std::max<int64_t>(0, CurrentStep(ps.port(k)));
     } else {
       std::printf("round %d: kill worker %d at step >= %lld\n", round, victim,
                   static_cast<long long>(at));
@@ -342,7 +325,7 @@ void Chaos(int shards) {
   }
   EXPECT_EQ(w[0]->Wait(kJobTimeout), 0) << w[0]->output();
   EXPECT_EQ(w[1]->Wait(kJobTimeout), 0) << w[1]->output();
-  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  ps.ExpectAllExitZero();
   EXPECT_TRUE(ReadModel(model) == reference);
 }
 

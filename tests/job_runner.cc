@@ -2,6 +2,7 @@
 #include "tests/job_runner.h"
 
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -50,6 +51,35 @@ std::string PsList(const std::vector<int>& ports) {
   std::vector<std::string> list;
   for (int p : ports) list.push_back(absl::StrCat("127.0.0.1:", p));
   return absl::StrJoin(list, ",");
+}
+
+RestartableShards::RestartableShards(int count, std::vector<std::string> args,
+                                     const TempDir& dir)
+    : args_(count, args), ports_(count, 0), ps_(count) {
+  for (int k = 0; k < count; ++k) {
+    args_[k].push_back("--checkpoint_dir=" + dir.File(absl::StrCat("ckpt", k)));
+  }
+  // Shard 0 last: it is told the others' ports.
+  for (int k = count - 1; k >= 0; --k) Start(k, 0);
+}
+
+void RestartableShards::Start(int k, int port) {
+  const int count = static_cast<int>(ps_.size());
+  ps_[k] = StartServer(count > 1 ? ShardArgs(args_[k], k, ports_) : args_[k],
+                       &ports_[k], port);
+}
+
+bool RestartableShards::KillAndRestart(int k) {
+  ps_[k]->Signal(SIGKILL);
+  ps_[k]->Wait(absl::Seconds(30));
+  const int port = ports_[k];
+  Start(k, port);
+  EXPECT_EQ(ports_[k], port) << ps_[k]->output();
+  return ports_[k] == port;
+}
+
+void RestartableShards::ExpectAllExitZero() {
+  for (auto& p : ps_) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
 }
 
 std::vector<std::string> ShardArgs(std::vector<std::string> args, int shard,

@@ -34,6 +34,30 @@ std::vector<std::unique_ptr<Subprocess>> StartShards(
 // "127.0.0.1:p0,127.0.0.1:p1,...": what workers get as --ps.
 std::string PsList(const std::vector<int>& ports);
 
+// A job's `count` dp-ps shards (1: one plain dp-ps), each with `args` and a
+// checkpoint directory of its own in `dir` (ckpt0, ckpt1...), for tests
+// that kill them -9 and restart them where they were.
+class RestartableShards {
+ public:
+  RestartableShards(int count, std::vector<std::string> args,
+                    const TempDir& dir);
+  // Kills shard k -9 and starts it again on its port (it resumes from its
+  // newest checkpoint); false, with a test failure, if it did not listen
+  // there.
+  bool KillAndRestart(int k);
+  int port(int k) const { return ports_[k]; }
+  std::string list() const { return PsList(ports_); }
+  // Every shard's exit code, expected 0, failing the test otherwise.
+  void ExpectAllExitZero();
+
+ private:
+  void Start(int k, int port);
+
+  std::vector<std::vector<std::string>> args_;
+  std::vector<int> ports_;
+  std::vector<std::unique_ptr<Subprocess>> ps_;
+};
+
 struct JobResult {
   int ps_exit = -1;  // the largest exit code of the shards
   std::vector<int> worker_exits;
