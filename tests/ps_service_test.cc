@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "common/grpc_server.h"
@@ -54,14 +55,17 @@ class PsServiceTest : public ::testing::Test {
     return g;
   }
 
-  grpc::Status Push(int rank, int64_t step, const std::vector<float>& g,
-                    dp::v1::PushResponse* resp = nullptr, float loss = 1.0f) {
+  grpc::Status Push(
+      int rank, int64_t step, const std::vector<float>& g,
+      dp::v1::PushResponse* resp = nullptr, float loss = 1.0f,
+      const std::function<void(dp::v1::PushRequest*)>& edit = nullptr) {
     dp::v1::PushRequest req;
     req.set_rank(rank);
     req.set_step(step);
     req.set_loss(loss);
     req.set_gradient(std::string(reinterpret_cast<const char*>(g.data()),
                                  g.size() * sizeof(float)));
+    if (edit) edit(&req);
     dp::v1::PushResponse local;
     grpc::ClientContext ctx;
     return stub_->Push(&ctx, req, resp ? resp : &local);
@@ -162,6 +166,24 @@ TEST_F(PsServiceTest, BadRequestsGetDesignStatusCodesAndChangeNothing) {
       {"NaN gradient", Push(1, 2, nan), grpc::StatusCode::INVALID_ARGUMENT},
       {"Inf gradient", Push(1, 2, inf), grpc::StatusCode::INVALID_ARGUMENT},
       {"rank out of range", Push(2, 2, ok), grpc::StatusCode::INVALID_ARGUMENT},
+      {"idle with a gradient",
+       Push(1, 2, ok, nullptr, 1.0f,
+            [](dp::v1::PushRequest* r) { r->set_idle(true); }),
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"block that is no node",
+       Push(1, 2, ok, nullptr, 1.0f,
+            [](dp::v1::PushRequest* r) {
+              r->mutable_block()->set_first(1);
+              r->mutable_block()->set_count(2);
+            }),
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"block past the step",
+       Push(1, 5, ok, nullptr, 1.0f,
+            [](dp::v1::PushRequest* r) {
+              r->mutable_block()->set_first(2);
+              r->mutable_block()->set_count(1);
+            }),
+       grpc::StatusCode::INVALID_ARGUMENT},
       {"stale step", Push(1, 0, ok), grpc::StatusCode::ABORTED},
       {"future step", Push(1, 5, ok), grpc::StatusCode::ABORTED},
       {"future barrier", Barrier(1, 4, absl::Seconds(5), &b),
