@@ -4,6 +4,7 @@
 #include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <openssl/crypto.h>
 #include <sys/resource.h>
 
 #include "absl/strings/str_format.h"
@@ -11,7 +12,14 @@
 namespace dp {
 
 // Never released: see the header.
-void KeepGrpcForTheProcess() { grpc_init(); }
+void KeepGrpcForTheProcess() {
+  // OpenSSL frees its tables in an atexit handler, while gRPC's threads live
+  // on to the end: a reconnect that was loading a TLS key as main() returned
+  // read freed memory (a refused worker exited with SIGSEGV, not its code).
+  // Only the first initialisation decides, so this must precede grpc_init.
+  OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr);
+  grpc_init();
+}
 
 namespace {
 

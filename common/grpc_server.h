@@ -61,6 +61,8 @@ inline constexpr char kLivenessService[] = "liveness";
 // dp-worker call this once at start: one reference held for the life of the
 // process, so that no grpc_shutdown waits; the threads end with the process.
 // It starts gRPC's threads, so it must come after a signal mask is set.
+// OpenSSL is kept to the end as well (no clean-up at exit), since those
+// threads may be in a TLS handshake when the process exits.
 void KeepGrpcForTheProcess();
 
 struct RunningServer {
