@@ -283,28 +283,34 @@ absl::Status PsServer::Watch() {
       if (e.kind == StepCoordinator::LeaseEvent::kNeverRegistered) {
         Log("rank %d has not registered yet (%.1f s since start)", e.rank,
             secs);
-      } else if (e.kind == StepCoordinator::LeaseEvent::kBack) {
+        continue;
+      }
+      if (e.kind == StepCoordinator::LeaseEvent::kBack) {
         Log("rank %d is back after %.1f s", e.rank, secs);
-      } else if (options_.fail_on_worker_loss) {
+        continue;
+      }
+      const std::string why = e.closed
+                                  ? "its connection closed"
+                                  : absl::StrFormat("no call for %.1f s", secs);
+      if (options_.fail_on_worker_loss) {
         return JobFailedError(absl::StrFormat(
-            "rank %d was lost (no call for %.1f s, --on_worker_loss=fail)",
-            e.rank, secs));
+            "rank %d was lost (%s, --on_worker_loss=fail)", e.rank, why));
       } else if (!options_.elastic.reassign) {
-        Log("rank %d is missing: no call for %.1f s; step %d waits for it "
+        Log("rank %d is missing: %s; step %d waits for it "
             "(--on_worker_loss=wait)",
-            e.rank, secs, coordinator_->Status().step);
+            e.rank, why, coordinator_->Status().step);
       } else {
         const CoordinatorStatus s = coordinator_->Status();
         const int live = static_cast<int>(s.live_ranks.size());
         const int min_workers = std::max(1, s.config.min_workers);
         if (live >= min_workers) {
-          Log("rank %d is missing: no call for %.1f s; its block of step %d "
-              "goes to the others (--on_worker_loss=reassign)",
-              e.rank, secs, s.step);
+          Log("rank %d is missing: %s; its block of step %d goes to the "
+              "others (--on_worker_loss=reassign)",
+              e.rank, why, s.step);
         } else {
-          Log("rank %d is missing: no call for %.1f s; step %d waits: %d "
-              "live, fewer than --min_workers=%d",
-              e.rank, secs, s.step, live, min_workers);
+          Log("rank %d is missing: %s; step %d waits: %d live, fewer than "
+              "--min_workers=%d",
+              e.rank, why, s.step, live, min_workers);
         }
       }
     }
@@ -516,6 +522,7 @@ absl::StatusOr<PsServer::Outcome> PsServer::Run() {
 // from another thread (which then changes nothing) until ~PsServer.
 void PsServer::ShutdownServers(absl::Duration grace) {
   if (server_ != nullptr) {
+    if (service_ != nullptr) service_->EndAttendance();
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   }
   if (health_ != nullptr) health_->Shutdown(grace);

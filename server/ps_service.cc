@@ -97,6 +97,11 @@ absl::Status CheckRequest(const RequestValidator& v,
 }
 
 absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::AttendRequest& r) {
+  return v.CheckAttend(r.rank(), r.session());
+}
+
+absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::PullRequest& r) {
   return v.CheckPull(r.rank(), r.offset(), r.length());
 }
@@ -212,6 +217,7 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
   if (!reg.ok()) return FinishCall(ctx, reg.status());
   const int rank = reg->rank;
   response->set_rank(rank);
+  response->set_session(reg->session);
   ToProto(reg->config, response->mutable_config());
   response->set_step(reg->step);
   response->set_total_steps(reg->config.schedule.total_steps());
@@ -230,6 +236,72 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
     }
   }
   return FinishCall(ctx, absl::OkStatus(), rank);
+}
+
+// An Attend stream: sends nothing, and ends when the worker's connection
+// closes or it cancels (OnCancel: a departure), or at EndAttendance.
+class PsService::AttendReactor final
+    : public grpc::ServerWriteReactor<dp::v1::AttendResponse> {
+ public:
+  AttendReactor(PsService* service, int rank, uint64_t session)
+      : service_(service), rank_(rank), session_(session) {}
+
+  void OnCancel() override {
+    // Not after EndAttendance: dp-ps going away is nobody's departure.
+    if (!finished_.exchange(true)) {
+      service_->coordinator_->ConnectionClosed(rank_, session_);
+      Finish(grpc::Status::CANCELLED);
+    }
+  }
+  void OnDone() override {
+    std::shared_ptr<AttendReactor> self;  // may be the last reference
+    absl::MutexLock lock(&service_->attendance_.mu);
+    auto it = service_->attendance_.open.find(this);
+    if (it == service_->attendance_.open.end()) return;
+    self = std::move(it->second);
+    service_->attendance_.open.erase(it);
+  }
+  void FinishOnce(const absl::Status& s) {
+    if (!finished_.exchange(true)) Finish(ToGrpcStatus(s));
+  }
+
+ private:
+  PsService* const service_;
+  const int rank_;
+  const uint64_t session_;
+  std::atomic<bool> finished_{false};
+};
+
+grpc::ServerWriteReactor<dp::v1::AttendResponse>* PsService::Attend(
+    CallbackServerContext* ctx, const dp::v1::AttendRequest* request) {
+  auto reactor = std::make_shared<AttendReactor>(this, request->rank(),
+                                                 request->session());
+  bool ended = false;
+  {
+    absl::MutexLock lock(&attendance_.mu);
+    attendance_.open.emplace(reactor.get(), reactor);
+    ended = attendance_.ended;
+  }
+  absl::Status s = CheckCall(ctx, *request);
+  if (s.ok() && ended) s = absl::UnavailableError("dp-ps is shutting down");
+  if (s.ok()) s = coordinator_->Attend(request->rank(), request->session());
+  metrics_->CountRejected(s.code());
+  if (s.ok()) {
+    reactor->StartSendInitialMetadata();  // tells the worker it attends
+  } else {
+    reactor->FinishOnce(s);
+  }
+  return reactor.get();
+}
+
+void PsService::EndAttendance() {
+  std::vector<std::shared_ptr<AttendReactor>> open;
+  {
+    absl::MutexLock lock(&attendance_.mu);
+    attendance_.ended = true;
+    for (const auto& [_, reactor] : attendance_.open) open.push_back(reactor);
+  }
+  for (const auto& reactor : open) reactor->FinishOnce(absl::OkStatus());
 }
 
 absl::StatusOr<StepCoordinator::Version> PsService::PublishInSharedMemory(

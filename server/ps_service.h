@@ -5,10 +5,13 @@
 #define DP_SERVER_PS_SERVICE_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "common/security.h"
 #include "proto/dp.grpc.pb.h"
@@ -39,7 +42,7 @@ struct PsServiceOptions {
 // The generated callback service, with the three calls that carry tensors
 // (Pull, Push, PushPull) taking raw bytes so that tensor_message.h moves the
 // tensors without protobuf's copies. The wire format is unchanged.
-using ParameterServerBase =
+using ParameterServerBase = dp::v1::ParameterServer::WithCallbackMethod_Attend<
     dp::v1::ParameterServer::WithCallbackMethod_Register<
         dp::v1::ParameterServer::WithRawCallbackMethod_Pull<
             dp::v1::ParameterServer::WithRawCallbackMethod_Push<
@@ -51,13 +54,15 @@ using ParameterServerBase =
                                     dp::v1::ParameterServer::
                                         WithCallbackMethod_Rollback<
                                             dp::v1::ParameterServer::
-                                                Service>>>>>>>>;
+                                                Service>>>>>>>>>;
 
 // RequestValidator over dp.v1 messages (the service's, the fuzzer's and the
 // tests' one way to validate a request). A push's gradient may travel
 // outside the message (tensor_message.h): then it is `gradient`.
 absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::RegisterRequest& r);
+absl::Status CheckRequest(const RequestValidator& v,
+                          const dp::v1::AttendRequest& r);
 absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::PullRequest& r);
 absl::Status CheckRequest(const RequestValidator& v,
@@ -92,9 +97,19 @@ class PsService final : public ParameterServerBase {
                      ServerMetrics* metrics = nullptr,
                      const PsServiceOptions& options = {});
 
+  // Call before the server's Shutdown: ends the Attend streams (they
+  // would hold Shutdown up until its deadline) and refuses new ones; their
+  // ends are no departures (StepCoordinator::ConnectionClosed is not
+  // called).
+  void EndAttendance();
+
   grpc::ServerUnaryReactor* Register(
       grpc::CallbackServerContext* ctx, const dp::v1::RegisterRequest* request,
       dp::v1::RegisterResponse* response) override;
+  // Held open until the worker goes (see the proto) or EndAttendance.
+  grpc::ServerWriteReactor<dp::v1::AttendResponse>* Attend(
+      grpc::CallbackServerContext* ctx,
+      const dp::v1::AttendRequest* request) override;
   // PullRequest -> PullResponse
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
                                  const grpc::ByteBuffer* request,
@@ -122,6 +137,17 @@ class PsService final : public ParameterServerBase {
       dp::v1::RollbackResponse* response) override;
 
  private:
+  class AttendReactor;
+  // The open Attend streams. A stream is owned here from its start to its
+  // OnDone; EndAttendance finishes each outside the lock (gRPC may run
+  // OnDone inline), holding its own reference.
+  struct Attendance {
+    absl::Mutex mu;
+    std::map<const AttendReactor*, std::shared_ptr<AttendReactor>> open
+        ABSL_GUARDED_BY(mu);
+    bool ended ABSL_GUARDED_BY(mu) = false;
+  };
+
   // Where this shard stands: its range, generation and restorable steps.
   void DescribeShard(const CoordinatorStatus& s, dp::v1::ShardInfo* out) const;
   // The push half of Push and PushPull: parses and checks the request, and
@@ -189,6 +215,7 @@ class PsService final : public ParameterServerBase {
   const std::function<void(int64_t, uint64_t)> on_rewound_;
   const std::function<void(int64_t)> on_weights_collected_;
   const Encoding weight_encoding_;  // the job's, fixed
+  Attendance attendance_;
 };
 
 }  // namespace dp

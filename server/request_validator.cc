@@ -177,4 +177,13 @@ absl::Status RequestValidator::CheckEval(int rank, const EvalReport& r) const {
   return CheckEvalReport(rank, r);
 }
 
+absl::Status RequestValidator::CheckAttend(int rank, uint64_t session) const {
+  RETURN_IF_ERROR(CheckRankInJob("Attend", rank, world_size_));
+  if (session == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Attend: rank %d names no session (RegisterResponse.session)", rank));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace dp

@@ -75,6 +75,8 @@ class RequestValidator {
   [[nodiscard]] absl::Status CheckBarrier(int rank, int64_t step) const;
   [[nodiscard]] absl::Status CheckEval(int rank,
                                        const EvalReport& report) const;
+  // A session is never 0 (RegisterResponse.session).
+  [[nodiscard]] absl::Status CheckAttend(int rank, uint64_t session) const;
 
  private:
   absl::Status CheckStep(const char* rpc, int rank, int64_t step) const;

@@ -23,9 +23,9 @@ absl::Status Unavailable() {
   return absl::UnavailableError("dp-ps is shutting down");
 }
 
-// Unique per start and rollback with overwhelming probability; never 0 (a
-// request without one).
-uint64_t NewGeneration() {
+// Unique with overwhelming probability (a generation per start and
+// rollback, a session per registration); never 0 (a request without one).
+uint64_t RandomId() {
   std::random_device device;
   const uint64_t g = (uint64_t{device()} << 32) | device();
   return g == 0 ? 1 : g;
@@ -52,7 +52,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
       pool_(update_threads),
       config_(std::move(config)),
       state_(std::move(state)),
-      generation_(NewGeneration()),
+      generation_(RandomId()),
       snapshots_(n_ * BytesPerValue(config_.weight_encoding)),
       started_(absl::Now()) {
   const int64_t n = n_;
@@ -71,6 +71,8 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   plan_.assign(world, Block{});
   work_.assign(world, Block{});
   lost_.assign(world, false);
+  sessions_.assign(world, 0);
+  closed_.assign(world, false);
   straggler_.assign(world, false);
   step_start_ = started_;
   arrival_.assign(world, started_);
@@ -170,6 +172,7 @@ bool StepCoordinator::AwaitFailureTold(absl::Duration timeout) const {
 void StepCoordinator::Touch(int rank) {
   last_seen_[rank] = absl::Now();
   lost_[rank] = false;
+  closed_[rank] = false;
 }
 
 absl::Status StepCoordinator::CheckRank(const char* rpc, int rank) const {
@@ -246,8 +249,39 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
   }
   registered_[rank] = true;
   worker_ids_[rank] = std::string(worker_id);
+  sessions_[rank] = RandomId();
   Touch(rank);
-  return Registration{config_, state_.step, rank};
+  return Registration{config_, state_.step, rank, sessions_[rank]};
+}
+
+absl::Status StepCoordinator::Attend(int rank, uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(RefusalLocked());
+  RETURN_IF_ERROR(CheckRank("Attend", rank));
+  if (!registered_[rank] || sessions_[rank] != session) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "Attend: session %016x is not rank %d's registration (%s)", session,
+        rank, registered_[rank] ? "it registered again" : "not registered"));
+  }
+  return absl::OkStatus();
+}
+
+void StepCoordinator::ConnectionClosed(int rank, uint64_t session) {
+  std::vector<Wake> wakes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (rank < 0 || rank >= static_cast<int>(registered_.size())) return;
+    // A registration since (the process came back), the end of the job or
+    // of this dp-ps: nobody is missing.
+    if (!registered_[rank] || sessions_[rank] != session || shutdown_ ||
+        !failed_.ok() || (have_data_ && state_.step >= TotalStepsLocked())) {
+      return;
+    }
+    closed_[rank] = true;
+    if (elastic_.lead && elastic_.reassign) lost_[rank] = true;
+    wakes = ReplanOrHandOutLocked();
+  }
+  RunWakes(wakes);
 }
 
 absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
@@ -916,7 +950,7 @@ absl::Status StepCoordinator::Rewind(uint64_t generation, TrainingState state) {
         state_.step, state.step);
     state_ = std::move(state);
     step = state_.step;
-    generation_ = NewGeneration();
+    generation_ = RandomId();
     holds_previous_ = false;
     published_ = nullptr;
     NewStepLocked();
@@ -983,13 +1017,14 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeasesLocked(
       continue;
     }
     // Waiting in a call (barrier) is taking part; otherwise a rank calls at
-    // least once per block it computes.
-    const bool missing = !waiting[r] && silent > timeout;
+    // least once per block it computes. A closed connection says at once
+    // what silence says only after the timeout.
+    const bool missing = closed_[r] || (!waiting[r] && silent > timeout);
     if (missing && !reported_missing_[r]) {
       reported_missing_[r] = true;
       if (elastic_.reassign) lost_[r] = true;
       missing_since_[r] = last_seen_[r];
-      events.push_back({rank, LeaseEvent::kMissing, silent});
+      events.push_back({rank, LeaseEvent::kMissing, silent, closed_[r]});
     } else if (!missing && reported_missing_[r] && silent <= timeout) {
       reported_missing_[r] = false;
       events.push_back(

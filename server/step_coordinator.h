@@ -143,7 +143,8 @@ class StepCoordinator {
   struct Registration {
     JobConfig config;
     int64_t step = 0;
-    int rank = 0;  // the rank admitted (kAnyRank: the one picked)
+    int rank = 0;          // the rank admitted (kAnyRank: the one picked)
+    uint64_t session = 0;  // names this registration (Attend)
   };
   // Register's rank when dp-ps picks it: the one last registered with this
   // worker_id (the same process joining again), else `preferred` if it is
@@ -157,6 +158,18 @@ class StepCoordinator {
                                         const DataFingerprint& data,
                                         absl::string_view worker_id = {},
                                         int preferred = -1);
+
+  // A registered worker keeps a call open for as long as it is there
+  // (PsService's Attend), naming its registration's session: OK while that
+  // is the rank's current registration, FAILED_PRECONDITION once the rank
+  // registered again.
+  absl::Status Attend(int rank, uint64_t session);
+  // That call ended: the worker's connection closed (its process is gone)
+  // or it cancelled the call (it stopped). The rank is missing at once, as
+  // if its lease had run out: with reassign its block goes to the others
+  // now, and CheckLeases reports it (closed). Nothing happens when the rank
+  // registered again since, or once the job is over.
+  void ConnectionClosed(int rank, uint64_t session);
 
   // The weights of one version, encoded in the job's weight_encoding in an
   // immutable snapshot that every caller shares until the next update:
@@ -292,7 +305,8 @@ class StepCoordinator {
                          std::function<void(TrainingState, uint64_t)> hook);
 
   // Lease events since the last call. A registered rank is "missing" once
-  // it has made no call for `timeout` while not waiting in a call; "back"
+  // it has made no call for `timeout` while not waiting in a call, or once
+  // its connection closed (ConnectionClosed); "back"
   // when it calls again. Ranks that never registered are reported as "not
   // registered yet". A missing rank is lost: with reassign, its block goes
   // to an idle rank at once, or to the next that asks. Only the leader
@@ -301,6 +315,7 @@ class StepCoordinator {
     int rank;
     enum Kind { kMissing, kBack, kNeverRegistered } kind;
     absl::Duration silent;  // how long it has been (kBack: was) silent
+    bool closed = false;    // kMissing: its connection closed
   };
   std::vector<LeaseEvent> CheckLeases(absl::Duration timeout);
 
@@ -489,6 +504,10 @@ class StepCoordinator {
   std::vector<Block> plan_ ABSL_GUARDED_BY(mu_);
   std::vector<Block> work_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> lost_ ABSL_GUARDED_BY(mu_);
+  // By rank: its current registration's session (Attend), and whether the
+  // connection of that registration closed.
+  std::vector<uint64_t> sessions_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> closed_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> straggler_ ABSL_GUARDED_BY(mu_);
   std::vector<Block> backed_up_ ABSL_GUARDED_BY(mu_);  // late, handed again
   int backups_this_step_ ABSL_GUARDED_BY(mu_) = 0;

@@ -233,6 +233,80 @@ TEST(ElasticCoordinatorTest, ALostRanksBlockGoesToARankThatWaits) {
   EXPECT_EQ(c->Status().live_ranks, (std::vector<int>{0, 1}));
 }
 
+// A closed connection (the Attend call of the rank's registration ended)
+// makes the rank missing at once, long before its lease would run out.
+TEST(ElasticCoordinatorTest, AClosedConnectionHandsTheBlockOnAtOnce) {
+  TrainingState s;
+  s.params = InitParams(Layout(), 1);
+  StepCoordinator c(Layout(), Job(2, 2), s);
+  ElasticOptions elastic = Instant();
+  elastic.backup_blocks = 0;
+  c.SetElastic(elastic);
+  const uint64_t fp = Layout().Fingerprint();
+  auto r0 = c.Register(0, fp, kData);
+  auto r1 = c.Register(1, fp, kData);
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  ASSERT_NE(r0->session, r1->session);
+  ASSERT_TRUE(c.Attend(0, r0->session).ok());
+  ASSERT_TRUE(PushBlock(c, 1, 0, {1, 1}).ok());
+  Block handed;
+  auto ticket =
+      c.WaitForStep(1, 0, [&](const absl::Status& st, int64_t, Block work) {
+        EXPECT_TRUE(st.ok()) << st;
+        handed = work;
+      });
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_FALSE(ticket->ready);
+  c.ConnectionClosed(0, r0->session);
+  EXPECT_EQ(handed, (Block{0, 1}));
+  EXPECT_EQ(c.Status().live_ranks, std::vector<int>{1});
+  std::vector<StepCoordinator::LeaseEvent> events =
+      c.CheckLeases(absl::Hours(1));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].rank, 0);
+  EXPECT_EQ(events[0].kind, StepCoordinator::LeaseEvent::kMissing);
+  EXPECT_TRUE(events[0].closed);
+  ASSERT_TRUE(PushBlock(c, 1, 0, {0, 1}).ok());
+  EXPECT_EQ(c.Status().step, 1);
+  // The process comes back: a new registration, live again.
+  auto again = c.Register(0, fp, kData);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(c.Status().live_ranks, (std::vector<int>{0, 1}));
+  events = c.CheckLeases(absl::Hours(1));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, StepCoordinator::LeaseEvent::kBack);
+}
+
+// The end of a registration's call once the rank registered again (the
+// process came back, or another took the rank) is nobody's departure, and
+// that old session can no longer attend.
+TEST(ElasticCoordinatorTest, TheEndOfAnOlderRegistrationChangesNothing) {
+  TrainingState s;
+  s.params = InitParams(Layout(), 1);
+  StepCoordinator c(Layout(), Job(2, 2), s);
+  c.SetElastic(Instant());
+  const uint64_t fp = Layout().Fingerprint();
+  auto old = c.Register(0, fp, kData);
+  ASSERT_TRUE(old.ok());
+  auto now = c.Register(0, fp, kData);
+  ASSERT_TRUE(now.ok());
+  ASSERT_TRUE(c.Register(1, fp, kData).ok());
+  EXPECT_EQ(c.Attend(0, old->session).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.Attend(1, now->session).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "another rank's session";
+  EXPECT_EQ(c.Attend(0, now->session), absl::OkStatus());
+  const StepCoordinator::ObservableState before = c.Observe();
+  c.ConnectionClosed(0, old->session);
+  c.ConnectionClosed(1, now->session);
+  c.ConnectionClosed(-1, now->session);
+  c.ConnectionClosed(2, now->session);
+  EXPECT_EQ(ObservableDifferences(before, c.Observe()), "");
+  EXPECT_EQ(c.Status().live_ranks, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(c.CheckLeases(absl::Hours(1)).empty());
+}
+
 // A lost rank's block handed to a rank that is lost in turn goes on to the
 // next rank that waits.
 TEST(ElasticCoordinatorTest, ABlockHandedToARankLostInTurnIsHandedOnAgain) {

@@ -106,6 +106,46 @@ TEST(ElasticJobTest, ShardedWorkersKilledAndJoiningGiveTheSameModel) {
   LeaveAndJoin(2);
 }
 
+// A killed worker's connection closes: its block goes to the other worker
+// at once, though its lease (10 minutes) is far from running out and no
+// straggler backup would step in. The model is the same.
+void AKilledWorkerIsMissedAtOnce(int shards) {
+  TempDir dir;
+  const std::string reference = ModelOf(dir, 2, 1, kLong);
+  const std::string model = dir.File("model.safetensors");
+  std::vector<std::string> flags = Flags(model, kLong);
+  flags.push_back("--workers=2");
+  flags.push_back("--worker_timeout_s=600");
+  flags.push_back("--backup_blocks=0");
+  std::vector<int> ports;
+  auto ps = StartShards(shards, flags, &ports);
+  const int port = ports[0];
+  const std::string list = PsList(ports);
+  std::vector<std::unique_ptr<Subprocess>> w;
+  for (int r = 0; r < 2; ++r) w.push_back(StartWorker(list, r));
+  ASSERT_TRUE(WaitForStep(port, 30, absl::Minutes(2)));
+  w[1]->Signal(SIGKILL);
+  EXPECT_EQ(w[1]->Wait(absl::Seconds(30)), 128 + SIGKILL);
+  const int64_t killed = CurrentStep(port);
+  ASSERT_LT(killed, kLong - 100) << "too fast for the kill";
+  EXPECT_TRUE(WaitForStep(port, killed + 30, absl::Minutes(1)))
+      << "the job waits for the killed worker";
+  EXPECT_NE(ps[0]->output().find("rank 1 is missing: its connection closed"),
+            std::string::npos)
+      << ps[0]->output();
+  EXPECT_EQ(w[0]->Wait(kJobTimeout), 0) << w[0]->output();
+  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  EXPECT_TRUE(ReadModel(model) == reference);
+}
+
+TEST(ElasticJobTest, AKilledWorkerIsMissedAtOnce) {
+  AKilledWorkerIsMissedAtOnce(1);
+}
+
+TEST(ElasticJobTest, AKilledWorkerIsMissedAtOnceWithShards) {
+  AKilledWorkerIsMissedAtOnce(2);
+}
+
 // Recovery in a mix with elasticity: a worker killed without replacement,
 // dp-ps (or a shard) killed -9 and restarted from its checkpoint, a new
 // worker without a rank joining, then another shard (or dp-ps again)

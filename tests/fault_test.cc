@@ -225,6 +225,26 @@ TEST(FaultTest, StoppedWorkerIsReportedAndFailPolicyEndsTheJob) {
   w1->Signal(SIGKILL);
 }
 
+// A killed worker's connection closes: the fail policy ends the job at
+// once, not after the lease (10 minutes here).
+TEST(FaultTest, KilledWorkerEndsAFailPolicyJobAtOnce) {
+  int port = 0;
+  auto ps = StartServer({"--workers=2", "--max_steps=100000", "--batch_size=16",
+                         "--worker_timeout_s=600", "--on_worker_loss=fail"},
+                        &port);
+  auto w0 = StartWorker(port, 0);
+  auto w1 = StartWorker(port, 1);
+  ASSERT_TRUE(WaitForStep(port, 20, absl::Minutes(2)));
+  w1->Signal(SIGKILL);
+  EXPECT_EQ(ps->Wait(absl::Seconds(60)), kExitFailure) << ps->output();
+  EXPECT_NE(ps->output().find("rank 1 was lost (its connection closed"),
+            std::string::npos)
+      << ps->output();
+  const auto w0_exit = w0->Wait(absl::Seconds(60));
+  ASSERT_TRUE(w0_exit.has_value());
+  EXPECT_NE(*w0_exit, 0);
+}
+
 TEST(FaultTest, StoppedWorkerIsReportedAndWaitPolicyFinishesAfterSigcont) {
   TempDir dir;
   const std::string reference = ReferenceModel(dir);

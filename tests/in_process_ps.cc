@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
 
 InProcessPs::~InProcessPs() {
   if (coordinator_) coordinator_->Shutdown();
+  if (service_) service_->EndAttendance();
   if (server_) server_->Shutdown();
 }
 

@@ -43,6 +43,7 @@ class InProcessPs {
   const ModelLayout& layout() const { return layout_; }
   StepCoordinator& coordinator() { return *coordinator_; }
   grpc::Server& server() { return *server_; }
+  PsService& service() { return *service_; }
   const std::string& address() const { return address_; }
   dp::v1::ParameterServer::Stub& stub() { return *stub_; }
   // Null unless options.shared_memory.

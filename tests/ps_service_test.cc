@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 
+#include "absl/synchronization/notification.h"
 #include "common/grpc_server.h"
 #include "gtest/gtest.h"
 #include "tests/in_process_ps.h"
@@ -214,6 +215,85 @@ TEST_F(PsServiceTest, BadRequestsGetDesignStatusCodesAndChangeNothing) {
   EXPECT_TRUE(retry.duplicate());
   EXPECT_EQ(retry.step(), 3);
   EXPECT_TRUE(Same(after, coordinator_->Snapshot()));
+}
+
+// A worker attends (Attend) with its registration's session until it goes:
+// calls naming no session, another rank's or an older one are refused and
+// change nothing; the end of a call is a departure (the rank's block goes
+// on); dp-ps ending the calls at shutdown is none.
+TEST_F(PsServiceTest, AttendEndsWithTheWorkerOrWithDpPs) {
+  auto session = [&](int rank) {
+    dp::v1::RegisterRequest req;
+    req.set_rank(rank);
+    req.set_model_fingerprint(layout_.Fingerprint());
+    req.mutable_data()->set_num_samples(1000);
+    req.mutable_data()->set_hash(77);
+    dp::v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub_->Register(&ctx, req, &resp).ok());
+    return resp.session();
+  };
+  const uint64_t older = session(0);
+  const uint64_t s0 = session(0);
+  const uint64_t s1 = session(1);
+  ASSERT_NE(older, s0);
+  struct Attending {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<dp::v1::AttendResponse>> reader;
+    // Blocks until the call ends.
+    grpc::Status End() {
+      dp::v1::AttendResponse r;
+      EXPECT_FALSE(reader->Read(&r)) << "dp-ps sends nothing";
+      return reader->Finish();
+    }
+  };
+  auto attend = [&](int rank, uint64_t session) {
+    auto a = std::make_unique<Attending>();
+    dp::v1::AttendRequest req;
+    req.set_rank(rank);
+    req.set_session(session);
+    a->reader = stub_->Attend(&a->ctx, req);
+    return a;
+  };
+  const StepCoordinator::ObservableState before = coordinator_->Observe();
+  EXPECT_EQ(attend(0, 0)->End().error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(attend(2, s0)->End().error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(attend(0, older)->End().error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(attend(1, s0)->End().error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(ObservableDifferences(before, coordinator_->Observe()), "");
+
+  // Rank 1 pushes and waits; rank 0 attends, then goes: its block is
+  // handed to rank 1 at once.
+  auto a0 = attend(0, s0);
+  a0->reader->WaitForInitialMetadata();
+  auto a1 = attend(1, s1);
+  a1->reader->WaitForInitialMetadata();
+  ASSERT_TRUE(Push(1, 0, Gradient(1, 0)).ok());
+  absl::Notification handed;
+  Block work;
+  auto ticket = coordinator_->WaitForStep(
+      1, 0, [&](const absl::Status& s, int64_t, Block b) {
+        EXPECT_TRUE(s.ok()) << s;
+        work = b;
+        handed.Notify();
+      });
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_FALSE(ticket->ready);
+  a0->ctx.TryCancel();
+  EXPECT_EQ(a0->End().error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(handed.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(work, (Block{0, 1}));
+  EXPECT_EQ(coordinator_->Status().live_ranks, std::vector<int>{1});
+
+  // dp-ps ends rank 1's call: no departure; a new call is refused.
+  ps_->service().EndAttendance();
+  EXPECT_TRUE(a1->End().ok());
+  EXPECT_EQ(attend(1, s1)->End().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(coordinator_->Status().live_ranks, std::vector<int>{1});
 }
 
 TEST_F(PsServiceTest, OversizedMessageIsResourceExhaustedAndChangesNothing) {

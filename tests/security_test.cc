@@ -72,6 +72,7 @@ class Server {
   }
   ~Server() {
     coordinator_->Shutdown();
+    service_->EndAttendance();
     if (server_) server_->Shutdown();
   }
 

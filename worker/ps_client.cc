@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
@@ -88,6 +89,40 @@ struct PsClient::Rpc {
   const grpc::internal::RpcMethod push_pull;
 };
 
+// Holds an Attend call open: when this process goes, its connection closes
+// and dp-ps learns of it at once. Nothing is read but the call's end: dp-ps
+// ending it (shutdown, or another registration of the rank) is no error,
+// and the next registration attends again.
+class PsClient::Attendance final
+    : public grpc::ClientReadReactor<dp::v1::AttendResponse> {
+ public:
+  Attendance(dp::v1::ParameterServer::Stub* stub, const std::string& token,
+             int rank, uint64_t session) {
+    request_.set_rank(rank);
+    request_.set_session(session);
+    AttachToken(token, &context_);
+    stub->async()->Attend(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+  // Cancelling tells dp-ps that this registration is over.
+  ~Attendance() override {
+    context_.TryCancel();
+    done_.WaitForNotification();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (ok) StartRead(&response_);
+  }
+  void OnDone(const grpc::Status&) override { done_.Notify(); }
+
+ private:
+  grpc::ClientContext context_;
+  dp::v1::AttendRequest request_;
+  dp::v1::AttendResponse response_;
+  absl::Notification done_;
+};
+
 PsClient::PsClient(const PsClientOptions& options)
     : options_(options), rpc_(std::make_unique<Rpc>(MakeChannel(options_))) {
   // Until a registration says otherwise: one dp-ps holding the whole model.
@@ -96,7 +131,7 @@ PsClient::PsClient(const PsClientOptions& options)
   whole_tensors_ = shard_.range;
 }
 
-PsClient::~PsClient() = default;
+PsClient::~PsClient() { attendance_.reset(); }
 
 absl::Status PsClient::RawCall(Raw method, absl::Duration timeout,
                                const grpc::ByteBuffer& request,
@@ -347,6 +382,13 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
   JobStatus status = JobStatusFromProto(response.config(), response.step(),
                                         response.shard(), num_params_);
   status.rank = response.rank();
+  // The previous registration's call ends (dp-ps ignores the end of a
+  // session that is no longer the rank's), then this one's starts.
+  attendance_.reset();
+  if (response.session() != 0) {  // 0: none offered
+    attendance_ = std::make_unique<Attendance>(
+        rpc_->stub.get(), options_.auth_token, status.rank, response.session());
+  }
   shard_ = status.shard.spec;
   whole_tensors_ = WholeTensors(ModelLayout::SimpleNet(), shard_.range);
   // The regions of a previous registration are dropped: dp-ps gave this

@@ -138,7 +138,8 @@ class PsClient {
   absl::StatusOr<JobStatus> GetStatus();
   // The plan of the job as it is now, the step it is at and where this
   // dp-ps stands among the shards. Takes the shared memory dp-ps offers (a
-  // fresh slot every time), as data_plane says.
+  // fresh slot every time), as data_plane says. Then attends: holds a call
+  // open that tells dp-ps at once when this process goes.
   absl::StatusOr<JobStatus> Register(const Registration& registration);
   // Sets the shard back to `step` if it is still at `generation`.
   absl::StatusOr<ShardState> Rollback(int64_t step, uint64_t generation);
@@ -203,6 +204,9 @@ class PsClient {
 
   // The generated stub and the raw methods (ps_client.cc).
   struct Rpc;
+  // The Attend call of the current registration, open while it lasts
+  // (ps_client.cc).
+  class Attendance;
 
   // Maps the regions dp-ps offered in `response` (RegisterResponse).
   absl::Status TakeSharedMemory(const std::string& socket,
@@ -211,7 +215,8 @@ class PsClient {
 
   PsClientOptions options_;
   std::unique_ptr<Rpc> rpc_;
-  int64_t num_params_ = 0;  // of the whole vector
+  std::unique_ptr<Attendance> attendance_;  // before rpc_ goes
+  int64_t num_params_ = 0;                  // of the whole vector
   ShardSpec shard_;
   ParamRange whole_tensors_;                   // of shard_.range (WholeTensors)
   std::unique_ptr<SharedRegion> weights_;      // read-only

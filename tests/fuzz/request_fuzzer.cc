@@ -17,8 +17,11 @@
 // A record whose op byte has the top bit set skips the validator, to check
 // that the coordinator's own defences keep the same state invariants.
 //
-// Input: records [op:1][len:1][body:len]; op & 7 picks Register, Pull, Push,
-// Barrier, PushPull, ReportEval, GetStatus or CancelWait.
+// Input: records [op:1][len:1][body:len]; op & 15 == 8 is a closed
+// connection (Attend and ConnectionClosed: body [rank][pick], pick's low bit
+// naming the rank's current session or a stale one); else op & 7 picks
+// Register, Pull, Push, Barrier, PushPull, ReportEval, GetStatus or
+// CancelWait.
 // DP_FUZZ_WRITE_SEEDS=DIR writes the seed corpus (tests/fuzz/corpus) to DIR;
 // DP_FUZZ_TRACE=1 prints every request's outcome.
 #include <grpcpp/support/byte_buffer.h>
@@ -62,6 +65,7 @@ enum Op : uint8_t {
   kReportEval,
   kGetStatus,
   kCancelWait,
+  kConnectionClosed,
 };
 constexpr uint8_t kSkipValidator = 0x80;
 
@@ -124,11 +128,13 @@ class Harness {
     const bool validate = (op & kSkipValidator) == 0;
     const TrainingState before = coordinator_->Snapshot();
     const CoordinatorStatus status_before = coordinator_->Status();
-    Outcome out = Apply(op & 7, validate, body, len);
+    const int picked =
+        (op & 15) == kConnectionClosed ? kConnectionClosed : op & 7;
+    Outcome out = Apply(picked, validate, body, len);
     const TrainingState after = coordinator_->Snapshot();
     const CoordinatorStatus status_after = coordinator_->Status();
     if (trace_) {
-      std::fprintf(stderr, "op %d%s -> %s; step %lld\n", op & 7,
+      std::fprintf(stderr, "op %d%s -> %s; step %lld\n", picked,
                    validate ? "" : " (unvalidated)",
                    out.status.ToString().c_str(),
                    static_cast<long long>(after.step));
@@ -287,9 +293,10 @@ class Harness {
         out.status = Validate(validate, r, CheckRequest(*validator_, r), &out);
         if (!out.status.ok()) return out;
         DataFingerprint data{r.data().num_samples(), r.data().hash()};
-        out.status =
-            coordinator_->Register(r.rank(), r.model_fingerprint(), data)
-                .status();
+        auto registered =
+            coordinator_->Register(r.rank(), r.model_fingerprint(), data);
+        out.status = registered.status();
+        if (registered.ok()) sessions_[registered->rank] = registered->session;
         return out;
       }
       case kPull: {
@@ -353,6 +360,18 @@ class Harness {
         (void)coordinator_->Status();
         return out;
       }
+      case kConnectionClosed: {
+        // A rank in [-3, 3] (out of range too), and its session or not.
+        if (len < 2) return out;
+        const int rank = static_cast<int8_t>(body[0]) % 4;
+        const auto known = sessions_.find(rank);
+        const uint64_t session = (body[1] & 1) && known != sessions_.end()
+                                     ? known->second
+                                     : uint64_t{body[1]};
+        (void)coordinator_->Attend(rank, session);
+        coordinator_->ConnectionClosed(rank, session);
+        return out;
+      }
       case kCancelWait: {
         if (order_.empty() || len == 0) return out;
         const int64_t id = order_[body[0] % order_.size()];
@@ -374,6 +393,7 @@ class Harness {
   std::unique_ptr<RequestValidator> validator_;
   std::map<int64_t, std::shared_ptr<struct Wait>> waits_;
   std::vector<int64_t> order_;
+  std::map<int, uint64_t> sessions_;  // by rank, of its last registration
 };
 
 // --- Seed corpus ----------------------------------------------------------
@@ -497,6 +517,20 @@ void WriteSeeds(const std::string& dir) {
     in.append({static_cast<char>(kCancelWait), 1, 3});
     Add(&in, kPush, PushReq(1, 0, 0.1f));
     seeds["many_waits"] = in;
+  }
+  {  // Closed connections: rank 0's (its block goes to rank 1, which waits),
+     // a stale session's, a bad rank's; then rank 0 registers again.
+    std::string in;
+    Add(&in, kRegister, RegisterReq(0));
+    Add(&in, kRegister, RegisterReq(1));
+    Add(&in, kPush, PushReq(1, 0, 0.1f));
+    Add(&in, kBarrier, BarrierReq(1, 0));
+    in.append({static_cast<char>(kConnectionClosed), 2, 0, 1});
+    in.append({static_cast<char>(kConnectionClosed), 2, 1, 2});
+    in.append({static_cast<char>(kConnectionClosed), 2, 3, 1});
+    Add(&in, kRegister, RegisterReq(0));
+    Add(&in, kPush, PushReq(0, 0, 0.1f));
+    seeds["closed_connections"] = in;
   }
   for (const auto& [name, data] : seeds) {
     const std::string path = dir + "/" + name;
