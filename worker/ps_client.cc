@@ -365,6 +365,21 @@ absl::StatusOr<JobStatus> PsClient::GetStatus() {
 }
 
 absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
+  // dp-ps withdraws a ticket not yet redeemed when another registration of
+  // the rank comes in (a second process of it: a pod whose predecessor
+  // still runs). This registration is then stale anyway, as a push through
+  // its slot would say: registering again gets a fresh ticket.
+  constexpr int kTicketTries = 3;
+  for (int attempt = 1;; ++attempt) {
+    const bool last = attempt == kTicketTries;
+    absl::StatusOr<JobStatus> status = RegisterOnce(registration, last);
+    if (last || status.status().code() != absl::StatusCode::kPermissionDenied)
+      return status;
+  }
+}
+
+absl::StatusOr<JobStatus> PsClient::RegisterOnce(
+    const Registration& registration, bool last_try) {
   dp::v1::RegisterRequest request;
   request.set_rank(registration.rank);
   request.set_any_rank(registration.any_rank);
@@ -406,6 +421,9 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
                 "could not make any)")
           : TakeSharedMemory(response.shm_socket(), response.shm_ticket(),
                              status.config, shard_.range.length);
+  if (taken.code() == absl::StatusCode::kPermissionDenied && !last_try) {
+    return taken;
+  }
   if (!taken.ok()) {
     if (options_.data_plane == DataPlane::kShm) {
       return absl::FailedPreconditionError(

@@ -208,6 +208,11 @@ class PsClient {
   // (ps_client.cc).
   class Attendance;
 
+  // One registration; a refused ticket is PERMISSION_DENIED unless
+  // last_try (then it is as any other failure to take the memory).
+  absl::StatusOr<JobStatus> RegisterOnce(const Registration& registration,
+                                         bool last_try);
+
   // Maps the regions dp-ps offered in `response` (RegisterResponse).
   absl::Status TakeSharedMemory(const std::string& socket,
                                 const std::string& ticket,
