@@ -34,18 +34,19 @@ class PsServiceTest : public ::testing::Test {
   }
 
   grpc::Status Register(int rank, uint64_t model_fp, int64_t samples,
-                        uint64_t hash) {
+                        uint64_t hash,
+                        dp::v1::RegisterResponse* resp = nullptr) {
     dp::v1::RegisterRequest req;
     req.set_rank(rank);
     req.set_model_fingerprint(model_fp);
     req.mutable_data()->set_num_samples(samples);
     req.mutable_data()->set_hash(hash);
-    dp::v1::RegisterResponse resp;
+    dp::v1::RegisterResponse local;
     grpc::ClientContext ctx;
-    return stub_->Register(&ctx, req, &resp);
+    return stub_->Register(&ctx, req, resp ? resp : &local);
   }
-  grpc::Status RegisterOk(int rank) {
-    return Register(rank, layout_.Fingerprint(), 1000, 77);
+  grpc::Status RegisterOk(int rank, dp::v1::RegisterResponse* resp = nullptr) {
+    return Register(rank, layout_.Fingerprint(), 1000, 77, resp);
   }
 
   std::vector<float> Gradient(int rank, int step) const {
@@ -223,14 +224,8 @@ TEST_F(PsServiceTest, BadRequestsGetDesignStatusCodesAndChangeNothing) {
 // on); dp-ps ending the calls at shutdown is none.
 TEST_F(PsServiceTest, AttendEndsWithTheWorkerOrWithDpPs) {
   auto session = [&](int rank) {
-    dp::v1::RegisterRequest req;
-    req.set_rank(rank);
-    req.set_model_fingerprint(layout_.Fingerprint());
-    req.mutable_data()->set_num_samples(1000);
-    req.mutable_data()->set_hash(77);
     dp::v1::RegisterResponse resp;
-    grpc::ClientContext ctx;
-    EXPECT_TRUE(stub_->Register(&ctx, req, &resp).ok());
+    EXPECT_TRUE(RegisterOk(rank, &resp).ok());
     return resp.session();
   };
   const uint64_t older = session(0);

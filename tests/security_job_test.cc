@@ -87,13 +87,18 @@ std::string WriteToken(const TempDir& dir, const std::string& name,
   return path;
 }
 
+// A short job's dp-ps that requires client certificates of `certs`' CA.
+std::unique_ptr<Subprocess> StartMutualTlsServer(const TestCerts& certs,
+                                                 int* port) {
+  return StartServer(
+      Concat(ShortJob(), TestCerts::Args(certs.Server(/*mutual=*/true))), port);
+}
+
 TEST(SecurityJobTest, MutualTlsJobTrainsAndRefusedWorkersChangeNothing) {
   auto certs = TestCerts::Make();
   ASSERT_NE(certs, nullptr);
   int port = 0;
-  auto ps = StartServer(
-      Concat(ShortJob(), TestCerts::Args(certs->Server(/*mutual=*/true))),
-      &port);
+  auto ps = StartMutualTlsServer(*certs, &port);
   ASSERT_GT(port, 0);
   EXPECT_NE(ps->output().find("security: mTLS"), std::string::npos)
       << ps->output();
@@ -141,9 +146,7 @@ TEST(SecurityJobTest, RefusedWorkersExitWithTheirCodeEveryTime) {
   auto certs = TestCerts::Make();
   ASSERT_NE(certs, nullptr);
   int port = 0;
-  auto ps = StartServer(
-      Concat(ShortJob(), TestCerts::Args(certs->Server(/*mutual=*/true))),
-      &port);
+  auto ps = StartMutualTlsServer(*certs, &port);
   ASSERT_GT(port, 0);
   const std::vector<std::string> refused = Concat(
       TestCerts::Args(certs->Client("other_client")), {"--retry_for_s=1"});
