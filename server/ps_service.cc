@@ -96,6 +96,14 @@ absl::Status CheckRequest(const RequestValidator& v,
                          r.has_data() ? &data : nullptr, r.worker_id());
 }
 
+absl::StatusOr<StepCoordinator::Registration> RegisterAsRequested(
+    StepCoordinator& coordinator, const dp::v1::RegisterRequest& r) {
+  const DataFingerprint data{r.data().num_samples(), r.data().hash()};
+  return coordinator.Register(
+      r.any_rank() ? StepCoordinator::kAnyRank : r.rank(),
+      r.model_fingerprint(), data, r.worker_id(), r.any_rank() ? r.rank() : -1);
+}
+
 absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::AttendRequest& r) {
   return v.CheckAttend(r.rank(), r.session());
@@ -209,11 +217,7 @@ ServerUnaryReactor* PsService::Register(CallbackServerContext* ctx,
                                         dp::v1::RegisterResponse* response) {
   if (absl::Status s = CheckCall(ctx, *request); !s.ok())
     return FinishCall(ctx, s);
-  DataFingerprint data{request->data().num_samples(), request->data().hash()};
-  auto reg = coordinator_->Register(
-      request->any_rank() ? StepCoordinator::kAnyRank : request->rank(),
-      request->model_fingerprint(), data, request->worker_id(),
-      request->any_rank() ? request->rank() : -1);
+  auto reg = RegisterAsRequested(*coordinator_, *request);
   if (!reg.ok()) return FinishCall(ctx, reg.status());
   const int rank = reg->rank;
   response->set_rank(rank);

@@ -81,6 +81,10 @@ absl::Status CheckRequest(const RequestValidator& v,
 absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::RollbackRequest& r);
 EvalReport EvalReportOf(const dp::v1::ReportEvalRequest& r);
+// Registers as the request asks: its rank, or with any_rank the one dp-ps
+// picks (the rank given is then the one preferred).
+absl::StatusOr<StepCoordinator::Registration> RegisterAsRequested(
+    StepCoordinator& coordinator, const dp::v1::RegisterRequest& r);
 
 // Every handler first checks the call - token, then RequestValidator - and
 // only then hands it to the coordinator: a refused call touches no state,

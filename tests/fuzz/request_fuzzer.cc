@@ -292,9 +292,7 @@ class Harness {
         if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
         out.status = Validate(validate, r, CheckRequest(*validator_, r), &out);
         if (!out.status.ok()) return out;
-        DataFingerprint data{r.data().num_samples(), r.data().hash()};
-        auto registered =
-            coordinator_->Register(r.rank(), r.model_fingerprint(), data);
+        auto registered = RegisterAsRequested(*coordinator_, r);
         out.status = registered.status();
         if (registered.ok()) sessions_[registered->rank] = registered->session;
         return out;
