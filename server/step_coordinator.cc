@@ -270,11 +270,12 @@ void StepCoordinator::ConnectionClosed(int rank, uint64_t session) {
   std::vector<Wake> wakes;
   {
     absl::MutexLock lock(&mu_);
-    if (rank < 0 || rank >= static_cast<int>(registered_.size())) return;
+    if (!CheckRank("ConnectionClosed", rank).ok()) return;
     // A registration since (the process came back), the end of the job or
     // of this dp-ps: nobody is missing.
-    if (!registered_[rank] || sessions_[rank] != session || shutdown_ ||
-        !failed_.ok() || (have_data_ && state_.step >= TotalStepsLocked())) {
+    if (!registered_[rank] || sessions_[rank] != session ||
+        !RefusalLocked().ok() ||
+        (have_data_ && state_.step >= TotalStepsLocked())) {
       return;
     }
     closed_[rank] = true;
