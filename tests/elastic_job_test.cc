@@ -3,13 +3,14 @@
 // computed it, nor on workers killed, joining, or stopped mid-job.
 #include <signal.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
-#include "gtest/gtest.h"
 #include "tests/job_runner.h"
+#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
@@ -17,19 +18,19 @@ namespace {
 constexpr int kSteps = 240;
 
 // 4 micro-batches of 32 a step.
-std::vector<std::string> Flags(const std::string& model, int steps = kSteps) {
+std::vector<std::string> Flags(const std::string &model, int steps = kSteps) {
   return {"--global_batch=128", "--micro_batch=32",
           absl::StrCat("--max_steps=", steps), "--seed=11",
           "--save_model=" + model};
 }
 
-std::string ReadModel(const std::string& path) {
+std::string ReadModel(const std::string &path) {
   auto bytes = ReadFile(path);
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   return bytes.value_or("");
 }
 
-std::string ModelOf(const TempDir& dir, int workers, int shards = 1,
+std::string ModelOf(const TempDir &dir, int workers, int shards = 1,
                     int steps = kSteps) {
   const std::string path =
       dir.File(absl::StrCat("model-", workers, "-", shards, ".safetensors"));
@@ -49,13 +50,26 @@ TEST(ElasticJobTest, OneTwoThreeAndFourWorkersGiveOneModel) {
 }
 
 // The jobs whose workers leave and join: long enough for new workers to
-// load their data and join, up to 4 workers, lost after a second's silence.
+// load their data and join, up to 4 workers. A killed worker's connection
+// closes, which counts it missing at once: the lease only bounds a silent
+// one, and is far above a healthy worker's silence on a loaded machine.
 constexpr int kLong = 1500;
-std::vector<std::string> ElasticFlags(const std::string& model) {
+std::vector<std::string> ElasticFlags(const std::string &model) {
   std::vector<std::string> flags = Flags(model, kLong);
   flags.push_back("--workers=4");
-  flags.push_back("--worker_timeout_s=1");
+  flags.push_back("--worker_timeout_s=600");
   return flags;
+}
+
+// Stops (SIGSTOP) or continues (SIGCONT) the workers of `w` that run, so
+// that the job holds still while a test acts: with a long lease a stopped
+// worker is not lost, and its step waits for it.
+void Hold(std::vector<std::unique_ptr<Subprocess>> &w, int sig) {
+  for (auto &p : w) {
+    if (p != nullptr && !p->Wait(absl::ZeroDuration()).has_value()) {
+      p->Signal(sig);
+    }
+  }
 }
 
 // 4 workers; two are killed (-9, no replacement), the job goes on with 2;
@@ -70,7 +84,8 @@ void LeaveAndJoin(int shards) {
   const int port = ports[0];
   const std::string list = PsList(ports);
   std::vector<std::unique_ptr<Subprocess>> w;
-  for (int r = 0; r < 4; ++r) w.push_back(StartWorker(list, r));
+  for (int r = 0; r < 4; ++r)
+    w.push_back(StartWorker(list, r));
   ASSERT_TRUE(WaitForStep(port, 30, absl::Minutes(2)));
   w[3]->Signal(SIGKILL);
   EXPECT_EQ(w[3]->Wait(absl::Seconds(30)), 128 + SIGKILL);
@@ -84,13 +99,22 @@ void LeaveAndJoin(int shards) {
       << "2 workers go on";
   // Their ranks are free once they are lost (a joiner stands by until then).
   EXPECT_TRUE(ps[0]->WaitForOutput("rank 2 is missing", absl::Seconds(60)));
+  // The job held while the new workers join, so that they join mid-job
+  // however fast it runs.
+  Hold(w, SIGSTOP);
   ASSERT_LT(CurrentStep(port), kLong - 500) << "too fast to see the joins";
   w[2] = StartWorker(list, -1);
   w[3] = StartWorker(list, -1);
+  for (int r : {2, 3}) {
+    ASSERT_TRUE(w[r]->WaitForOutput("joined at step", absl::Minutes(2)))
+        << w[r]->output();
+  }
+  Hold(w, SIGCONT);
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(w[r]->Wait(kJobTimeout), 0) << w[r]->output();
   }
-  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  for (auto &p : ps)
+    EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
   EXPECT_TRUE(ReadModel(model) == reference);
   // The new workers took the lost ranks and worked.
   EXPECT_NE(w[2]->output().find("joined at step"), std::string::npos);
@@ -122,19 +146,25 @@ void AKilledWorkerIsMissedAtOnce(int shards) {
   const int port = ports[0];
   const std::string list = PsList(ports);
   std::vector<std::unique_ptr<Subprocess>> w;
-  for (int r = 0; r < 2; ++r) w.push_back(StartWorker(list, r));
+  for (int r = 0; r < 2; ++r)
+    w.push_back(StartWorker(list, r));
   ASSERT_TRUE(WaitForStep(port, 30, absl::Minutes(2)));
+  // Rank 0 held while rank 1 is killed: the job cannot run out before the
+  // kill, however fast it runs.
+  w[0]->Signal(SIGSTOP);
+  ASSERT_LT(CurrentStep(port), kLong - 100) << "too fast for the kill";
   w[1]->Signal(SIGKILL);
   EXPECT_EQ(w[1]->Wait(absl::Seconds(30)), 128 + SIGKILL);
   const int64_t killed = CurrentStep(port);
-  ASSERT_LT(killed, kLong - 100) << "too fast for the kill";
+  w[0]->Signal(SIGCONT);
   EXPECT_TRUE(WaitForStep(port, killed + 30, absl::Minutes(1)))
       << "the job waits for the killed worker";
   EXPECT_NE(ps[0]->output().find("rank 1 is missing: its connection closed"),
             std::string::npos)
       << ps[0]->output();
   EXPECT_EQ(w[0]->Wait(kJobTimeout), 0) << w[0]->output();
-  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  for (auto &p : ps)
+    EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
   EXPECT_TRUE(ReadModel(model) == reference);
 }
 
@@ -160,7 +190,8 @@ void KillsOfEverything(int shards) {
   const int port = ps.port(0);
   const std::string list = ps.list();
   std::vector<std::unique_ptr<Subprocess>> w;
-  for (int r = 0; r < 4; ++r) w.push_back(StartWorker(list, r));
+  for (int r = 0; r < 4; ++r)
+    w.push_back(StartWorker(list, r));
   ASSERT_TRUE(WaitForStep(port, 100, absl::Minutes(2)));
   w[3]->Signal(SIGKILL);
   EXPECT_EQ(w[3]->Wait(absl::Seconds(30)), 128 + SIGKILL);
@@ -171,8 +202,11 @@ void KillsOfEverything(int shards) {
   ASSERT_TRUE(w[3]->WaitForOutput("joined at step", absl::Minutes(2)))
       << w[3]->output();
   ASSERT_TRUE(WaitForStep(port, CurrentStep(port) + 60, absl::Minutes(2)));
+  // Held for the last kill, so that the job cannot end before it.
+  Hold(w, SIGSTOP);
   ASSERT_LT(CurrentStep(port), kLong - 100) << "too fast for the kills";
   ASSERT_TRUE(ps.KillAndRestart(shards - 1));
+  Hold(w, SIGCONT);
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(w[r]->Wait(kJobTimeout), 0) << w[r]->output();
   }
@@ -219,7 +253,8 @@ TEST(ElasticJobTest, AStoppedWorkerIsBackedUpAndTheModelIsTheSame) {
   int port = 0;
   auto ps = StartServer(flags, &port);
   std::vector<std::unique_ptr<Subprocess>> w;
-  for (int r = 0; r < 4; ++r) w.push_back(StartWorker(port, r));
+  for (int r = 0; r < 4; ++r)
+    w.push_back(StartWorker(port, r));
   ASSERT_TRUE(WaitForStep(port, 20, absl::Minutes(2)));
   w[1]->Signal(SIGSTOP);
   const int64_t stopped = CurrentStep(port);
@@ -231,8 +266,14 @@ TEST(ElasticJobTest, AStoppedWorkerIsBackedUpAndTheModelIsTheSame) {
   }
   EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
   EXPECT_TRUE(ReadModel(model) == reference);
-  EXPECT_NE(ps->output().find("backed up"), std::string::npos) << ps->output();
+  // dp-ps's end line: "... reassigned, N late blocks backed up, ...".
+  int backups = -1;
+  const auto line = ps->Field(" blocks of lost workers reassigned, ");
+  ASSERT_TRUE(line.has_value()) << ps->output();
+  ASSERT_EQ(std::sscanf(line->c_str(), "%d late blocks backed up", &backups), 1)
+      << *line;
+  EXPECT_GT(backups, 0) << ps->output();
 }
 
-}  // namespace
-}  // namespace dp
+} // namespace
+} // namespace dp
