@@ -9,26 +9,28 @@
 
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
-#include "gtest/gtest.h"
 #include "server/ps_service.h"
 #include "tests/test_certs.h"
+#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
 
 using Stub = dp::v1::ParameterServer::Stub;
 
-const ModelLayout& Layout() {
-  static const ModelLayout* layout =
+const ModelLayout &Layout() {
+  static const ModelLayout *layout =
       new ModelLayout(ModelLayout::Mlp({8, 4, 3}));
   return *layout;
 }
 
-bool Same(const TrainingState& a, const TrainingState& b) {
-  auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
+bool Same(const TrainingState &a, const TrainingState &b) {
+  auto eq = [](const std::vector<float> &x, const std::vector<float> &y) {
     return x.size() == y.size() &&
            std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
   };
@@ -36,7 +38,7 @@ bool Same(const TrainingState& a, const TrainingState& b) {
          eq(a.v, b.v);
 }
 
-void WriteTextFile(const std::string& path, const std::string& text,
+void WriteTextFile(const std::string &path, const std::string &text,
                    mode_t mode = 0600) {
   std::ofstream(path) << text;
   chmod(path.c_str(), mode);
@@ -44,8 +46,8 @@ void WriteTextFile(const std::string& path, const std::string& text,
 
 // dp-ps's service on loopback with the given security, over a 2-rank job.
 class Server {
- public:
-  explicit Server(const SecurityFlags& flags, KeepaliveOptions keepalive = {}) {
+public:
+  explicit Server(const SecurityFlags &flags, KeepaliveOptions keepalive = {}) {
     JobConfig config;
     config.schedule.world_size = 2;
     config.schedule.batch_size = 4;
@@ -55,7 +57,8 @@ class Server {
     coordinator_ = std::make_unique<StepCoordinator>(Layout(), config, state);
     auto security = LoadServerSecurity(flags);
     EXPECT_TRUE(security.ok()) << security.status();
-    if (!security.ok()) return;
+    if (!security.ok())
+      return;
     service_ = std::make_unique<PsService>(
         coordinator_.get(), nullptr, PsServiceOptions{security->auth_token});
     GrpcServerOptions options;
@@ -65,7 +68,8 @@ class Server {
     options.max_message_bytes = MessageBytesFor(Layout().num_params());
     auto running = StartGrpcServer(options, {service_.get()});
     EXPECT_TRUE(running.ok()) << running.status();
-    if (!running.ok()) return;
+    if (!running.ok())
+      return;
     server_ = std::move(running->server);
     port_ = running->port;
     initial_ = coordinator_->Snapshot();
@@ -73,18 +77,19 @@ class Server {
   ~Server() {
     coordinator_->Shutdown();
     service_->EndAttendance();
-    if (server_) server_->Shutdown();
+    if (server_)
+      server_->Shutdown();
   }
 
   int port() const { return port_; }
-  StepCoordinator& coordinator() { return *coordinator_; }
+  StepCoordinator &coordinator() { return *coordinator_; }
   // Nothing a client did changed the state or registered a rank.
   bool Untouched() const {
     return Same(initial_, coordinator_->Snapshot()) &&
            coordinator_->Status().registered_ranks.empty();
   }
 
- private:
+private:
   std::unique_ptr<StepCoordinator> coordinator_;
   std::unique_ptr<PsService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -92,11 +97,12 @@ class Server {
   TrainingState initial_;
 };
 
-std::unique_ptr<Stub> Connect(int port, const SecurityFlags& flags,
+std::unique_ptr<Stub> Connect(int port, const SecurityFlags &flags,
                               KeepaliveOptions keepalive = {}) {
   auto security = LoadClientSecurity(flags);
   EXPECT_TRUE(security.ok()) << security.status();
-  if (!security.ok()) return nullptr;
+  if (!security.ok())
+    return nullptr;
   grpc::ChannelArguments args =
       ClientChannelArguments(MessageBytesFor(Layout().num_params()), keepalive);
   if (!security->server_name.empty()) {
@@ -119,25 +125,26 @@ dp::v1::RegisterRequest RegisterRequest(int rank) {
 }
 
 // Register with a deadline, and `metadata` entries ("key", "value").
-grpc::Status Register(
-    Stub* stub, int rank,
-    std::vector<std::pair<std::string, std::string>> metadata = {}) {
+grpc::Status
+Register(Stub *stub, int rank,
+         std::vector<std::pair<std::string, std::string>> metadata = {}) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  for (const auto& [k, v] : metadata) ctx.AddMetadata(k, v);
+  for (const auto &[k, v] : metadata)
+    ctx.AddMetadata(k, v);
   dp::v1::RegisterResponse response;
   return stub->Register(&ctx, RegisterRequest(rank), &response);
 }
 
 class SecurityTest : public ::testing::Test {
- protected:
+protected:
   static void SetUpTestSuite() { certs_ = TestCerts::Make().release(); }
   static void TearDownTestSuite() { delete certs_; }
   void SetUp() override { ASSERT_NE(certs_, nullptr); }
 
-  static TestCerts* certs_;
+  static TestCerts *certs_;
 };
-TestCerts* SecurityTest::certs_ = nullptr;
+TestCerts *SecurityTest::certs_ = nullptr;
 
 TEST_F(SecurityTest, MutualTlsAdmitsACertificateOfTheJobsCa) {
   Server server(certs_->Server(/*mutual=*/true));
@@ -151,7 +158,7 @@ TEST_F(SecurityTest, MutualTlsAdmitsACertificateOfTheJobsCa) {
 TEST_F(SecurityTest, MutualTlsRefusesMissingForeignAndExpiredCertificates) {
   Server server(certs_->Server(/*mutual=*/true));
   struct Case {
-    const char* what;
+    const char *what;
     SecurityFlags flags;
   };
   const Case cases[] = {
@@ -160,7 +167,7 @@ TEST_F(SecurityTest, MutualTlsRefusesMissingForeignAndExpiredCertificates) {
       {"expired certificate", certs_->Client("expired_client")},
       {"plaintext", SecurityFlags{}},
   };
-  for (const Case& c : cases) {
+  for (const Case &c : cases) {
     auto stub = Connect(server.port(), c.flags);
     grpc::Status s = Register(stub.get(), 0);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
@@ -213,7 +220,7 @@ TEST_F(SecurityTest, TokenRightIsAdmittedWrongOrMissingIsUnauthenticated) {
   auto stub = Connect(server.port(), SecurityFlags{});
   const std::string right = "Bearer " + token;
   struct Case {
-    const char* what;
+    const char *what;
     std::vector<std::pair<std::string, std::string>> metadata;
   };
   const Case cases[] = {
@@ -225,7 +232,7 @@ TEST_F(SecurityTest, TokenRightIsAdmittedWrongOrMissingIsUnauthenticated) {
       {"right and wrong", {{"authorization", right}, {"authorization", "x"}}},
       {"other key", {{"x-token", right}}},
   };
-  for (const Case& c : cases) {
+  for (const Case &c : cases) {
     grpc::Status s = Register(stub.get(), 0, c.metadata);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << c.what << ": " << s.error_message();
@@ -251,7 +258,7 @@ TEST_F(SecurityTest, TokenRightIsAdmittedWrongOrMissingIsUnauthenticated) {
       stub->ReportEval(&c5, eval_request, &eval),
       stub->GetStatus(&c6, dp::v1::GetStatusRequest(), &status),
   };
-  for (const grpc::Status& s : statuses) {
+  for (const grpc::Status &s : statuses) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << s.error_message();
   }
@@ -275,45 +282,61 @@ TEST_F(SecurityTest, TokenAndMutualTlsTogether) {
           .ok());
 }
 
-// gRPC servers close connections whose pings come more often than they
-// allow (GOAWAY "too_many_pings" after the third early ping). A client that
-// pings as often as it may (gRPC 1.51 spaces pings by at least a second)
-// through a silent 4.5 s barrier wait is left alone by a server whose
-// minimum interval is below the client's, as KeepaliveOptions' defaults are
-// (20 s and 10 s), and hung up on by one whose minimum is above it.
+// gRPC servers hang up on clients that ping more often than their policy
+// allows (GOAWAY "too_many_pings" after the third early ping). Two clients
+// ping as often as they may (gRPC 1.51 spaces pings by at least a second)
+// through a silent barrier wait: one at a server whose minimum interval is
+// below the clients', as KeepaliveOptions' defaults are (20 s and 10 s),
+// one at a server whose minimum is above it. The strict server's hang-up
+// is the event: by then the lenient one has seen as many pings for as
+// long, and its wait must still be open. No verdict hangs on how fast the
+// pings come; the deadlines only bound a hang.
 TEST_F(SecurityTest, KeepaliveOfBothSidesKeepsASilentWaitAlive) {
-  for (bool matching : {true, false}) {
+  struct Side {
+    std::unique_ptr<Server> server;
+    std::unique_ptr<Stub> stub;
+    grpc::ClientContext ctx;
+    dp::v1::BarrierResponse response;
+    grpc::Status status;
+  };
+  auto open = [&](Side &side, bool lenient) {
     KeepaliveOptions k;
     k.client_time_ms = 20;
     k.timeout_ms = 5000;
     k.server_time_ms = 60'000;
-    k.min_recv_ping_interval_ms = matching ? 10 : 60'000;
-    Server server(certs_->Server(/*mutual=*/true), k);
-    auto stub = Connect(server.port(), certs_->Client("client"), k);
-    ASSERT_TRUE(Register(stub.get(), 0).ok());
-    ASSERT_TRUE(Register(stub.get(), 1).ok());
+    k.min_recv_ping_interval_ms = lenient ? 10 : 60'000;
+    side.server = std::make_unique<Server>(certs_->Server(/*mutual=*/true), k);
+    side.stub = Connect(side.server->port(), certs_->Client("client"), k);
+    ASSERT_TRUE(Register(side.stub.get(), 0).ok());
+    ASSERT_TRUE(Register(side.stub.get(), 1).ok());
     dp::v1::PushRequest push;
     push.set_rank(0);
     push.set_gradient(std::string(Layout().num_params() * 4, '\0'));
     dp::v1::PushResponse pushed;
     grpc::ClientContext push_ctx;
-    ASSERT_TRUE(stub->Push(&push_ctx, push, &pushed).ok());
-    // Rank 1 never pushes: the wait stays silent until its deadline.
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(4.5)));
+    ASSERT_TRUE(side.stub->Push(&push_ctx, push, &pushed).ok());
+    // Rank 1 never pushes: the wait stays silent.
+    side.ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
+  };
+  auto wait = [](Side &side) {
     dp::v1::BarrierRequest barrier;
     barrier.set_rank(0);
-    dp::v1::BarrierResponse response;
-    grpc::Status s = stub->Barrier(&ctx, barrier, &response);
-    if (matching) {
-      EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
-          << s.error_message();
-    } else {
-      // The negative control: the server hangs up on the pinging client.
-      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
-          << s.error_message();
-    }
-  }
+    side.status = side.stub->Barrier(&side.ctx, barrier, &side.response);
+  };
+  Side lenient, strict;
+  ASSERT_NO_FATAL_FAILURE(open(lenient, true));
+  ASSERT_NO_FATAL_FAILURE(open(strict, false));
+  std::thread lenient_wait([&] { wait(lenient); });
+  wait(strict);
+  // The negative control: the strict server hangs up on the pinging client.
+  EXPECT_EQ(strict.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << strict.status.error_message();
+  // The lenient server's wait, as old, is still open: only our cancel ends
+  // it.
+  lenient.ctx.TryCancel();
+  lenient_wait.join();
+  EXPECT_EQ(lenient.status.error_code(), grpc::StatusCode::CANCELLED)
+      << lenient.status.error_message();
   // And the defaults keep that relation.
   const KeepaliveOptions defaults;
   EXPECT_LE(defaults.min_recv_ping_interval_ms, defaults.client_time_ms);
@@ -327,9 +350,9 @@ TEST(SecurityConfigTest, ErrorsNameTheFlagAndTheFile) {
   WriteTextFile(dir.File("short"), "short\n");
   WriteTextFile(dir.File("spaces"), "a token with spaces in it\n");
   struct Case {
-    const char* what;
+    const char *what;
     SecurityFlags flags;
-    std::string expected;  // in the message
+    std::string expected; // in the message
   };
   SecurityFlags missing = certs->Server(true);
   missing.tls_cert = dir.File("nonexistent.pem");
@@ -368,7 +391,7 @@ TEST(SecurityConfigTest, ErrorsNameTheFlagAndTheFile) {
       {"missing token file", missing_token,
        "--auth_token_file: cannot read " + missing_token.auth_token_file},
   };
-  for (const Case& c : cases) {
+  for (const Case &c : cases) {
     auto s = LoadServerSecurity(c.flags);
     ASSERT_FALSE(s.ok()) << c.what;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
@@ -398,12 +421,12 @@ TEST(SecurityConfigTest, TokenFileIsTrimmedAndComparedExactly) {
 }
 
 TEST(SecurityConfigTest, PlaintextOnANonLoopbackAddressIsWarnedAbout) {
-  for (const char* host :
+  for (const char *host :
        {"localhost", "127.0.0.1", "127.1.2.3", "::1", "[::1]"}) {
     EXPECT_TRUE(IsLoopbackHost(host)) << host;
     EXPECT_FALSE(PlaintextWarning(host, ServerSecurity{}).has_value()) << host;
   }
-  for (const char* host : {"0.0.0.0", "", "::", "10.0.0.1", "dp-ps.example",
+  for (const char *host : {"0.0.0.0", "", "::", "10.0.0.1", "dp-ps.example",
                            "128.0.0.1", "[::1"}) {
     EXPECT_FALSE(IsLoopbackHost(host)) << host;
     auto warning = PlaintextWarning(host, ServerSecurity{});
@@ -415,5 +438,5 @@ TEST(SecurityConfigTest, PlaintextOnANonLoopbackAddressIsWarnedAbout) {
   EXPECT_FALSE(PlaintextWarning("0.0.0.0", tls).has_value());
 }
 
-}  // namespace
-}  // namespace dp
+} // namespace
+} // namespace dp
