@@ -3,33 +3,57 @@
 // model to the byte; and the shared-memory path's own defences.
 #include <dirent.h>
 #include <signal.h>
+#include <unistd.h>
 
-#include <set>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/flags.h"
-#include "gtest/gtest.h"
 #include "tests/job_runner.h"
 #include "tests/subprocess.h"
+#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
 
-std::set<std::string> DevShm() {
-  std::set<std::string> names;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d)) names.insert(e->d_name);
+// The shared memory process `pid` holds, as /proc names it: its open
+// descriptors' targets and its mappings' paths that are memfds
+// ("/memfd:...") or files on /dev/shm. Read from the process itself, so
+// that what other programs on the host put in /dev/shm meanwhile does not
+// count.
+std::vector<std::string> SharedMemoryOf(pid_t pid) {
+  std::vector<std::string> found;
+  auto note = [&](const std::string &target) {
+    if (target.rfind("/memfd:", 0) == 0 || target.rfind("/dev/shm/", 0) == 0) {
+      found.push_back(target);
+    }
+  };
+  const std::string fds = absl::StrCat("/proc/", pid, "/fd");
+  if (DIR *d = opendir(fds.c_str())) {
+    while (dirent *e = readdir(d)) {
+      char target[4096];
+      const std::string link = fds + "/" + e->d_name;
+      const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+      if (n > 0)
+        note(std::string(target, n));
+    }
     closedir(d);
   }
-  return names;
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  for (std::string line; std::getline(maps, line);) {
+    const size_t slash = line.find('/');
+    if (slash != std::string::npos)
+      note(line.substr(slash));
+  }
+  return found;
 }
 
 // A 40-step job whose ranks use `planes` ("shm" or "grpc"); the saved model.
-std::string Job(const TempDir& dir, const std::string& name,
-                const std::vector<std::string>& planes) {
+std::string Job(const TempDir &dir, const std::string &name,
+                const std::vector<std::string> &planes) {
   const std::string model = dir.File(name);
   int port = 0;
   auto ps = StartServer({"--workers=2", "--max_steps=40", "--batch_size=32",
@@ -87,7 +111,7 @@ TEST(DataPlaneTest, ForcedSharedMemoryWithoutAnOfferIsAConfigurationError) {
 // A 600-step job over shared memory; with `lingering`, a second process of
 // rank 0 (a restarted pod whose predecessor still runs) joins at step 5 and
 // both run to the end. The saved model.
-std::string JobWithLingeringRank(const TempDir& dir, const std::string& name,
+std::string JobWithLingeringRank(const TempDir &dir, const std::string &name,
                                  bool lingering) {
   const std::string model = dir.File(name);
   int port = 0;
@@ -108,7 +132,8 @@ std::string JobWithLingeringRank(const TempDir& dir, const std::string& name,
     EXPECT_LT(CurrentStep(port), 550) << "the job ended before both ran";
   }
   EXPECT_EQ(workers[1]->Wait(kJobTimeout), 0) << workers[1]->output();
-  for (auto& w : workers) EXPECT_TRUE(w->Wait(kJobTimeout).has_value());
+  for (auto &w : workers)
+    EXPECT_TRUE(w->Wait(kJobTimeout).has_value());
   EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
   return ReadFile(model).value_or("");
 }
@@ -130,19 +155,28 @@ TEST(DataPlaneTest, ALingeringSecondProcessOfARankLeavesTheModelAsItWas) {
 // Shared memory has no name: kill -9 of every process leaves nothing that
 // a restarted dp-ps or anyone else could find (and trust).
 TEST(DataPlaneTest, KilledProcessesLeaveNoSharedMemoryBehind) {
-  const std::set<std::string> before = DevShm();
   int port = 0;
   auto ps = StartServer(
       {"--workers=2", "--max_steps=100000", "--batch_size=16"}, &port);
   auto w0 = StartWorker(port, 0, {"--data_plane=shm"});
   auto w1 = StartWorker(port, 1, {"--data_plane=shm"});
   ASSERT_TRUE(WaitForStep(port, 10, absl::Minutes(2)));
-  for (Subprocess* p : {ps.get(), w0.get(), w1.get()}) p->Signal(SIGKILL);
-  for (Subprocess* p : {ps.get(), w0.get(), w1.get()}) {
+  // Every process's shared memory is a memfd, which dies with the last
+  // process holding it: none is a name in /dev/shm that would outlive them.
+  for (Subprocess *p : {ps.get(), w0.get(), w1.get()}) {
+    const std::vector<std::string> held = SharedMemoryOf(p->pid());
+    EXPECT_FALSE(held.empty()) << "pid " << p->pid() << " holds no memfd";
+    for (const std::string &name : held) {
+      EXPECT_EQ(name.rfind("/memfd:", 0), 0u)
+          << "pid " << p->pid() << ": " << name;
+    }
+  }
+  for (Subprocess *p : {ps.get(), w0.get(), w1.get()})
+    p->Signal(SIGKILL);
+  for (Subprocess *p : {ps.get(), w0.get(), w1.get()}) {
     EXPECT_EQ(p->Wait(absl::Seconds(30)), 128 + SIGKILL);
   }
-  EXPECT_EQ(DevShm(), before);
 }
 
-}  // namespace
-}  // namespace dp
+} // namespace
+} // namespace dp
