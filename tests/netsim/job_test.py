@@ -35,7 +35,11 @@ def main():
         job = netsim.run_job(
             net, args.ps, args.worker, ps_hosts=[0],
             worker_hosts=list(range(1, 1 + WORKERS)),
-            ps_flags=["--dataset=synthetic", f"--max_steps={STEPS}", "--batch_size=16"],
+            # No straggler backups: they hand a late block to another worker
+            # as well when a link is slow, and which one (and so whose link
+            # carries it) depends on timing, not on the job.
+            ps_flags=["--dataset=synthetic", f"--max_steps={STEPS}", "--batch_size=16",
+                      "--backup_blocks=0"],
             timeout=JOB_TIMEOUT_S)
         check(job.listening, "dp-ps listens in host 0")
         for pr in job.procs:
