@@ -80,9 +80,11 @@ TEST(TcpRelayTest, StopsAtOnceWithAnIdleConnectionOpen) {
   // The relay has connected to the target: the connection is relayed.
   const int upstream = accept(listener, nullptr, nullptr);
   ASSERT_GE(upstream, 0);
+  // A relay that waited for its idle connection would never stop: the
+  // bound is only far below ctest's timeout, whatever the machine's speed.
   const absl::Time start = absl::Now();
   relay->reset();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(60));
   // Both sides see the relay close.
   EXPECT_EQ(ReadToEnd(client), "");
   EXPECT_EQ(ReadToEnd(upstream), "");
