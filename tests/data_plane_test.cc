@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/flags.h"
+#include "gtest/gtest.h"
 #include "tests/job_runner.h"
 #include "tests/subprocess.h"
-#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
@@ -26,34 +26,32 @@ namespace {
 // count.
 std::vector<std::string> SharedMemoryOf(pid_t pid) {
   std::vector<std::string> found;
-  auto note = [&](const std::string &target) {
+  auto note = [&](const std::string& target) {
     if (target.rfind("/memfd:", 0) == 0 || target.rfind("/dev/shm/", 0) == 0) {
       found.push_back(target);
     }
   };
   const std::string fds = absl::StrCat("/proc/", pid, "/fd");
-  if (DIR *d = opendir(fds.c_str())) {
-    while (dirent *e = readdir(d)) {
+  if (DIR* d = opendir(fds.c_str())) {
+    while (dirent* e = readdir(d)) {
       char target[4096];
       const std::string link = fds + "/" + e->d_name;
       const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
-      if (n > 0)
-        note(std::string(target, n));
+      if (n > 0) note(std::string(target, n));
     }
     closedir(d);
   }
   std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
   for (std::string line; std::getline(maps, line);) {
     const size_t slash = line.find('/');
-    if (slash != std::string::npos)
-      note(line.substr(slash));
+    if (slash != std::string::npos) note(line.substr(slash));
   }
   return found;
 }
 
 // A 40-step job whose ranks use `planes` ("shm" or "grpc"); the saved model.
-std::string Job(const TempDir &dir, const std::string &name,
-                const std::vector<std::string> &planes) {
+std::string Job(const TempDir& dir, const std::string& name,
+                const std::vector<std::string>& planes) {
   const std::string model = dir.File(name);
   int port = 0;
   auto ps = StartServer({"--workers=2", "--max_steps=40", "--batch_size=32",
@@ -111,7 +109,7 @@ TEST(DataPlaneTest, ForcedSharedMemoryWithoutAnOfferIsAConfigurationError) {
 // A 600-step job over shared memory; with `lingering`, a second process of
 // rank 0 (a restarted pod whose predecessor still runs) joins at step 5 and
 // both run to the end. The saved model.
-std::string JobWithLingeringRank(const TempDir &dir, const std::string &name,
+std::string JobWithLingeringRank(const TempDir& dir, const std::string& name,
                                  bool lingering) {
   const std::string model = dir.File(name);
   int port = 0;
@@ -132,8 +130,7 @@ std::string JobWithLingeringRank(const TempDir &dir, const std::string &name,
     EXPECT_LT(CurrentStep(port), 550) << "the job ended before both ran";
   }
   EXPECT_EQ(workers[1]->Wait(kJobTimeout), 0) << workers[1]->output();
-  for (auto &w : workers)
-    EXPECT_TRUE(w->Wait(kJobTimeout).has_value());
+  for (auto& w : workers) EXPECT_TRUE(w->Wait(kJobTimeout).has_value());
   EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
   return ReadFile(model).value_or("");
 }
@@ -163,20 +160,19 @@ TEST(DataPlaneTest, KilledProcessesLeaveNoSharedMemoryBehind) {
   ASSERT_TRUE(WaitForStep(port, 10, absl::Minutes(2)));
   // Every process's shared memory is a memfd, which dies with the last
   // process holding it: none is a name in /dev/shm that would outlive them.
-  for (Subprocess *p : {ps.get(), w0.get(), w1.get()}) {
+  for (Subprocess* p : {ps.get(), w0.get(), w1.get()}) {
     const std::vector<std::string> held = SharedMemoryOf(p->pid());
     EXPECT_FALSE(held.empty()) << "pid " << p->pid() << " holds no memfd";
-    for (const std::string &name : held) {
+    for (const std::string& name : held) {
       EXPECT_EQ(name.rfind("/memfd:", 0), 0u)
           << "pid " << p->pid() << ": " << name;
     }
   }
-  for (Subprocess *p : {ps.get(), w0.get(), w1.get()})
-    p->Signal(SIGKILL);
-  for (Subprocess *p : {ps.get(), w0.get(), w1.get()}) {
+  for (Subprocess* p : {ps.get(), w0.get(), w1.get()}) p->Signal(SIGKILL);
+  for (Subprocess* p : {ps.get(), w0.get(), w1.get()}) {
     EXPECT_EQ(p->Wait(absl::Seconds(30)), 128 + SIGKILL);
   }
 }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp

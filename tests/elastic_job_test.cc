@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
-#include "tests/job_runner.h"
 #include "gtest/gtest.h"
+#include "tests/job_runner.h"
 
 namespace dp {
 namespace {
@@ -18,19 +18,19 @@ namespace {
 constexpr int kSteps = 240;
 
 // 4 micro-batches of 32 a step.
-std::vector<std::string> Flags(const std::string &model, int steps = kSteps) {
+std::vector<std::string> Flags(const std::string& model, int steps = kSteps) {
   return {"--global_batch=128", "--micro_batch=32",
           absl::StrCat("--max_steps=", steps), "--seed=11",
           "--save_model=" + model};
 }
 
-std::string ReadModel(const std::string &path) {
+std::string ReadModel(const std::string& path) {
   auto bytes = ReadFile(path);
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   return bytes.value_or("");
 }
 
-std::string ModelOf(const TempDir &dir, int workers, int shards = 1,
+std::string ModelOf(const TempDir& dir, int workers, int shards = 1,
                     int steps = kSteps) {
   const std::string path =
       dir.File(absl::StrCat("model-", workers, "-", shards, ".safetensors"));
@@ -54,7 +54,7 @@ TEST(ElasticJobTest, OneTwoThreeAndFourWorkersGiveOneModel) {
 // closes, which counts it missing at once: the lease only bounds a silent
 // one, and is far above a healthy worker's silence on a loaded machine.
 constexpr int kLong = 1500;
-std::vector<std::string> ElasticFlags(const std::string &model) {
+std::vector<std::string> ElasticFlags(const std::string& model) {
   std::vector<std::string> flags = Flags(model, kLong);
   flags.push_back("--workers=4");
   flags.push_back("--worker_timeout_s=600");
@@ -64,8 +64,8 @@ std::vector<std::string> ElasticFlags(const std::string &model) {
 // Stops (SIGSTOP) or continues (SIGCONT) the workers of `w` that run, so
 // that the job holds still while a test acts: with a long lease a stopped
 // worker is not lost, and its step waits for it.
-void Hold(std::vector<std::unique_ptr<Subprocess>> &w, int sig) {
-  for (auto &p : w) {
+void Hold(std::vector<std::unique_ptr<Subprocess>>& w, int sig) {
+  for (auto& p : w) {
     if (p != nullptr && !p->Wait(absl::ZeroDuration()).has_value()) {
       p->Signal(sig);
     }
@@ -84,8 +84,7 @@ void LeaveAndJoin(int shards) {
   const int port = ports[0];
   const std::string list = PsList(ports);
   std::vector<std::unique_ptr<Subprocess>> w;
-  for (int r = 0; r < 4; ++r)
-    w.push_back(StartWorker(list, r));
+  for (int r = 0; r < 4; ++r) w.push_back(StartWorker(list, r));
   ASSERT_TRUE(WaitForStep(port, 30, absl::Minutes(2)));
   w[3]->Signal(SIGKILL);
   EXPECT_EQ(w[3]->Wait(absl::Seconds(30)), 128 + SIGKILL);
@@ -113,8 +112,7 @@ void LeaveAndJoin(int shards) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(w[r]->Wait(kJobTimeout), 0) << w[r]->output();
   }
-  for (auto &p : ps)
-    EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
   EXPECT_TRUE(ReadModel(model) == reference);
   // The new workers took the lost ranks and worked.
   EXPECT_NE(w[2]->output().find("joined at step"), std::string::npos);
@@ -146,8 +144,7 @@ void AKilledWorkerIsMissedAtOnce(int shards) {
   const int port = ports[0];
   const std::string list = PsList(ports);
   std::vector<std::unique_ptr<Subprocess>> w;
-  for (int r = 0; r < 2; ++r)
-    w.push_back(StartWorker(list, r));
+  for (int r = 0; r < 2; ++r) w.push_back(StartWorker(list, r));
   ASSERT_TRUE(WaitForStep(port, 30, absl::Minutes(2)));
   // Rank 0 held while rank 1 is killed: the job cannot run out before the
   // kill, however fast it runs.
@@ -163,8 +160,7 @@ void AKilledWorkerIsMissedAtOnce(int shards) {
             std::string::npos)
       << ps[0]->output();
   EXPECT_EQ(w[0]->Wait(kJobTimeout), 0) << w[0]->output();
-  for (auto &p : ps)
-    EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
   EXPECT_TRUE(ReadModel(model) == reference);
 }
 
@@ -190,8 +186,7 @@ void KillsOfEverything(int shards) {
   const int port = ps.port(0);
   const std::string list = ps.list();
   std::vector<std::unique_ptr<Subprocess>> w;
-  for (int r = 0; r < 4; ++r)
-    w.push_back(StartWorker(list, r));
+  for (int r = 0; r < 4; ++r) w.push_back(StartWorker(list, r));
   ASSERT_TRUE(WaitForStep(port, 100, absl::Minutes(2)));
   w[3]->Signal(SIGKILL);
   EXPECT_EQ(w[3]->Wait(absl::Seconds(30)), 128 + SIGKILL);
@@ -253,8 +248,7 @@ TEST(ElasticJobTest, AStoppedWorkerIsBackedUpAndTheModelIsTheSame) {
   int port = 0;
   auto ps = StartServer(flags, &port);
   std::vector<std::unique_ptr<Subprocess>> w;
-  for (int r = 0; r < 4; ++r)
-    w.push_back(StartWorker(port, r));
+  for (int r = 0; r < 4; ++r) w.push_back(StartWorker(port, r));
   ASSERT_TRUE(WaitForStep(port, 20, absl::Minutes(2)));
   w[1]->Signal(SIGSTOP);
   const int64_t stopped = CurrentStep(port);
@@ -275,5 +269,5 @@ TEST(ElasticJobTest, AStoppedWorkerIsBackedUpAndTheModelIsTheSame) {
   EXPECT_GT(backups, 0) << ps->output();
 }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp

@@ -14,9 +14,9 @@
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/flags.h"
+#include "gtest/gtest.h"
 #include "server/checkpoint.h"
 #include "tests/job_runner.h"
-#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
@@ -28,7 +28,7 @@ constexpr int kSteps = 300;
 const std::vector<std::string> kJob = {absl::StrCat("--max_steps=", kSteps),
                                        "--batch_size=32", "--seed=9"};
 
-std::vector<std::string> JobFlags(const std::string &model) {
+std::vector<std::string> JobFlags(const std::string& model) {
   std::vector<std::string> flags = kJob;
   flags.push_back("--workers=2");
   flags.push_back("--save_model=" + model);
@@ -38,7 +38,7 @@ std::vector<std::string> JobFlags(const std::string &model) {
 // The model of the same job without failures.
 std::string Reference() { return ReferenceModel(kJob, 2); }
 
-std::string ReadModel(const std::string &path) {
+std::string ReadModel(const std::string& path) {
   auto bytes = ReadFile(path);
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   return bytes.value_or("");
@@ -48,7 +48,7 @@ std::string ReadModel(const std::string &path) {
 // failure can be replayed, a fresh one otherwise. Printed either way.
 uint64_t FaultSeed() {
   uint64_t seed = 0;
-  const char *env = std::getenv("DP_FAULT_SEED");
+  const char* env = std::getenv("DP_FAULT_SEED");
   if (env != nullptr && *env != '\0') {
     if (!absl::SimpleAtoi(env, &seed)) {
       ADD_FAILURE() << "DP_FAULT_SEED=" << env << " is not a number";
@@ -63,7 +63,7 @@ uint64_t FaultSeed() {
   return seed;
 }
 
-int64_t RandomStep(std::mt19937_64 &rng, int64_t lo, int64_t hi) {
+int64_t RandomStep(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   const int64_t s = std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   std::printf("chosen step: %lld\n", static_cast<long long>(s));
   return s;
@@ -92,7 +92,7 @@ TEST(FaultTest, KilledWorkerRestartedGivesByteIdenticalModel) {
   // whose only missing block is rank 1's.
   const auto waiting = WaitForStatus(
       port,
-      [](const dp::v1::GetStatusResponse &s) {
+      [](const dp::v1::GetStatusResponse& s) {
         return s.waits_for_size() == 1 && s.waits_for(0) == 1;
       },
       absl::Minutes(1));
@@ -299,8 +299,7 @@ TEST(FaultTest, UnwritableCheckpointsAreReportedAndTrainingGoesOn) {
                                    "--port=0",
                                    "--checkpoint_every=50",
                                    "--checkpoint_dir=" + dir.File("ckpt")};
-  for (const std::string &f : JobFlags(model))
-    argv.push_back(f);
+  for (const std::string& f : JobFlags(model)) argv.push_back(f);
   Subprocess ps(argv);
   ASSERT_TRUE(ps.WaitForOutput(" workers\n", absl::Seconds(30))) << ps.output();
   int port = std::stoi(*ps.Field("listening on 127.0.0.1:"));
@@ -371,5 +370,5 @@ TEST(FaultTest, ChaosOfWorkerAndServerKillsGivesByteIdenticalModel) {
 
 TEST(FaultTest, ChaosOfWorkerAndShardKillsGivesTheUnshardedModel) { Chaos(2); }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp

@@ -15,13 +15,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
-#include "proto/dp.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "proto/dp.grpc.pb.h"
 
 namespace dp {
 
 std::unique_ptr<Subprocess> StartServer(std::vector<std::string> args,
-                                        int *port, int fixed_port) {
+                                        int* port, int fixed_port) {
   std::vector<std::string> argv = {DP_PS_BINARY, "--host=127.0.0.1",
                                    absl::StrCat("--port=", fixed_port)};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -41,7 +41,7 @@ std::unique_ptr<Subprocess> StartWorker(int port, int rank,
   return StartWorker(absl::StrCat("127.0.0.1:", port), rank, std::move(args));
 }
 
-std::unique_ptr<Subprocess> StartWorker(const std::string &ps, int rank,
+std::unique_ptr<Subprocess> StartWorker(const std::string& ps, int rank,
                                         std::vector<std::string> args) {
   std::vector<std::string> argv = {DP_WORKER_BINARY, absl::StrCat("--ps=", ps),
                                    absl::StrCat("--rank=", rank),
@@ -50,22 +50,20 @@ std::unique_ptr<Subprocess> StartWorker(const std::string &ps, int rank,
   return std::make_unique<Subprocess>(argv);
 }
 
-std::string PsList(const std::vector<int> &ports) {
+std::string PsList(const std::vector<int>& ports) {
   std::vector<std::string> list;
-  for (int p : ports)
-    list.push_back(absl::StrCat("127.0.0.1:", p));
+  for (int p : ports) list.push_back(absl::StrCat("127.0.0.1:", p));
   return absl::StrJoin(list, ",");
 }
 
 RestartableShards::RestartableShards(int count, std::vector<std::string> args,
-                                     const TempDir &dir)
+                                     const TempDir& dir)
     : args_(count, args), ports_(count, 0), ps_(count) {
   for (int k = 0; k < count; ++k) {
     args_[k].push_back("--checkpoint_dir=" + dir.File(absl::StrCat("ckpt", k)));
   }
   // Shard 0 last: it is told the others' ports.
-  for (int k = count - 1; k >= 0; --k)
-    Start(k, 0);
+  for (int k = count - 1; k >= 0; --k) Start(k, 0);
 }
 
 void RestartableShards::Start(int k, int port) {
@@ -84,12 +82,11 @@ bool RestartableShards::KillAndRestart(int k) {
 }
 
 void RestartableShards::ExpectAllExitZero() {
-  for (auto &p : ps_)
-    EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  for (auto& p : ps_) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
 }
 
 std::vector<std::string> ShardArgs(std::vector<std::string> args, int shard,
-                                   const std::vector<int> &ports) {
+                                   const std::vector<int>& ports) {
   args.push_back(absl::StrCat("--shards=", ports.size()));
   args.push_back(absl::StrCat("--shard=", shard));
   if (shard == 0 && ports.size() > 1) {
@@ -100,9 +97,8 @@ std::vector<std::string> ShardArgs(std::vector<std::string> args, int shard,
   return args;
 }
 
-std::vector<std::unique_ptr<Subprocess>>
-StartShards(int shards, const std::vector<std::string> &args,
-            std::vector<int> *ports) {
+std::vector<std::unique_ptr<Subprocess>> StartShards(
+    int shards, const std::vector<std::string>& args, std::vector<int>* ports) {
   ports->assign(shards, 0);
   std::vector<std::unique_ptr<Subprocess>> ps(shards);
   for (int k = shards - 1; k >= 0; --k) {
@@ -121,12 +117,11 @@ JobResult RunJob(std::vector<std::string> ps_args, int workers,
     ws.push_back(StartWorker(PsList(ports), r, worker_args));
   }
   JobResult result;
-  for (auto &w : ws) {
+  for (auto& w : ws) {
     result.worker_exits.push_back(w->Wait(kJobTimeout).value_or(-1));
-    if (result.worker_exits.back() != 0)
-      ADD_FAILURE() << w->output();
+    if (result.worker_exits.back() != 0) ADD_FAILURE() << w->output();
   }
-  for (auto &p : ps) {
+  for (auto& p : ps) {
     result.ps_exit =
         std::max(result.ps_exit, p->Wait(kJobTimeout).value_or(-1));
   }
@@ -135,9 +130,9 @@ JobResult RunJob(std::vector<std::string> ps_args, int workers,
 }
 
 std::optional<dp::v1::GetStatusResponse> StatusAt(int port) {
-  static auto *stubs =
+  static auto* stubs =
       new std::map<int, std::unique_ptr<dp::v1::ParameterServer::Stub>>();
-  auto &stub = (*stubs)[port];
+  auto& stub = (*stubs)[port];
   if (stub == nullptr) {
     stub = dp::v1::ParameterServer::NewStub(grpc::CreateChannel(
         absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
@@ -146,8 +141,7 @@ std::optional<dp::v1::GetStatusResponse> StatusAt(int port) {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   dp::v1::GetStatusRequest req;
   dp::v1::GetStatusResponse resp;
-  if (!stub->GetStatus(&ctx, req, &resp).ok())
-    return std::nullopt;
+  if (!stub->GetStatus(&ctx, req, &resp).ok()) return std::nullopt;
   return resp;
 }
 
@@ -159,17 +153,16 @@ int64_t CurrentStep(int port) {
 namespace {
 
 // Polls `done` until it holds (true) or the deadline passes (false).
-bool PollUntil(const std::function<bool()> &done, absl::Duration timeout) {
+bool PollUntil(const std::function<bool()>& done, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    if (done())
-      return true;
-    absl::SleepFor(absl::Milliseconds(5)); // polling interval, not a sync
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(5));  // polling interval, not a sync
   }
   return false;
 }
 
-} // namespace
+}  // namespace
 
 bool WaitForStep(int port, int64_t step, absl::Duration timeout) {
   return PollUntil([&] { return CurrentStep(port) >= step; }, timeout);
@@ -177,7 +170,7 @@ bool WaitForStep(int port, int64_t step, absl::Duration timeout) {
 
 std::optional<dp::v1::GetStatusResponse> WaitForStatus(
     int port,
-    const std::function<bool(const dp::v1::GetStatusResponse &)> &holds,
+    const std::function<bool(const dp::v1::GetStatusResponse&)>& holds,
     absl::Duration timeout) {
   std::optional<dp::v1::GetStatusResponse> seen;
   if (!PollUntil(
@@ -191,25 +184,24 @@ std::optional<dp::v1::GetStatusResponse> WaitForStatus(
   return seen;
 }
 
-bool WaitForFile(const std::string &path, absl::Duration timeout) {
+bool WaitForFile(const std::string& path, absl::Duration timeout) {
   return PollUntil([&] { return std::filesystem::exists(path); }, timeout);
 }
 
-std::string ReferenceModel(const std::vector<std::string> &ps_args,
+std::string ReferenceModel(const std::vector<std::string>& ps_args,
                            int workers) {
   // What decides the model: the flags and the two programs' bytes.
   uint64_t key = std::hash<std::string>{}(absl::StrJoin(ps_args, " "));
-  for (const char *binary : {DP_PS_BINARY, DP_WORKER_BINARY}) {
+  for (const char* binary : {DP_PS_BINARY, DP_WORKER_BINARY}) {
     auto bytes = ReadFile(binary);
     EXPECT_TRUE(bytes.ok()) << bytes.status();
     key = key * 31 + std::hash<std::string>{}(bytes.value_or(""));
   }
-  const char *tmp = std::getenv("TMPDIR");
+  const char* tmp = std::getenv("TMPDIR");
   const std::string path = absl::StrCat(
       tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/dp-reference-",
       absl::Hex(key, absl::kZeroPad16), ".safetensors");
-  if (auto cached = ReadFile(path); cached.ok())
-    return *std::move(cached);
+  if (auto cached = ReadFile(path); cached.ok()) return *std::move(cached);
   TempDir dir;
   std::vector<std::string> args = ps_args;
   args.push_back("--save_model=" + dir.File("model.safetensors"));
@@ -219,9 +211,8 @@ std::string ReferenceModel(const std::vector<std::string> &ps_args,
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   // Renamed into place whole: a test running beside this one reads either
   // no file or this one.
-  if (bytes.ok())
-    EXPECT_TRUE(WriteFileAtomic(path, *bytes).ok()) << path;
+  if (bytes.ok()) EXPECT_TRUE(WriteFileAtomic(path, *bytes).ok()) << path;
   return bytes.value_or("");
 }
 
-} // namespace dp
+}  // namespace dp

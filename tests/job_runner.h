@@ -19,32 +19,31 @@ inline const absl::Duration kJobTimeout = absl::Minutes(5);
 // Starts dp-ps on loopback. port 0 picks a free one; *port receives the port
 // it listens on once it does (0 if it never did).
 std::unique_ptr<Subprocess> StartServer(std::vector<std::string> args,
-                                        int *port, int fixed_port = 0);
+                                        int* port, int fixed_port = 0);
 std::unique_ptr<Subprocess> StartWorker(int port, int rank,
                                         std::vector<std::string> args = {});
 // A worker of the dp-ps (shards) at `ps` ("127.0.0.1:p0,127.0.0.1:p1").
-std::unique_ptr<Subprocess> StartWorker(const std::string &ps, int rank,
+std::unique_ptr<Subprocess> StartWorker(const std::string& ps, int rank,
                                         std::vector<std::string> args = {});
 
 // A sharded dp-ps on loopback: `args` plus the flags that make a process
 // shard `shard` of `ports.size()`; shard 0 is told the others' ports.
 std::vector<std::string> ShardArgs(std::vector<std::string> args, int shard,
-                                   const std::vector<int> &ports);
+                                   const std::vector<int>& ports);
 // Starts `shards` shards of a job: 1..S-1 first on free ports, then shard
 // 0, told their addresses. *ports receives every shard's port.
-std::vector<std::unique_ptr<Subprocess>>
-StartShards(int shards, const std::vector<std::string> &args,
-            std::vector<int> *ports);
+std::vector<std::unique_ptr<Subprocess>> StartShards(
+    int shards, const std::vector<std::string>& args, std::vector<int>* ports);
 // "127.0.0.1:p0,127.0.0.1:p1,...": what workers get as --ps.
-std::string PsList(const std::vector<int> &ports);
+std::string PsList(const std::vector<int>& ports);
 
 // A job's `count` dp-ps shards (1: one plain dp-ps), each with `args` and a
 // checkpoint directory of its own in `dir` (ckpt0, ckpt1...), for tests
 // that kill them -9 and restart them where they were.
 class RestartableShards {
-public:
+ public:
   RestartableShards(int count, std::vector<std::string> args,
-                    const TempDir &dir);
+                    const TempDir& dir);
   // Kills shard k -9 and starts it again on its port (it resumes from its
   // newest checkpoint); false, with a test failure, if it did not listen
   // there.
@@ -54,7 +53,7 @@ public:
   // Every shard's exit code, expected 0, failing the test otherwise.
   void ExpectAllExitZero();
 
-private:
+ private:
   void Start(int k, int port);
 
   std::vector<std::vector<std::string>> args_;
@@ -63,9 +62,9 @@ private:
 };
 
 struct JobResult {
-  int ps_exit = -1; // the largest exit code of the shards
+  int ps_exit = -1;  // the largest exit code of the shards
   std::vector<int> worker_exits;
-  std::string ps_output; // of shard 0
+  std::string ps_output;  // of shard 0
 };
 // dp-ps with `ps_args` plus --workers (as `shards` shards), and that many
 // dp-workers; waits for all of them to exit.
@@ -82,20 +81,20 @@ bool WaitForStep(int port, int64_t step, absl::Duration timeout);
 // nullopt at the deadline.
 std::optional<dp::v1::GetStatusResponse> WaitForStatus(
     int port,
-    const std::function<bool(const dp::v1::GetStatusResponse &)> &holds,
+    const std::function<bool(const dp::v1::GetStatusResponse&)>& holds,
     absl::Duration timeout);
 // The saved model (its bytes) of the job RunJob(ps_args + --save_model,
 // workers) runs, without failures: the reference a fault test compares its
 // model with. Several tests (each its own process under ctest) share one
 // reference, so it is kept in TMPDIR under a name that hashes the flags and
 // both binaries, and computed only when no such file is there yet.
-std::string ReferenceModel(const std::vector<std::string> &ps_args,
+std::string ReferenceModel(const std::vector<std::string>& ps_args,
                            int workers);
 // Polls until `path` exists; false at the deadline. dp-ps writes checkpoints
 // in the background and renames them into place, so a checkpoint's name
 // appears only once it is whole.
-bool WaitForFile(const std::string &path, absl::Duration timeout);
+bool WaitForFile(const std::string& path, absl::Duration timeout);
 
-} // namespace dp
+}  // namespace dp
 
-#endif // DP_TESTS_JOB_RUNNER_H_
+#endif  // DP_TESTS_JOB_RUNNER_H_

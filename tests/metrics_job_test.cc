@@ -8,10 +8,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "gtest/gtest.h"
 #include "tests/exposition.h"
 #include "tests/loopback_listener.h"
 #include "tests/subprocess.h"
-#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
@@ -20,29 +20,26 @@ const absl::Duration kTimeout = absl::Seconds(60);
 
 // Holds a loopback port with a plain listening socket.
 class BusyPort {
-public:
+ public:
   BusyPort() {
     fd_ = ListenOnLoopback(&port_, /*backlog=*/1);
-    if (fd_ < 0)
-      ADD_FAILURE() << "cannot hold a loopback port";
+    if (fd_ < 0) ADD_FAILURE() << "cannot hold a loopback port";
   }
   ~BusyPort() {
-    if (fd_ >= 0)
-      close(fd_);
+    if (fd_ >= 0) close(fd_);
   }
   int port() const { return port_; }
 
-private:
+ private:
   int fd_ = -1;
   int port_ = 0;
 };
 
 // The port in the "metrics on HOST:PORT" line, 0 if absent.
-int MetricsPort(const Subprocess &p, const std::string &host) {
+int MetricsPort(const Subprocess& p, const std::string& host) {
   int port = 0;
   auto field = p.Field("metrics on " + host + ":");
-  if (field.has_value() && !absl::SimpleAtoi(*field, &port))
-    port = 0;
+  if (field.has_value() && !absl::SimpleAtoi(*field, &port)) port = 0;
   return port;
 }
 
@@ -57,7 +54,7 @@ TEST(MetricsJobTest, BusyMetricsPortIsExitOneNamingTheAddress) {
       {DP_WORKER_BINARY, "--rank=0", "--ps=127.0.0.1:1",
        absl::StrCat("--metrics_port=", busy.port()),
        "--metrics_host=127.0.0.1"}};
-  for (const auto &argv : commands) {
+  for (const auto& argv : commands) {
     Subprocess p(argv);
     EXPECT_EQ(p.Wait(kTimeout), kExitFailure) << p.output();
     EXPECT_NE(p.output().find("cannot serve metrics on " + address),
@@ -119,10 +116,9 @@ TEST(MetricsJobTest, EverySeriesOfAShardCarriesItsIndex) {
   ASSERT_TRUE(body.ok()) << body.status();
   auto s = ParseExposition(*body);
   ASSERT_FALSE(s.empty()) << *body;
-  for (const auto &[series, value] : s) {
+  for (const auto& [series, value] : s) {
     // prometheus-cpp's own exposer_* series describe the endpoint, not dp-ps.
-    if (!absl::StartsWith(series, "dp_"))
-      continue;
+    if (!absl::StartsWith(series, "dp_")) continue;
     EXPECT_NE(series.find("shard=\"1\""), std::string::npos) << series;
   }
   EXPECT_EQ(
@@ -132,8 +128,8 @@ TEST(MetricsJobTest, EverySeriesOfAShardCarriesItsIndex) {
 }
 
 // The exposition at host:port has dp_build_info.
-void ExpectMetricsAt(const std::string &host, int port,
-                     const Subprocess &from) {
+void ExpectMetricsAt(const std::string& host, int port,
+                     const Subprocess& from) {
   auto body = HttpGet(host, port, "/metrics");
   ASSERT_TRUE(body.ok()) << body.status() << "\n" << from.output();
   EXPECT_NE(body->find("dp_build_info"), std::string::npos) << *body;
@@ -143,15 +139,14 @@ void ExpectMetricsAt(const std::string &host, int port,
 // address: by default (--metrics_host=0.0.0.0, a wildcard) both binaries
 // serve metrics on every IPv4 and IPv6 address, on one port.
 TEST(MetricsJobTest, TheDefaultHostServesIpv4AndIpv6OnOnePort) {
-  if (!HasIpv6Loopback())
-    GTEST_SKIP() << "no IPv6 loopback on this host";
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback on this host";
   const std::vector<std::vector<std::string>> commands = {
       {DP_PS_BINARY, "--host=127.0.0.1", "--port=0", "--metrics_port=-1"},
       // --stop_timeout_s: a worker that never joined has no step to end;
       // the default 20 s would only be waited out.
       {DP_WORKER_BINARY, "--rank=0", "--ps=127.0.0.1:1", "--backend=cpu",
        "--retry_for_s=60", "--metrics_port=-1", "--stop_timeout_s=1"}};
-  for (const auto &argv : commands) {
+  for (const auto& argv : commands) {
     Subprocess p(argv);
     ASSERT_TRUE(p.WaitForOutput("metrics on ", kTimeout)) << p.output();
     const int port = MetricsPort(p, "0.0.0.0");
@@ -164,8 +159,7 @@ TEST(MetricsJobTest, TheDefaultHostServesIpv4AndIpv6OnOnePort) {
 }
 
 TEST(MetricsJobTest, AnIpv6MetricsHostServesOnIt) {
-  if (!HasIpv6Loopback())
-    GTEST_SKIP() << "no IPv6 loopback on this host";
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback on this host";
   Subprocess ps({DP_PS_BINARY, "--host=127.0.0.1", "--port=0",
                  "--metrics_port=-1", "--metrics_host=::1"});
   ASSERT_TRUE(ps.WaitForOutput("listening on", kTimeout)) << ps.output();
@@ -176,5 +170,5 @@ TEST(MetricsJobTest, AnIpv6MetricsHostServesOnIt) {
   EXPECT_EQ(ps.Wait(kTimeout), kExitInterrupted) << ps.output();
 }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp

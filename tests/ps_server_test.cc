@@ -15,13 +15,13 @@
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/safetensors.h"
+#include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
 #include "server/shard_gather.h"
 #include "tests/job_runner.h"
 #include "tests/subprocess.h"
 #include "worker/ps_group.h"
 #include "worker/trainer.h"
-#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
@@ -41,7 +41,7 @@ PsServerOptions SyntheticJob(int workers, int64_t max_steps) {
 }
 
 // Runs rank `rank` of the job served by `server` to its end.
-absl::Status Train(const PsServer &server, int rank) {
+absl::Status Train(const PsServer& server, int rank) {
   PsClientOptions client_options;
   client_options.address = absl::StrCat("127.0.0.1:", server.port());
   client_options.max_message_bytes =
@@ -104,10 +104,10 @@ TEST(PsServerTest, StopBeforeTheEndCheckpointsAndReturnsStopped) {
   TempDir dir;
   PsServerOptions o = SyntheticJob(1, 1000000);
   o.checkpoint_dir = dir.File("ckpt");
-  o.checkpoint_every = 0; // only the final one
+  o.checkpoint_every = 0;  // only the final one
   auto server = PsServer::Start(o);
   ASSERT_TRUE(server.ok()) << server.status();
-  PsServer *s = server->get();
+  PsServer* s = server->get();
   absl::StatusOr<PsServer::Outcome> outcome;
   std::thread run([&] { outcome = s->Run(); });
   // The worker trains until the stop refuses its steps.
@@ -121,7 +121,7 @@ TEST(PsServerTest, StopBeforeTheEndCheckpointsAndReturnsStopped) {
   run.join();
   ASSERT_TRUE(outcome.ok()) << outcome.status();
   EXPECT_EQ(*outcome, PsServer::Outcome::kStopped);
-  EXPECT_FALSE(trained.ok()); // refused (UNAVAILABLE), not finished
+  EXPECT_FALSE(trained.ok());  // refused (UNAVAILABLE), not finished
   CheckpointStore store(o.checkpoint_dir, ModelLayout::SimpleNet(), 3);
   ASSERT_TRUE(store.Open().ok());
   auto newest = store.LoadNewest();
@@ -137,14 +137,13 @@ TEST(PsServerTest, StopRacingTheEndOfRunIsSafe) {
   for (int round = 0; round < 5; ++round) {
     auto server = PsServer::Start(SyntheticJob(1, 3));
     ASSERT_TRUE(server.ok()) << server.status();
-    PsServer *s = server->get();
+    PsServer* s = server->get();
     absl::StatusOr<PsServer::Outcome> outcome;
     std::thread run([&] { outcome = s->Run(); });
     std::thread stopper([s] {
       while (s->coordinator().Status().step < 3)
         absl::SleepFor(absl::Milliseconds(1));
-      for (int i = 0; i < 100; ++i)
-        s->Stop(SIGTERM);
+      for (int i = 0; i < 100; ++i) s->Stop(SIGTERM);
     });
     (void)Train(*s, 0);
     stopper.join();
@@ -152,7 +151,7 @@ TEST(PsServerTest, StopRacingTheEndOfRunIsSafe) {
     ASSERT_TRUE(outcome.ok()) << outcome.status();
     // Every step was applied before the stop: the job counts as finished.
     EXPECT_EQ(*outcome, PsServer::Outcome::kFinished);
-    s->Stop(SIGTERM); // after Run, before destruction: allowed
+    s->Stop(SIGTERM);  // after Run, before destruction: allowed
     server->reset();
   }
 }
@@ -196,7 +195,7 @@ TEST(PsServerTest, ACheckpointOfAnotherShardIsRefusedNamingBoth) {
     auto server = PsServer::Start(o);
     ASSERT_TRUE(server.ok()) << server.status();
     (*server)->Stop(SIGTERM);
-    ASSERT_TRUE((*server)->Run().ok()); // writes the checkpoint of step 0
+    ASSERT_TRUE((*server)->Run().ok());  // writes the checkpoint of step 0
   }
   for (auto [shards, shard] :
        std::vector<std::pair<int, int>>{{2, 0}, {1, 0}}) {
@@ -216,13 +215,13 @@ TEST(PsServerTest, ACheckpointOfAnotherShardIsRefusedNamingBoth) {
 
 // Rollback over gRPC, as PsGroup::Register calls it.
 class ShardRollback {
-public:
+ public:
   explicit ShardRollback(int port)
       : stub_(dp::v1::ParameterServer::NewStub(
             grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                                 grpc::InsecureChannelCredentials()))) {}
   absl::Status Rollback(int64_t step, uint64_t generation,
-                        dp::v1::RollbackResponse *response = nullptr) {
+                        dp::v1::RollbackResponse* response = nullptr) {
     grpc::ClientContext ctx;
     dp::v1::RollbackRequest request;
     request.set_step(step);
@@ -246,7 +245,7 @@ public:
     return status;
   }
 
-private:
+ private:
   std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
 };
 
@@ -256,7 +255,7 @@ const DataFingerprint kShardData{1000, 0x5eed};
 // Applies the steps of a one-worker job up to `to` on one shard, as rank 0
 // pushing zero gradients (every shard's update is its own: the others need
 // not be there).
-void TrainShard(StepCoordinator &c, int64_t to) {
+void TrainShard(StepCoordinator& c, int64_t to) {
   const ParamRange range = c.shard().range;
   ASSERT_TRUE(c.Register(0, c.layout().Fingerprint(), kShardData).ok());
   const std::string zeros(range.length * sizeof(float), '\0');
@@ -268,8 +267,8 @@ void TrainShard(StepCoordinator &c, int64_t to) {
 
 // Shard 1 of 2 of job `o` with checkpoints of `steps` in o.checkpoint_dir,
 // as if it had trained to the last of them.
-void WriteShardCheckpoints(const PsServerOptions &o,
-                           const std::vector<int64_t> &steps) {
+void WriteShardCheckpoints(const PsServerOptions& o,
+                           const std::vector<int64_t>& steps) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   ShardSpec spec;
   ASSERT_TRUE(MakeShardSpec(layout, o.shards, o.shard, &spec).ok());
@@ -285,19 +284,19 @@ void WriteShardCheckpoints(const PsServerOptions &o,
   }
 }
 
-PsServerOptions ShardOfTwo(const TempDir &dir, int shard = 1,
+PsServerOptions ShardOfTwo(const TempDir& dir, int shard = 1,
                            int64_t max_steps = 100) {
   PsServerOptions o = SyntheticJob(1, max_steps);
   o.shards = 2;
   o.shard = shard;
   o.checkpoint_dir = dir.File(absl::StrCat("ckpt", shard));
-  o.checkpoint_every = 1000; // only the ones the test writes, and the last
+  o.checkpoint_every = 1000;  // only the ones the test writes, and the last
   return o;
 }
 
 // Run() in a thread; `returned` once it has.
 struct Running {
-  explicit Running(PsServer *server)
+  explicit Running(PsServer* server)
       : thread([this, server] {
           outcome = server->Run();
           returned.Notify();
@@ -405,7 +404,7 @@ TEST(PsServerTest, TheRanksAWorkerWaitsForAreThoseAnyShardLacks) {
   }
   // Shard 0 has the pushes of ranks 0 and 1, shard 1 only rank 0's.
   for (int k : {0, 1}) {
-    StepCoordinator &c = shards[k]->coordinator();
+    StepCoordinator& c = shards[k]->coordinator();
     const ParamRange range = c.shard().range;
     const std::string zeros(range.length * sizeof(float), '\0');
     for (int rank = 0; rank < 3; ++rank) {
@@ -423,8 +422,7 @@ TEST(PsServerTest, TheRanksAWorkerWaitsForAreThoseAnyShardLacks) {
   const absl::StatusOr<std::vector<int>> lacking = group.Unpushed(0, 3);
   ASSERT_TRUE(lacking.ok()) << lacking.status();
   EXPECT_EQ(*lacking, (std::vector<int>{1, 2}));
-  for (auto &shard : shards)
-    shard->Stop(SIGTERM);
+  for (auto& shard : shards) shard->Stop(SIGTERM);
 }
 
 // A shard collected at the end, then rolled back (another shard restarted
@@ -492,10 +490,10 @@ TEST(PsServerTest, Shard0SavesTheModelWhenAWorkerIsLateForTheLastStep) {
   const auto saved = LoadSafetensors(o0.save_model, ModelLayout::SimpleNet());
   ASSERT_TRUE(saved.ok()) << saved.status();
   const ParamRange r1 = ShardRanges(ModelLayout::SimpleNet(), 2)[1];
-  EXPECT_EQ((*saved)[r1.offset], 0.5f * 29); // shard 1's, zero gradients
+  EXPECT_EQ((*saved)[r1.offset], 0.5f * 29);  // shard 1's, zero gradients
   ASSERT_TRUE(run1.returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_TRUE(run1.outcome.ok()) << run1.outcome.status();
 }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/flags.h"
-#include "tests/job_runner.h"
 #include "gtest/gtest.h"
+#include "tests/job_runner.h"
 
 namespace dp {
 namespace {
@@ -21,7 +21,7 @@ namespace {
 // new_end(the step they stopped at), lets the workers go on (SIGCONT), and
 // checks that dp-ps and both workers finish there.
 void RestartWithMaxSteps(int64_t planned,
-                         const std::function<int64_t(int64_t)> &new_end) {
+                         const std::function<int64_t(int64_t)>& new_end) {
   TempDir dir;
   std::vector<std::string> flags = {"--workers=2", "--batch_size=16",
                                     "--seed=4", "--checkpoint_every=10",
@@ -71,5 +71,5 @@ TEST(ReplanTest, WorkersFollowAServerRestartedWithFewerSteps) {
   RestartWithMaxSteps(1000, [](int64_t stopped) { return stopped + 100; });
 }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp

@@ -14,23 +14,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
+#include "gtest/gtest.h"
 #include "server/ps_service.h"
 #include "tests/test_certs.h"
-#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
 
 using Stub = dp::v1::ParameterServer::Stub;
 
-const ModelLayout &Layout() {
-  static const ModelLayout *layout =
+const ModelLayout& Layout() {
+  static const ModelLayout* layout =
       new ModelLayout(ModelLayout::Mlp({8, 4, 3}));
   return *layout;
 }
 
-bool Same(const TrainingState &a, const TrainingState &b) {
-  auto eq = [](const std::vector<float> &x, const std::vector<float> &y) {
+bool Same(const TrainingState& a, const TrainingState& b) {
+  auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
     return x.size() == y.size() &&
            std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
   };
@@ -38,7 +38,7 @@ bool Same(const TrainingState &a, const TrainingState &b) {
          eq(a.v, b.v);
 }
 
-void WriteTextFile(const std::string &path, const std::string &text,
+void WriteTextFile(const std::string& path, const std::string& text,
                    mode_t mode = 0600) {
   std::ofstream(path) << text;
   chmod(path.c_str(), mode);
@@ -46,8 +46,8 @@ void WriteTextFile(const std::string &path, const std::string &text,
 
 // dp-ps's service on loopback with the given security, over a 2-rank job.
 class Server {
-public:
-  explicit Server(const SecurityFlags &flags, KeepaliveOptions keepalive = {}) {
+ public:
+  explicit Server(const SecurityFlags& flags, KeepaliveOptions keepalive = {}) {
     JobConfig config;
     config.schedule.world_size = 2;
     config.schedule.batch_size = 4;
@@ -57,8 +57,7 @@ public:
     coordinator_ = std::make_unique<StepCoordinator>(Layout(), config, state);
     auto security = LoadServerSecurity(flags);
     EXPECT_TRUE(security.ok()) << security.status();
-    if (!security.ok())
-      return;
+    if (!security.ok()) return;
     service_ = std::make_unique<PsService>(
         coordinator_.get(), nullptr, PsServiceOptions{security->auth_token});
     GrpcServerOptions options;
@@ -68,8 +67,7 @@ public:
     options.max_message_bytes = MessageBytesFor(Layout().num_params());
     auto running = StartGrpcServer(options, {service_.get()});
     EXPECT_TRUE(running.ok()) << running.status();
-    if (!running.ok())
-      return;
+    if (!running.ok()) return;
     server_ = std::move(running->server);
     port_ = running->port;
     initial_ = coordinator_->Snapshot();
@@ -77,19 +75,18 @@ public:
   ~Server() {
     coordinator_->Shutdown();
     service_->EndAttendance();
-    if (server_)
-      server_->Shutdown();
+    if (server_) server_->Shutdown();
   }
 
   int port() const { return port_; }
-  StepCoordinator &coordinator() { return *coordinator_; }
+  StepCoordinator& coordinator() { return *coordinator_; }
   // Nothing a client did changed the state or registered a rank.
   bool Untouched() const {
     return Same(initial_, coordinator_->Snapshot()) &&
            coordinator_->Status().registered_ranks.empty();
   }
 
-private:
+ private:
   std::unique_ptr<StepCoordinator> coordinator_;
   std::unique_ptr<PsService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -97,12 +94,11 @@ private:
   TrainingState initial_;
 };
 
-std::unique_ptr<Stub> Connect(int port, const SecurityFlags &flags,
+std::unique_ptr<Stub> Connect(int port, const SecurityFlags& flags,
                               KeepaliveOptions keepalive = {}) {
   auto security = LoadClientSecurity(flags);
   EXPECT_TRUE(security.ok()) << security.status();
-  if (!security.ok())
-    return nullptr;
+  if (!security.ok()) return nullptr;
   grpc::ChannelArguments args =
       ClientChannelArguments(MessageBytesFor(Layout().num_params()), keepalive);
   if (!security->server_name.empty()) {
@@ -125,26 +121,25 @@ dp::v1::RegisterRequest RegisterRequest(int rank) {
 }
 
 // Register with a deadline, and `metadata` entries ("key", "value").
-grpc::Status
-Register(Stub *stub, int rank,
-         std::vector<std::pair<std::string, std::string>> metadata = {}) {
+grpc::Status Register(
+    Stub* stub, int rank,
+    std::vector<std::pair<std::string, std::string>> metadata = {}) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  for (const auto &[k, v] : metadata)
-    ctx.AddMetadata(k, v);
+  for (const auto& [k, v] : metadata) ctx.AddMetadata(k, v);
   dp::v1::RegisterResponse response;
   return stub->Register(&ctx, RegisterRequest(rank), &response);
 }
 
 class SecurityTest : public ::testing::Test {
-protected:
+ protected:
   static void SetUpTestSuite() { certs_ = TestCerts::Make().release(); }
   static void TearDownTestSuite() { delete certs_; }
   void SetUp() override { ASSERT_NE(certs_, nullptr); }
 
-  static TestCerts *certs_;
+  static TestCerts* certs_;
 };
-TestCerts *SecurityTest::certs_ = nullptr;
+TestCerts* SecurityTest::certs_ = nullptr;
 
 TEST_F(SecurityTest, MutualTlsAdmitsACertificateOfTheJobsCa) {
   Server server(certs_->Server(/*mutual=*/true));
@@ -158,7 +153,7 @@ TEST_F(SecurityTest, MutualTlsAdmitsACertificateOfTheJobsCa) {
 TEST_F(SecurityTest, MutualTlsRefusesMissingForeignAndExpiredCertificates) {
   Server server(certs_->Server(/*mutual=*/true));
   struct Case {
-    const char *what;
+    const char* what;
     SecurityFlags flags;
   };
   const Case cases[] = {
@@ -167,7 +162,7 @@ TEST_F(SecurityTest, MutualTlsRefusesMissingForeignAndExpiredCertificates) {
       {"expired certificate", certs_->Client("expired_client")},
       {"plaintext", SecurityFlags{}},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     auto stub = Connect(server.port(), c.flags);
     grpc::Status s = Register(stub.get(), 0);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
@@ -220,7 +215,7 @@ TEST_F(SecurityTest, TokenRightIsAdmittedWrongOrMissingIsUnauthenticated) {
   auto stub = Connect(server.port(), SecurityFlags{});
   const std::string right = "Bearer " + token;
   struct Case {
-    const char *what;
+    const char* what;
     std::vector<std::pair<std::string, std::string>> metadata;
   };
   const Case cases[] = {
@@ -232,7 +227,7 @@ TEST_F(SecurityTest, TokenRightIsAdmittedWrongOrMissingIsUnauthenticated) {
       {"right and wrong", {{"authorization", right}, {"authorization", "x"}}},
       {"other key", {{"x-token", right}}},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     grpc::Status s = Register(stub.get(), 0, c.metadata);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << c.what << ": " << s.error_message();
@@ -258,7 +253,7 @@ TEST_F(SecurityTest, TokenRightIsAdmittedWrongOrMissingIsUnauthenticated) {
       stub->ReportEval(&c5, eval_request, &eval),
       stub->GetStatus(&c6, dp::v1::GetStatusRequest(), &status),
   };
-  for (const grpc::Status &s : statuses) {
+  for (const grpc::Status& s : statuses) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << s.error_message();
   }
@@ -299,7 +294,7 @@ TEST_F(SecurityTest, KeepaliveOfBothSidesKeepsASilentWaitAlive) {
     dp::v1::BarrierResponse response;
     grpc::Status status;
   };
-  auto open = [&](Side &side, bool lenient) {
+  auto open = [&](Side& side, bool lenient) {
     KeepaliveOptions k;
     k.client_time_ms = 20;
     k.timeout_ms = 5000;
@@ -318,7 +313,7 @@ TEST_F(SecurityTest, KeepaliveOfBothSidesKeepsASilentWaitAlive) {
     // Rank 1 never pushes: the wait stays silent.
     side.ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
   };
-  auto wait = [](Side &side) {
+  auto wait = [](Side& side) {
     dp::v1::BarrierRequest barrier;
     barrier.set_rank(0);
     side.status = side.stub->Barrier(&side.ctx, barrier, &side.response);
@@ -350,9 +345,9 @@ TEST(SecurityConfigTest, ErrorsNameTheFlagAndTheFile) {
   WriteTextFile(dir.File("short"), "short\n");
   WriteTextFile(dir.File("spaces"), "a token with spaces in it\n");
   struct Case {
-    const char *what;
+    const char* what;
     SecurityFlags flags;
-    std::string expected; // in the message
+    std::string expected;  // in the message
   };
   SecurityFlags missing = certs->Server(true);
   missing.tls_cert = dir.File("nonexistent.pem");
@@ -391,7 +386,7 @@ TEST(SecurityConfigTest, ErrorsNameTheFlagAndTheFile) {
       {"missing token file", missing_token,
        "--auth_token_file: cannot read " + missing_token.auth_token_file},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     auto s = LoadServerSecurity(c.flags);
     ASSERT_FALSE(s.ok()) << c.what;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
@@ -421,12 +416,12 @@ TEST(SecurityConfigTest, TokenFileIsTrimmedAndComparedExactly) {
 }
 
 TEST(SecurityConfigTest, PlaintextOnANonLoopbackAddressIsWarnedAbout) {
-  for (const char *host :
+  for (const char* host :
        {"localhost", "127.0.0.1", "127.1.2.3", "::1", "[::1]"}) {
     EXPECT_TRUE(IsLoopbackHost(host)) << host;
     EXPECT_FALSE(PlaintextWarning(host, ServerSecurity{}).has_value()) << host;
   }
-  for (const char *host : {"0.0.0.0", "", "::", "10.0.0.1", "dp-ps.example",
+  for (const char* host : {"0.0.0.0", "", "::", "10.0.0.1", "dp-ps.example",
                            "128.0.0.1", "[::1"}) {
     EXPECT_FALSE(IsLoopbackHost(host)) << host;
     auto warning = PlaintextWarning(host, ServerSecurity{});
@@ -438,5 +433,5 @@ TEST(SecurityConfigTest, PlaintextOnANonLoopbackAddressIsWarnedAbout) {
   EXPECT_FALSE(PlaintextWarning("0.0.0.0", tls).has_value());
 }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp

@@ -13,21 +13,21 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "gtest/gtest.h"
 #include "server/checkpoint.h"
 #include "tests/job_runner.h"
-#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
 
-std::string ReadModel(const std::string &path) {
+std::string ReadModel(const std::string& path) {
   auto bytes = ReadFile(path);
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   return bytes.value_or("");
 }
 
 // The model of a job of 2 workers with `flags` on `shards` shards.
-std::string TrainedModel(const TempDir &dir, std::vector<std::string> flags,
+std::string TrainedModel(const TempDir& dir, std::vector<std::string> flags,
                          int shards) {
   const std::string path = dir.File(absl::StrCat("model-", shards, ".st"));
   flags.push_back("--save_model=" + path);
@@ -103,23 +103,20 @@ TEST(ShardTest, AShardRestartedFromAnOlderCheckpointRollsTheJobBack) {
       p.push_back(StartServer(ShardArgs(args, k, ports), &port, ports[k]));
       ports[k] = port;
     }
-    std::reverse(p.begin(), p.end()); // p[k] is shard k
-    for (int r = 0; r < 2; ++r)
-      p.push_back(StartWorker(PsList(ports), r));
+    std::reverse(p.begin(), p.end());  // p[k] is shard k
+    for (int r = 0; r < 2; ++r) p.push_back(StartWorker(PsList(ports), r));
     return p;
   };
   {
     auto first = run(37);
-    for (auto &p : first)
-      EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+    for (auto& p : first) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
   }
   ASSERT_TRUE(
       std::filesystem::remove(dir.File("ckpt1/" + CheckpointFileName(37))));
   ASSERT_TRUE(
       std::filesystem::exists(dir.File("ckpt1/" + CheckpointFileName(30))));
   auto second = run(80);
-  for (auto &p : second)
-    EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  for (auto& p : second) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
   EXPECT_NE(second[1]->output().find("resuming from the checkpoint of step 30"),
             std::string::npos)
       << second[1]->output();
@@ -144,8 +141,7 @@ TEST(ShardTest, AWaitingWorkerNamesTheRanksTheShardsLack) {
   auto w1 = StartWorker(PsList(ports), 1);
   EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
   EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
-  for (auto &p : ps)
-    EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
 }
 
 // --ps as one name that resolves to every shard (as a headless Service's
@@ -180,9 +176,10 @@ TEST(ShardTest, ANameThatResolvesToEveryShardReachesThemAll) {
   auto s0 = StartServer(flags, &port0, port);
   ASSERT_EQ(port0, port) << s0->output();
   const std::string hosts = dir.File("hosts");
-  ASSERT_TRUE(WriteFileAtomic(hosts, "127.0.0.1 localhost\n"
-                                     "127.0.0.1 dp-ps-multi\n"
-                                     "127.0.0.2 dp-ps-multi\n")
+  ASSERT_TRUE(WriteFileAtomic(hosts,
+                              "127.0.0.1 localhost\n"
+                              "127.0.0.1 dp-ps-multi\n"
+                              "127.0.0.2 dp-ps-multi\n")
                   .ok());
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int rank = 0; rank < 2; ++rank) {
@@ -192,7 +189,7 @@ TEST(ShardTest, ANameThatResolvesToEveryShardReachesThemAll) {
                      DP_WORKER_BINARY, " --ps=dp-ps-multi:", port,
                      " --rank=", rank, " --backend=cpu")}));
   }
-  for (auto &w : workers) {
+  for (auto& w : workers) {
     EXPECT_EQ(w->Wait(kJobTimeout), 0) << w->output();
     EXPECT_NE(w->output().find(absl::StrCat("dp-ps shards: ipv4:127.0.0.1:",
                                             port, ",ipv4:127.0.0.2:", port)),
@@ -238,5 +235,5 @@ TEST(ShardTest, ShardsOfDifferentJobsAreRefusedNamingBoth) {
   s1->Signal(SIGTERM);
 }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp

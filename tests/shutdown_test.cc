@@ -12,12 +12,12 @@
 #include "absl/time/clock.h"
 #include "common/flags.h"
 #include "common/grpc_server.h"
+#include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "tests/health_client.h"
 #include "tests/job_runner.h"
 #include "tests/subprocess.h"
-#include "gtest/gtest.h"
 
 namespace dp {
 namespace {
@@ -36,7 +36,7 @@ const std::vector<std::string> kLongJob = {"--dataset=synthetic",
 std::string Address(int port) { return absl::StrCat("127.0.0.1:", port); }
 
 // The integer after `prefix` in the process's output.
-int64_t IntField(const Subprocess &p, const std::string &prefix) {
+int64_t IntField(const Subprocess& p, const std::string& prefix) {
   auto field = p.Field(prefix);
   int64_t value = -1;
   if (field.has_value()) {
@@ -57,7 +57,7 @@ dp::v1::GetStatusResponse GetStatus(int port) {
   return response;
 }
 
-HealthStatus Health(const std::string &address, const std::string &service) {
+HealthStatus Health(const std::string& address, const std::string& service) {
   auto status = CheckHealth(address, service);
   EXPECT_TRUE(status.ok()) << status.status();
   return status.value_or(HealthStatus{});
@@ -137,13 +137,13 @@ TEST(ShutdownTest, WorkerOnSigtermFinishesItsCurrentStepAndExitsInterrupted) {
 // steps, and restarted on its port each time, as Kubernetes replaces an
 // evicted pod: a call cut off by the drain is retried, so the workers ride
 // it out and finish the job; a worker that exits on it is a failed pod.
-void WorkersRideOutRepeatedDrains(const std::string &data_plane) {
+void WorkersRideOutRepeatedDrains(const std::string& data_plane) {
   constexpr int kDrains = 6;
   TempDir dir;
   std::vector<std::string> flags = kLongJob;
   flags.push_back("--workers=2");
   flags.push_back("--checkpoint_dir=" + dir.File("ckpt"));
-  flags.push_back("--checkpoint_every=0"); // only the drains' own
+  flags.push_back("--checkpoint_every=0");  // only the drains' own
   int port = 0;
   auto ps = StartServer(flags, &port);
   ASSERT_GT(port, 0) << ps->output();
@@ -171,7 +171,7 @@ void WorkersRideOutRepeatedDrains(const std::string &data_plane) {
   // push that never comes, which is what --stop_timeout_s bounds and not
   // what this test is about.)
   ASSERT_TRUE(WaitForStep(port, step + 20, kStartTimeout)) << ps->output();
-  for (Subprocess *w : {w0.get(), w1.get()}) {
+  for (Subprocess* w : {w0.get(), w1.get()}) {
     EXPECT_FALSE(w->Wait(absl::ZeroDuration()).has_value()) << w->output();
     w->Signal(SIGKILL);
     EXPECT_EQ(w->Wait(kStopDeadline), 128 + SIGKILL) << w->output();
@@ -265,7 +265,7 @@ TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
       {DP_PS_BINARY, "--dry_run", "--update_threads=-1"},
       {DP_PS_BINARY, "--dry_run", "--shards=0"},
       {DP_PS_BINARY, "--dry_run", "--shards=2", "--shard=2"},
-      {DP_PS_BINARY, "--dry_run", "--shards=2", "--shard=0"}, // no peers
+      {DP_PS_BINARY, "--dry_run", "--shards=2", "--shard=0"},  // no peers
       {DP_PS_BINARY, "--dry_run", "--shards=65", "--shard=1"},
       {DP_PS_BINARY, "--dry_run", "--micro_batch=-1"},
       {DP_PS_BINARY, "--dry_run", "--global_batch=100", "--micro_batch=16"},
@@ -282,7 +282,7 @@ TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
       // Checked when the backend is chosen, before the worker connects.
       {DP_WORKER_BINARY, "--rank=0", "--ps=127.0.0.1:1", "--device=-2"},
   };
-  for (const auto &argv : cases) {
+  for (const auto& argv : cases) {
     Subprocess p(argv);
     EXPECT_EQ(p.Wait(kStopDeadline), kExitConfigError)
         << argv.back() << ": " << p.output();
@@ -297,7 +297,8 @@ TEST(DryRunTest, RefusesBadElasticFlagsNamingThem) {
     std::string error;
   };
   const std::vector<Case> cases = {
-      {{"--micro_batch=-1"}, "--micro_batch must be in 1..65536"},
+      {{"--micro_batch=-1"},
+       "--micro_batch must be in 1..65536"},
       {{"--micro_batch=70000"}, "--micro_batch must be in 1..65536"},
       {{"--global_batch=-64"},
        "--global_batch must be a positive multiple of --micro_batch (64), "
@@ -326,7 +327,7 @@ TEST(DryRunTest, RefusesBadElasticFlagsNamingThem) {
       {{"--straggler_min_wait_ms=-1"},
        "--straggler_min_wait_ms must be >= 0, got -1"},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     std::vector<std::string> argv = {DP_PS_BINARY, "--dry_run"};
     argv.insert(argv.end(), c.flags.begin(), c.flags.end());
     Subprocess p(argv);
@@ -384,5 +385,5 @@ TEST(ElasticFlagsTest, GlobalAndMicroBatchSetTheMicroBatchesOfAStep) {
   EXPECT_EQ(d.micro_batches(), 12);
 }
 
-} // namespace
-} // namespace dp
+}  // namespace
+}  // namespace dp
