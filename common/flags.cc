@@ -1,6 +1,7 @@
 // Flags with DP_<NAME> environment fallback.
 #include "common/flags.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -240,6 +241,45 @@ void WarnUnknownEnvironment(const Flags& flags) {
   for (const std::string& name : flags.UnknownEnvironment()) {
     Log("warning: environment variable %s matches no flag; ignored", name);
   }
+}
+
+absl::Status CheckRanges(std::initializer_list<IntRange> rows) {
+  for (const IntRange& r : rows) {
+    if (r.value >= r.lo && r.value <= r.hi) continue;
+    const std::string range = r.hi == kNoUpperBound
+                                  ? absl::StrCat(">= ", r.lo)
+                                  : absl::StrCat("in ", r.lo, "..", r.hi);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", r.flag, " must be ", range,
+                     r.note != nullptr ? absl::StrCat(" (", r.note, ")") : "",
+                     ", got ", r.value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBounds(std::initializer_list<RealBound> rows) {
+  for (const RealBound& r : rows) {
+    // NaN fails both comparisons, and infinity is no setting.
+    const bool above = r.or_equal ? r.value >= r.bound : r.value > r.bound;
+    if (above && std::isfinite(r.value)) continue;
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--%s must be a number %s %g, got %g", r.flag,
+                        r.or_equal ? ">=" : ">", r.bound, r.value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckChoice(const char* flag, absl::string_view value,
+                         std::initializer_list<absl::string_view> choices) {
+  std::vector<absl::string_view> names(choices);
+  for (absl::string_view c : names) {
+    if (value == c) return absl::OkStatus();
+  }
+  const absl::string_view last = names.back();
+  names.pop_back();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--%s must be %s or %s, got '%s'", flag,
+                      absl::StrJoin(names, ", "), last, value));
 }
 
 }  // namespace dp

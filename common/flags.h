@@ -8,11 +8,14 @@
 #define DP_COMMON_FLAGS_H_
 
 #include <cstdint>
+#include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace dp {
 
@@ -96,6 +99,38 @@ int FinishDryRun(const Flags& flags);
 // Logs a warning naming each unknown DP_* variable (a normal run still
 // starts: a shell may export variables meant for the other program).
 void WarnUnknownEnvironment(const Flags& flags);
+
+// The checks of a program's flag values, written as tables: each returns
+// INVALID_ARGUMENT naming the first flag out of bounds, its bounds and its
+// value, or OK.
+
+inline constexpr int64_t kNoUpperBound = std::numeric_limits<int64_t>::max();
+// An integer flag and the range it must lie in.
+struct IntRange {
+  const char* flag;  // without the dashes
+  int64_t value;
+  int64_t lo;
+  int64_t hi;  // kNoUpperBound: at least lo
+  // After the range in the message, e.g. "--workers" gives
+  // "must be in 1..4 (--workers)".
+  const char* note = nullptr;
+};
+// "--flag must be in lo..hi (note), got v", or "must be >= lo, got v".
+absl::Status CheckRanges(std::initializer_list<IntRange> rows);
+
+// A floating-point flag and the bound it must be above (finite, too).
+struct RealBound {
+  const char* flag;
+  double value;
+  double bound;
+  bool or_equal = false;  // >= bound rather than > bound
+};
+// "--flag must be a number > b, got v" (or >= b).
+absl::Status CheckBounds(std::initializer_list<RealBound> rows);
+
+// "--flag must be a, b or c, got 'v'" unless value is one of `choices`.
+absl::Status CheckChoice(const char* flag, absl::string_view value,
+                         std::initializer_list<absl::string_view> choices);
 
 }  // namespace dp
 

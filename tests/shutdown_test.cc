@@ -298,8 +298,8 @@ TEST(DryRunTest, RefusesBadElasticFlagsNamingThem) {
   };
   const std::vector<Case> cases = {
       {{"--micro_batch=-1"},
-       "--micro_batch must be in 1..65536"},
-      {{"--micro_batch=70000"}, "--micro_batch must be in 1..65536"},
+       "--micro_batch must be in 0..65536 (0 = --batch_size)"},
+      {{"--micro_batch=70000"}, "--micro_batch must be in 0..65536"},
       {{"--global_batch=-64"},
        "--global_batch must be a positive multiple of --micro_batch (64), "
        "got -64"},

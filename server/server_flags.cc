@@ -1,0 +1,260 @@
+// dp-ps's flags, their checks and the options they give.
+#include "server/server_flags.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/shard_plan.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+
+namespace dp {
+namespace {
+
+// The most micro-batches a step: --global_batch / --micro_batch.
+constexpr int kMaxMicroBatches = 65536;
+
+// Samples per micro-batch: --micro_batch, by default --batch_size.
+int MicroBatch(const ServerFlags& f) {
+  return f.micro_batch > 0 ? f.micro_batch : f.batch_size;
+}
+
+// Samples per step: --global_batch, by default --batch_size x --workers.
+int64_t GlobalBatch(const ServerFlags& f) {
+  return f.global_batch > 0 ? f.global_batch
+                            : int64_t{f.batch_size} * f.workers;
+}
+
+// --shard, or the ordinal at the end of the host name (a StatefulSet's pod
+// "dp-ps-2" is shard 2), or 0 for a job of one shard.
+absl::StatusOr<int> ShardIndex(const ServerFlags& f) {
+  if (f.shard >= 0 || f.shards <= 1) return std::max(f.shard, 0);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const absl::string_view name(host);
+  const size_t dash = name.rfind('-');
+  int ordinal = -1;
+  if (dash == absl::string_view::npos ||
+      !absl::SimpleAtoi(name.substr(dash + 1), &ordinal) || ordinal < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--shards=%d needs --shard (or DP_SHARD); the host name '%s' ends in "
+        "no StatefulSet ordinal",
+        f.shards, name));
+  }
+  return ordinal;
+}
+
+// The checks of the step's shape, which relate several flags.
+absl::Status ValidateStep(const ServerFlags& f) {
+  const int micro_batch = MicroBatch(f);
+  const int64_t global_batch = GlobalBatch(f);
+  if (f.global_batch < 0 || global_batch % micro_batch != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--global_batch must be a positive multiple of --micro_batch (%d), "
+        "got %s",
+        micro_batch,
+        f.global_batch != 0
+            ? absl::StrCat(f.global_batch)
+            : absl::StrCat(global_batch, " (--batch_size x --workers)")));
+  }
+  const int64_t micro_batches = global_batch / micro_batch;
+  if (micro_batches > kMaxMicroBatches) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--global_batch / --micro_batch must be at most %d micro-batches a "
+        "step, got %d / %d = %d",
+        kMaxMicroBatches, global_batch, micro_batch, micro_batches));
+  }
+  return CheckRanges({{"min_workers", f.min_workers, 1, f.workers, "--workers"},
+                      {"backup_blocks", f.backup_blocks, 0, micro_batches,
+                       "the micro-batches a step"}});
+}
+
+}  // namespace
+
+void AddServerFlags(Flags* flags, ServerFlags* f) {
+  flags->AddString("host", &f->host, "address to listen on");
+  flags->AddInt("port", &f->port, "gRPC port (0 picks a free one)");
+  AddEndpointFlags(flags, &f->endpoints,
+                   "plaintext port serving only grpc.health.v1, for probes "
+                   "that speak no TLS (-1 = off, 0 = any free port)");
+  flags->AddInt("workers", &f->workers,
+                "the most workers at once (ranks 0..N-1)");
+  flags->AddInt("batch_size", &f->batch_size,
+                "batch size per worker: the default --micro_batch");
+  flags->AddInt("global_batch", &f->global_batch,
+                "samples a step, a multiple of --micro_batch; the model "
+                "depends on it, not on how many workers compute it (0 = "
+                "--batch_size x --workers)");
+  flags->AddInt("micro_batch", &f->micro_batch,
+                "samples a micro-batch, the unit of work handed to a worker "
+                "(0 = --batch_size)");
+  flags->AddInt("min_workers", &f->min_workers,
+                "steps wait while fewer workers are live (1..--workers)");
+  flags->AddInt("epochs", &f->epochs, "epochs to train");
+  flags->AddDouble("lr", &f->lr, "Adam learning rate");
+  flags->AddInt("seed", &f->seed, "seed of initialisation and data order");
+  flags->AddBool("shuffle", &f->shuffle, "shuffle the data every epoch");
+  flags->AddString("dataset", &f->dataset, "fashion-mnist | mnist | synthetic");
+  flags->AddInt("max_steps", &f->max_steps,
+                "stop after this many steps (0 = all epochs)");
+  flags->AddString("init_model", &f->init_model,
+                   "start from these weights (safetensors) instead of --seed");
+  flags->AddString("save_model", &f->save_model,
+                   "write the final weights here (safetensors)");
+  flags->AddInt("final_eval_timeout_s", &f->final_eval_timeout_s,
+                "how long to wait for rank 0's final test accuracy");
+  flags->AddString("grad_encoding", &f->grad_encoding,
+                   "how workers send gradients: f32 | bf16 (half the bytes; "
+                   "dp-ps averages in float32)");
+  flags->AddString("weight_encoding", &f->weight_encoding,
+                   "how dp-ps sends the weights: f32 | bf16 (half the bytes; "
+                   "workers compute on rounded weights, dp-ps keeps and "
+                   "updates them in float32)");
+  flags->AddInt("update_threads", &f->update_threads,
+                "threads for the average + Adam update (0 = one per 1Mi "
+                "parameters: SimpleNet gets one; at most one per usable core "
+                "(the cgroup's CPU limit counts) and 4; the result is the "
+                "same for any number)");
+  flags->AddString("checkpoint_dir", &f->checkpoint_dir,
+                   "write checkpoints here and resume from the newest valid "
+                   "one at start (empty = no checkpoints)");
+  flags->AddInt("checkpoint_every", &f->checkpoint_every,
+                "steps between checkpoints (0 = only at shutdown and the end)");
+  flags->AddInt("keep_checkpoints", &f->keep_checkpoints,
+                "how many checkpoints to keep");
+  flags->AddDouble("worker_timeout_s", &f->worker_timeout_s,
+                   "a worker the step needs that has not called for this "
+                   "long is reported missing");
+  flags->AddString("on_worker_loss", &f->on_worker_loss,
+                   "reassign (a lost worker's micro-batches go to the others) "
+                   "| wait (keep the step open until the rank comes back) | "
+                   "fail (end the job with an error)");
+  flags->AddInt("backup_blocks", &f->backup_blocks,
+                "late blocks a step also handed to an idle worker; the first "
+                "copy counts (0 = no straggler backups)");
+  flags->AddDouble("straggler_factor", &f->straggler_factor,
+                   "a block is late once the step has run this many times as "
+                   "long as the step's first push took (> 1)");
+  flags->AddInt("straggler_min_wait_ms", &f->straggler_min_wait_ms,
+                "a block is never late sooner than this into the step");
+  flags->AddDouble("start_wait_s", &f->start_wait_s,
+                   "the first step waits this long for all --workers to "
+                   "register, then starts with those there (at least "
+                   "--min_workers)");
+  flags->AddBool("shared_memory", &f->shared_memory,
+                 "offer workers on this host (this network namespace) their "
+                 "tensors through shared memory; gRPC stays the control "
+                 "plane");
+  flags->AddInt("shards", &f->shards,
+                "how many dp-ps processes share the parameters; each owns a "
+                "range of them (1 = this dp-ps holds all)");
+  flags->AddInt("shard", &f->shard,
+                "which of the --shards this dp-ps is (-1 = the ordinal at "
+                "the end of the host name, as in a StatefulSet)");
+  flags->AddString("shard_addresses", &f->shard_addresses,
+                   "the shards' host:port, comma-separated (shard 0 collects "
+                   "the model from them at the end; its own may be listed); "
+                   "an entry with {shard} stands for one per shard");
+  flags->AddBool("exit_when_done", &f->exit_when_done,
+                 "exit once training is finished; false keeps serving the "
+                 "final weights and status until SIGTERM (Kubernetes)");
+  AddSecurityFlags(flags, &f->security, Side::kServer);
+}
+
+absl::Status ValidateServerFlags(const ServerFlags& f) {
+  RETURN_IF_ERROR(CheckRanges({{"port", f.port, 0, 65535}}));
+  RETURN_IF_ERROR(ValidateEndpointFlags(f.endpoints));
+  RETURN_IF_ERROR(CheckRanges({
+      {"workers", f.workers, 1, 1024},
+      {"batch_size", f.batch_size, 1, 65536},
+      {"micro_batch", f.micro_batch, 0, 65536, "0 = --batch_size"},
+  }));
+  RETURN_IF_ERROR(ValidateStep(f));
+  RETURN_IF_ERROR(CheckRanges({
+      {"epochs", f.epochs, 1, kNoUpperBound},
+      {"max_steps", f.max_steps, 0, kNoUpperBound},
+      {"checkpoint_every", f.checkpoint_every, 0, kNoUpperBound},
+      {"keep_checkpoints", f.keep_checkpoints, 1, kNoUpperBound},
+      {"update_threads", f.update_threads, 0, 256},
+      {"shards", f.shards, 1, kMaxShards},
+      {"shard", f.shard, -1, f.shards - 1, "-1 = from the host name"},
+      {"straggler_min_wait_ms", f.straggler_min_wait_ms, 0, kNoUpperBound},
+  }));
+  RETURN_IF_ERROR(CheckBounds({
+      {"lr", f.lr, 0.0},
+      {"worker_timeout_s", f.worker_timeout_s, 0.0},
+      {"straggler_factor", f.straggler_factor, 1.0},
+      {"start_wait_s", f.start_wait_s, 0.0, /*or_equal=*/true},
+  }));
+  RETURN_IF_ERROR(CheckChoice("dataset", f.dataset,
+                              {"fashion-mnist", "mnist", "synthetic"}));
+  RETURN_IF_ERROR(CheckChoice("on_worker_loss", f.on_worker_loss,
+                              {"reassign", "wait", "fail"}));
+  for (const auto& [flag, value] :
+       {std::pair{"grad_encoding", f.grad_encoding},
+        std::pair{"weight_encoding", f.weight_encoding}}) {
+    if (auto e = ParseEncoding(value); !e.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": ", e.status().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f) {
+  ASSIGN_OR_RETURN(const int shard, ShardIndex(f));
+  absl::StatusOr<std::vector<std::string>> peers =
+      ExpandShardTemplate(f.shard_addresses, f.shards);
+  if (!peers.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shard_addresses: ", peers.status().message()));
+  }
+  RETURN_IF_ERROR(CheckShardAddresses(f.shards, shard, peers->size()));
+
+  PsServerOptions o;
+  o.host = f.host;
+  o.port = f.port;
+  o.health_port = f.endpoints.health_port;
+  o.metrics_port = f.endpoints.metrics_port;
+  o.metrics_host = f.endpoints.metrics_host;
+  Schedule& schedule = o.config.schedule;
+  schedule.world_size = f.workers;
+  schedule.batch_size = MicroBatch(f);
+  schedule.micro_batches = static_cast<int>(GlobalBatch(f) / MicroBatch(f));
+  schedule.epochs = f.epochs;
+  schedule.max_steps = f.max_steps;
+  schedule.seed = static_cast<uint64_t>(f.seed);
+  schedule.shuffle = f.shuffle;
+  o.config.min_workers = f.min_workers;
+  o.config.dataset = f.dataset;
+  o.config.adam.lr = f.lr;
+  o.config.grad_encoding = *ParseEncoding(f.grad_encoding);
+  o.config.weight_encoding = *ParseEncoding(f.weight_encoding);
+  o.init_model = f.init_model;
+  o.save_model = f.save_model;
+  o.final_eval_timeout = absl::Seconds(f.final_eval_timeout_s);
+  o.checkpoint_dir = f.checkpoint_dir;
+  o.checkpoint_every = f.checkpoint_every;
+  o.keep_checkpoints = f.keep_checkpoints;
+  o.worker_timeout = absl::Seconds(f.worker_timeout_s);
+  o.fail_on_worker_loss = f.on_worker_loss == "fail";
+  o.elastic.reassign = f.on_worker_loss == "reassign";
+  o.elastic.backup_blocks = f.backup_blocks;
+  o.elastic.straggler_factor = f.straggler_factor;
+  o.elastic.straggler_min_wait = absl::Milliseconds(f.straggler_min_wait_ms);
+  o.elastic.start_wait = absl::Seconds(f.start_wait_s);
+  o.update_threads = f.update_threads;
+  o.exit_when_done = f.exit_when_done;
+  o.shared_memory = f.shared_memory;
+  o.shards = f.shards;
+  o.shard = shard;
+  o.gather.addresses = *std::move(peers);
+  return o;
+}
+
+}  // namespace dp

@@ -1,0 +1,70 @@
+// dp-ps's command line: its flags, their checks, and the PsServerOptions
+// they give (docs/command-line.md).
+#ifndef DP_SERVER_SERVER_FLAGS_H_
+#define DP_SERVER_SERVER_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/endpoint_flags.h"
+#include "common/flags.h"
+#include "common/security.h"
+#include "server/ps_server.h"
+
+namespace dp {
+
+struct ServerFlags {
+  std::string host = "0.0.0.0";
+  int port = 5000;
+  EndpointFlags endpoints;
+  int workers = 2;
+  int batch_size = 64;
+  int64_t global_batch = 0;  // 0: batch_size x workers
+  int micro_batch = 0;       // 0: batch_size
+  int min_workers = 1;
+  int epochs = 3;
+  double lr = 1e-3;
+  int64_t seed = 0;
+  bool shuffle = true;
+  std::string dataset = "fashion-mnist";
+  int64_t max_steps = 0;
+  std::string init_model;
+  std::string save_model;
+  int final_eval_timeout_s = 120;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 100;
+  int keep_checkpoints = 3;
+  double worker_timeout_s = 10;
+  std::string on_worker_loss = "reassign";
+  int backup_blocks = 1;
+  double straggler_factor = 3.0;
+  int straggler_min_wait_ms = 20;
+  double start_wait_s = 30;
+  std::string grad_encoding = "f32";
+  std::string weight_encoding = "f32";
+  int update_threads = 0;
+  bool exit_when_done = true;
+  bool shared_memory = true;
+  int shards = 1;
+  int shard = -1;
+  std::string shard_addresses;
+  SecurityFlags security;
+  bool dry_run = false;  // set by ParseCommandLine
+};
+
+// Adds every flag of dp-ps but --dry_run (ParseCommandLine's) to `flags`.
+void AddServerFlags(Flags* flags, ServerFlags* f);
+
+// INVALID_ARGUMENT naming the first flag out of its range, or OK.
+[[nodiscard]] absl::Status ValidateServerFlags(const ServerFlags& f);
+
+// The options the flags give, all but the security (which starts gRPC's
+// threads, so main loads it once the signal mask is set). INVALID_ARGUMENT
+// for a shard that the flags and the host name do not name.
+absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f);
+
+}  // namespace dp
+
+#endif  // DP_SERVER_SERVER_FLAGS_H_
