@@ -98,14 +98,16 @@ void LeaveAndJoin(int shards) {
       << "2 workers go on";
   // Their ranks are free once they are lost (a joiner stands by until then).
   EXPECT_TRUE(ps[0]->WaitForOutput("rank 2 is missing", absl::Seconds(60)));
-  // The job held while the new workers join, so that they join mid-job
-  // however fast it runs.
+  // The job held while the new workers register, so that they join mid-job
+  // however fast it runs. (Their join itself waits for a step, which the
+  // hold may keep from coming.)
   Hold(w, SIGSTOP);
   ASSERT_LT(CurrentStep(port), kLong - 500) << "too fast to see the joins";
   w[2] = StartWorker(list, -1);
   w[3] = StartWorker(list, -1);
+  // Registered: dp-ps gave them a rank and the job ("tensors through ...").
   for (int r : {2, 3}) {
-    ASSERT_TRUE(w[r]->WaitForOutput("joined at step", absl::Minutes(2)))
+    ASSERT_TRUE(w[r]->WaitForOutput(": tensors through ", absl::Minutes(2)))
         << w[r]->output();
   }
   Hold(w, SIGCONT);
