@@ -1,5 +1,5 @@
 """Checks of the Grafana dashboard and the Prometheus rules, shared by
-dashboard_test.py (static) and prometheus_e2e_test.py (against a real run).
+deploy_files_test.py (static) and prometheus_e2e_test.py (against a real run).
 
 Python 3 standard library plus PyYAML (Debian: python3-yaml), both installed
 by scripts/setup.sh.
