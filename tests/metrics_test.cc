@@ -173,6 +173,18 @@ TEST(MetricsTest, LossAndTestAccuracyAppearOnlyOnceKnown) {
   EXPECT_EQ(Sample(s, "dp_ps_expected_workers", ps), 2);
 }
 
+TEST(MetricsTest, DataPlaneAppearsOnceTheWorkerKnowsIt) {
+  // Before the worker has joined it has no plane: a 0 would read as "gRPC".
+  WorkerMetrics m(3);
+  const Labels w = {{"role", "worker"}, {"rank", "3"}};
+  EXPECT_FALSE(Sample(ParseExposition(m.Text()), "dp_worker_shared_memory", w));
+  m.SetSharedMemory(true);
+  EXPECT_EQ(Sample(ParseExposition(m.Text()), "dp_worker_shared_memory", w), 1);
+  // A re-join that lost shared memory (dp-ps restarted elsewhere) says so.
+  m.SetSharedMemory(false);
+  EXPECT_EQ(Sample(ParseExposition(m.Text()), "dp_worker_shared_memory", w), 0);
+}
+
 TEST(MetricsTest, MinWorkersIsTheJobsMinimumAndAtLeastOne) {
   const Labels ps = {{"role", "ps"}, {"shard", "0"}};
   ServerMetrics three(4, /*shard=*/0, /*min_workers=*/3);

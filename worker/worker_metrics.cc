@@ -36,14 +36,19 @@ WorkerMetrics::WorkerMetrics(int rank) : Metrics("worker", rank) {
       "dp_worker_wait_timeouts_total",
       "Barrier waits that outlasted --wait_timeout_s; the worker logged "
       "whom it waited for and waited again.");
-  shared_memory_ = &NewGauge(
+  // No series before the worker has joined: a 0 would read as "gRPC".
+  shared_memory_family_ = &NewGaugeFamily(
       "dp_worker_shared_memory",
       "1 while the step's tensors go through shared memory with dp-ps, 0 "
       "through gRPC.");
   loss_family_ = &NewLossFamily();
 }
 
-void WorkerMetrics::SetSharedMemory(bool on) { shared_memory_->Set(on); }
+void WorkerMetrics::SetSharedMemory(bool on) {
+  if (shared_memory_ == nullptr)
+    shared_memory_ = &shared_memory_family_->Add({});
+  shared_memory_->Set(on);
+}
 
 void WorkerMetrics::SetBackend(
     const std::map<std::string, std::string>& labels) {

@@ -34,7 +34,8 @@ class WorkerMetrics final : public Metrics {
   // compute_capability). Call once.
   void SetBackend(const std::map<std::string, std::string>& labels);
   // dp_worker_shared_memory: 1 while the step's tensors go through shared
-  // memory, 0 through gRPC.
+  // memory, 0 through gRPC. The series appears with the first call, once the
+  // worker has joined and knows its plane. Call from the trainer's thread.
   void SetSharedMemory(bool on);
 
  private:
@@ -44,7 +45,9 @@ class WorkerMetrics final : public Metrics {
   prometheus::Counter* samples_;
   prometheus::Counter* resyncs_;
   prometheus::Counter* wait_timeouts_;
-  prometheus::Gauge* shared_memory_;
+  // Created with the first SetSharedMemory, from the trainer's thread only.
+  prometheus::Family<prometheus::Gauge>* shared_memory_family_;
+  prometheus::Gauge* shared_memory_ = nullptr;
   // Created with the first loss, from the trainer's thread only.
   prometheus::Family<prometheus::Gauge>* loss_family_;
   prometheus::Gauge* loss_ = nullptr;

@@ -1,5 +1,5 @@
 """Checks of the Grafana dashboard and the Prometheus rules, shared by
-dashboard_test.py (static) and prometheus_e2e_test.py (against a real run).
+deploy_files_test.py (static) and prometheus_e2e_test.py (against a real run).
 
 Python 3 standard library plus PyYAML (Debian: python3-yaml), both installed
 by scripts/setup.sh.
@@ -185,6 +185,35 @@ def promtool_parse(promtool, named_exprs):
     return out
 
 
+def promtool_eval(promtool, input_series, cases, interval="1m"):
+    """Evaluates expressions on made-up series with `promtool test rules`.
+    input_series: [(series, values)] in promtool's notation; cases:
+    [(name, expr, eval_time, [(labels, value)])], the samples expected.
+    Returns promtool's complaint, or None when every case holds."""
+    test = {"rule_files": [], "evaluation_interval": interval, "tests": [{
+        "interval": interval,
+        "input_series": [{"series": s, "values": v} for s, v in input_series],
+        "promql_expr_test": [
+            {"expr": expr, "eval_time": at,
+             "exp_samples": [{"labels": l, "value": v} for l, v in samples]}
+            for _, expr, at, samples in cases]}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
+        yaml.safe_dump(test, f)
+        path = f.name
+    try:
+        r = subprocess.run([promtool, "test", "rules", path],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(path)
+    if r.returncode == 0:
+        return None
+    out = r.stdout + r.stderr
+    for name, expr, _, _ in cases:  # promtool quotes them as Go does
+        out = out.replace(f"expr: {json.dumps(expr)}",
+                          f"'{name}' expr: {json.dumps(expr)}")
+    return out
+
+
 def metric_names(expr):
     """Metric names an expression selects. PromQL without a parser: strings,
     label matchers, ranges, offsets and grouping lists go first; of the
@@ -259,3 +288,56 @@ def namespace_problems(expr):
         if "namespace" not in labels:
             problems.append(f"{m.group(0).strip()} aggregates away namespace")
     return problems
+
+
+def documented_metrics(doc_text):
+    """{name: type} of the metric table of docs/monitoring.md: its rows
+    "| `dp_name{labels}` | type | role | meaning |"."""
+    out = {}
+    for m in re.finditer(r"^\|\s*`(dp_[a-z0-9_]+)[^`]*`\s*\|\s*(\w+)\s*\|",
+                         doc_text, re.M):
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def code_metrics(source_dir):
+    """Names of the families the daemons register, in common/, server/ and
+    worker/: a dp_ string literal given to a prometheus-cpp builder's Name()
+    or followed by more arguments (the help), as the registry's helpers take
+    them."""
+    names = set()
+    for part in ("common", "server", "worker"):
+        for root, _, files in os.walk(os.path.join(source_dir, part)):
+            for n in files:
+                if not n.endswith((".cc", ".h")):
+                    continue
+                with open(os.path.join(root, n), encoding="utf-8") as f:
+                    text = f.read()
+                for m in re.finditer(r'\.Name\(\s*"(dp_[a-z0-9_]+)"\s*\)|'
+                                     r'"(dp_[a-z0-9_]+)"\s*,', text):
+                    names.add(m.group(1) or m.group(2))
+    return names
+
+
+def grouping_labels(expr):
+    """Labels of every `by (...)` of an expression."""
+    labels = set()
+    for m in re.finditer(r"\bby\s*\(([^)]*)\)", expr):
+        labels.update(x.strip() for x in m.group(1).split(",") if x.strip())
+    return labels
+
+
+def legend_problems(expr, legend):
+    """Why a query's legend could draw two series under one name once the
+    namespace variable is "All" (several runs): it must name namespace,
+    and every label the query groups by (le is the quantile's own)."""
+    named = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
+    missing = ({"namespace"} | grouping_labels(expr)) - {"le"} - named
+    return [f"legend {legend!r} does not name {{{{{label}}}}}"
+            for label in sorted(missing)]
+
+
+def quantiles(expr):
+    """The q of every histogram_quantile(q, ...), as "p50", "p99", ..."""
+    return {f"p{float(q) * 100:g}" for q in
+            re.findall(r"\bhistogram_quantile\s*\(\s*([0-9.]+)\s*,", expr)}
