@@ -167,13 +167,15 @@ void AddSecurityFlags(Flags* flags, SecurityFlags* values, Side side) {
                    server ? "PEM certificate chain of dp-ps; with --tls_key "
                             "turns on TLS"
                           : "PEM client certificate presented to dp-ps "
-                            "(needed when dp-ps has --tls_ca)");
+                            "(needed when dp-ps has --tls_ca); with --tls_key "
+                            "turns on TLS");
   flags->AddString("tls_key", &values->tls_key,
                    "PEM private key of --tls_cert");
   flags->AddString("tls_ca", &values->tls_ca,
                    server ? "PEM CA bundle: when given, every client must "
                             "present a certificate it signed (mTLS)"
-                          : "PEM CA bundle that verifies dp-ps's certificate; "
+                          : "PEM CA bundle that verifies dp-ps's certificate "
+                            "(empty: the system's roots); it or --tls_cert "
                             "turns on TLS");
   flags->AddString("auth_token_file", &values->auth_token_file,
                    server ? "file with the shared token every call must carry"
@@ -244,7 +246,7 @@ absl::StatusOr<ClientSecurity> LoadClientSecurity(const SecurityFlags& f) {
   if (!security.tls) {
     if (!f.tls_server_name.empty()) {
       return absl::InvalidArgumentError(
-          "--tls_server_name needs TLS: give --tls_ca");
+          "--tls_server_name needs TLS: give --tls_ca or --tls_cert");
     }
     security.credentials = grpc::InsecureChannelCredentials();
     return security;
