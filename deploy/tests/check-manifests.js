@@ -845,6 +845,13 @@ function driftErrors(objects, bins, target) {
         (parallelism > w.worker.job.completions
              ? "no more pods than ranks run" : "the steps would wait"));
   errors.push(...failurePolicyErrors(w.worker.job, worker, "workers' Job", true));
+  // N may change for the same run (elastic.md) only while the job does not
+  // depend on it: the default global batch is --batch_size x --workers, and
+  // dp-ps refuses a checkpoint of another global batch (exit 2).
+  check(Number(pc.global_batch) > 0,
+        `dp-ps --global_batch=${pc.global_batch}: set DP_GLOBAL_BATCH, or the global ` +
+        "batch is --batch_size x --workers and a new DP_WORKERS for the same RUN_ID " +
+        "makes dp-ps refuse the run's checkpoint (exit 2, a crash loop)");
 
   // Worker probes and ports.
   const wHealth = Number(wc.health_port);
@@ -1232,6 +1239,9 @@ const MUTATIONS = [
   ["JobSet worker count differs", "overlays/jobset", (objs) => {
     workloads(objs).worker.job.completions = 3;
   }],
+  ["a global batch that follows DP_WORKERS", "overlays/gpu", (objs) => {
+    delete cm(objs, "dp-ps-config").DP_GLOBAL_BATCH;
+  }, false, /--global_batch=0: set DP_GLOBAL_BATCH/],
   ["workers' parallelism below --min_workers", "overlays/gpu", (objs) => {
     cm(objs, "dp-ps-config").DP_MIN_WORKERS = "2";
     workersJob(objs).spec.parallelism = 1;
