@@ -11,6 +11,7 @@
 #include <openssl/sha.h>
 #include <openssl/x509.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <vector>
@@ -167,13 +168,15 @@ void AddSecurityFlags(Flags* flags, SecurityFlags* values, Side side) {
                    server ? "PEM certificate chain of dp-ps; with --tls_key "
                             "turns on TLS"
                           : "PEM client certificate presented to dp-ps "
-                            "(needed when dp-ps has --tls_ca)");
+                            "(needed when dp-ps has --tls_ca); with --tls_key "
+                            "turns on TLS");
   flags->AddString("tls_key", &values->tls_key,
                    "PEM private key of --tls_cert");
   flags->AddString("tls_ca", &values->tls_ca,
                    server ? "PEM CA bundle: when given, every client must "
                             "present a certificate it signed (mTLS)"
-                          : "PEM CA bundle that verifies dp-ps's certificate; "
+                          : "PEM CA bundle that verifies dp-ps's certificate "
+                            "(empty: the system's roots); it or --tls_cert "
                             "turns on TLS");
   flags->AddString("auth_token_file", &values->auth_token_file,
                    server ? "file with the shared token every call must carry"
@@ -244,7 +247,7 @@ absl::StatusOr<ClientSecurity> LoadClientSecurity(const SecurityFlags& f) {
   if (!security.tls) {
     if (!f.tls_server_name.empty()) {
       return absl::InvalidArgumentError(
-          "--tls_server_name needs TLS: give --tls_ca");
+          "--tls_server_name needs TLS: give --tls_ca or --tls_cert");
     }
     security.credentials = grpc::InsecureChannelCredentials();
     return security;
@@ -308,12 +311,27 @@ absl::StatusOr<std::string> ReadAuthToken(const std::string& path) {
     }
   }
   struct stat st;
-  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    Log("warning: --auth_token_file %s is readable by other users (mode "
-        "%03o); chmod 600 it",
-        path, st.st_mode & 0777);
+  if (stat(path.c_str(), &st) == 0) {
+    if (std::optional<std::string> warning =
+            TokenModeWarning(path, st.st_mode, st.st_gid, getegid())) {
+      Log("%s", *warning);
+    }
   }
   return std::string(token);
+}
+
+std::optional<std::string> TokenModeWarning(const std::string& path,
+                                            unsigned mode, unsigned file_group,
+                                            unsigned own_group) {
+  const bool others = (mode & 007) != 0;
+  const bool foreign_group = (mode & 070) != 0 && file_group != own_group;
+  if (!others && !foreign_group) return std::nullopt;
+  return absl::StrFormat(
+      "warning: --auth_token_file %s is readable by other users (mode %03o%s); "
+      "chmod 600 it",
+      path, mode & 0777,
+      others ? "" : absl::StrCat(", group ", file_group, " is not this "
+                                 "process's ", own_group));
 }
 
 bool ConstantTimeEquals(absl::string_view given, absl::string_view expected) {

@@ -74,8 +74,19 @@ inline constexpr size_t kMinTokenBytes = 16;
 inline constexpr size_t kMaxTokenBytes = 4096;
 
 // The token in `path`, without trailing whitespace. INVALID_ARGUMENT naming
-// the file when it cannot be read or is not a valid token.
+// the file when it cannot be read or is not a valid token. Logs
+// TokenModeWarning's warning, if any.
 absl::StatusOr<std::string> ReadAuthToken(const std::string& path);
+
+// The warning for a token file at `path` of permission bits `mode` and group
+// `file_group`, read by a process whose effective group is `own_group`, or
+// nullopt: any access for others, or read access for a group that is not
+// the process's own. A Kubernetes Secret mounted with an fsGroup is 0440 at
+// least, its group the pod's fsGroup, which the manifests make the
+// container's group: that is no warning.
+std::optional<std::string> TokenModeWarning(const std::string& path,
+                                            unsigned mode, unsigned file_group,
+                                            unsigned own_group);
 
 // Equal contents, in time that depends only on the length of `expected`.
 bool ConstantTimeEquals(absl::string_view given, absl::string_view expected);

@@ -9,8 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # This script's own settings, taken out of the environment: dp-ps and
-# dp-worker refuse any DP_* variable that is not one of their flags, and
-# the tests start them with this environment.
+# dp-worker warn about any DP_* variable that is not one of their flags,
+# and refuse it with --dry_run (common/flags.cc), and the tests start them
+# with this environment.
 skip_sanitize=${DP_SKIP_SANITIZE:-0}
 skip_containers=${DP_SKIP_CONTAINERS:-0}
 fuzz_seconds=${DP_FUZZ_SECONDS:-45}

@@ -107,7 +107,10 @@ void AddServerFlags(Flags* flags, ServerFlags* f) {
   flags->AddString("save_model", &f->save_model,
                    "write the final weights here (safetensors)");
   flags->AddInt("final_eval_timeout_s", &f->final_eval_timeout_s,
-                "how long to wait for rank 0's final test accuracy");
+                "how long to wait for rank 0's final test accuracy; sharded, "
+                "also how long shard 0 waits for a shard that does not answer "
+                "while it collects the model, and how long another shard "
+                "waits for shard 0 to collect its weights");
   flags->AddString("grad_encoding", &f->grad_encoding,
                    "how workers send gradients: f32 | bf16 (half the bytes; "
                    "dp-ps averages in float32)");

@@ -415,6 +415,28 @@ TEST(SecurityConfigTest, TokenFileIsTrimmedAndComparedExactly) {
   EXPECT_TRUE(ConstantTimeEquals("", ""));
 }
 
+TEST(SecurityConfigTest, TokenFileReadableByOtherUsersIsWarnedAbout) {
+  constexpr unsigned kOwn = 65532, kOther = 100;
+  // Only the owner, or also the process's own group (a Kubernetes Secret
+  // mounted with the pod's fsGroup, 0440 at least): no warning.
+  for (unsigned mode : {0600u, 0400u, 0640u, 0440u, 0660u}) {
+    EXPECT_FALSE(TokenModeWarning("t", mode, kOwn, kOwn).has_value())
+        << std::oct << mode;
+  }
+  // Others, or another group.
+  for (unsigned mode : {0604u, 0644u, 0444u, 0601u}) {
+    auto warning = TokenModeWarning("t", mode, kOwn, kOwn);
+    ASSERT_TRUE(warning.has_value()) << std::oct << mode;
+    EXPECT_NE(warning->find("readable by other users"), std::string::npos);
+  }
+  auto warning = TokenModeWarning("t", 0640, kOther, kOwn);
+  ASSERT_TRUE(warning.has_value());
+  EXPECT_NE(warning->find("group 100 is not this process's 65532"),
+            std::string::npos)
+      << *warning;
+  EXPECT_FALSE(TokenModeWarning("t", 0600, kOther, kOwn).has_value());
+}
+
 TEST(SecurityConfigTest, PlaintextOnANonLoopbackAddressIsWarnedAbout) {
   for (const char* host :
        {"localhost", "127.0.0.1", "127.1.2.3", "::1", "[::1]"}) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Offline checks of deploy/k8s, run by ctest (no cluster needed):
 //  1. `kubectl kustomize` renders the base and every variant (plain and
-//     JobSet; cpu, gpu, TLS; another RUN_ID) and the cluster's monitoring;
+//     JobSet; cpu, gpu, TLS, token; another RUN_ID) and the cluster's
+//     monitoring;
 //  2. every rendered object validates against the schemas of the oldest
 //     Kubernetes the manifests support (MIN_KUBERNETES: the kubernetes-types
 //     package of that version, through TypeScript: no unknown field, every
@@ -17,10 +18,10 @@
 //     workloads' names,
 //     failure policies (per exit code of common/flags.h, per rank, with a
 //     deadline), dp-ps's QoS, threads and placement, grace periods,
-//     volumes, TLS mounts and certificates, GPU settings and monitoring
-//     objects (release label; rules and dashboard only in the cluster's
-//     monitoring) are compared with the effective configuration (dp-ps
-//     once per shard);
+//     volumes, TLS mounts and certificates, the token's mounts, GPU
+//     settings and monitoring objects (release label; rules and dashboard
+//     only in the cluster's monitoring) are compared with the effective
+//     configuration (dp-ps once per shard);
 //  4. a self-test: broken copies of the manifests must fail the checks.
 //
 // Usage: node check-manifests.js --dp-ps BIN --dp-worker BIN
@@ -41,8 +42,8 @@ const K8S = path.join(REPO, "deploy/k8s");
 // Kubernetes"); its API is the kubernetes-types package of that version.
 const MIN_KUBERNETES = "1.29";
 // Rendered variants: a kustomize directory, or a kustomization written for
-// the test (the JobSet variant with TLS, and a sharded job, which no overlay
-// ships).
+// the test (the JobSet variant with TLS, the token, and a sharded job, which
+// no overlay ships).
 const TARGETS = {
   // The cluster's monitoring, applied once (no workloads: checked by
   // monitoringErrors instead of the drift checks).
@@ -56,6 +57,16 @@ const TARGETS = {
   "overlays/jobset + tls": {
     resources: ["overlays/jobset"],
     components: ["components/tls", "components/cert-manager", "components/workers"],
+  },
+  // The token (components/auth-token), with mTLS as docs/security.md
+  // advises, and in the JobSet without TLS (its own fsGroup).
+  "overlays/tls + token": {
+    resources: ["overlays/tls"],
+    components: ["components/auth-token"],
+  },
+  "overlays/jobset + token": {
+    resources: ["overlays/jobset"],
+    components: ["components/auth-token"],
   },
   // A new run from an overlay (RUN_ID merged, then components/workers
   // again): its Job is named after it, with no second suffix.
@@ -530,6 +541,60 @@ function volumeOf(pod, container, file) {
          {name: mount.name, claimTemplate: true};
 }
 
+// The Secret key that components/auth-token mounts as the token file
+// (docs/deploying.md: kubectl create secret ... --from-file=token=...).
+const TOKEN_KEY = "token";
+
+// The checks of the token (--auth_token_file, components/auth-token): when
+// dp-ps requires one, every worker sends it, and both read the same key of
+// the same Secret, mounted so that only the process's own group can read it
+// (0440 with the pod's fsGroup being the container's group: no warning
+// from the binaries, which warn about a file that others can read).
+function tokenErrors(w, ps, worker, pc, wc) {
+  const errors = [];
+  const check = (cond, message) => {
+    if (!cond) errors.push(message);
+  };
+  if (!pc.auth_token_file && !wc.auth_token_file) return errors;
+  check(pc.auth_token_file, `the workers send a token (--auth_token_file=` +
+                            `${wc.auth_token_file}) that dp-ps does not require`);
+  check(wc.auth_token_file, `dp-ps requires a token (--auth_token_file=` +
+                            `${pc.auth_token_file}) but the workers send none`);
+  const secrets = {};
+  for (const [who, pod, c, conf] of [["dp-ps", w.ps.pod, ps, pc],
+                                     ["dp-worker", w.worker.pod, worker, wc]]) {
+    const file = conf.auth_token_file;
+    if (!file) continue;
+    const v = volumeOf(pod, c, file);
+    check(v && v.secret, `${who} --auth_token_file=${file} is not on a Secret volume`);
+    if (!v || !v.secret) continue;
+    secrets[who] = v.secret.secretName;
+    const mount = c.volumeMounts.find((m) => m.name === v.name);
+    check(mount.readOnly === true, `${who}: the token's volume is not mounted read-only`);
+    const key = path.posix.relative(mount.mountPath, file);
+    const items = v.secret.items;
+    check(items ? items.some((i) => i.path === key && i.key === TOKEN_KEY) : key === TOKEN_KEY,
+          `${who} --auth_token_file=${file} is not key ${TOKEN_KEY} of Secret ` +
+          `${v.secret.secretName}`);
+    const mode = v.secret.defaultMode ?? 0o644;
+    check((mode & 0o007) === 0,
+          `${who}: Secret ${v.secret.secretName} (mode ${mode.toString(8)}) is readable by ` +
+          "others");
+    const group = c.securityContext?.runAsGroup ?? pod.spec.securityContext?.runAsGroup;
+    const fsGroup = pod.spec.securityContext?.fsGroup;
+    check(fsGroup !== undefined && fsGroup === group && (mode & 0o040),
+          `${who}: Secret ${v.secret.secretName} must be readable by the pod's fsGroup ` +
+          `(${fsGroup}), the container's group (${group}): set fsGroup, mode 0440 ` +
+          "(without it the files are root's, which uid 65532 cannot read)");
+  }
+  if (secrets["dp-ps"] && secrets["dp-worker"]) {
+    check(secrets["dp-ps"] === secrets["dp-worker"],
+          `dp-ps reads its token from Secret ${secrets["dp-ps"]}, the workers from another ` +
+          `Secret, ${secrets["dp-worker"]}`);
+  }
+  return errors;
+}
+
 // The checks of the failure policy of a Job spec running `container`; for
 // the workers' Job (`workers`), also per-rank retries, dp-worker's exit
 // codes and the deadline that bounds the retries it does not count.
@@ -845,6 +910,13 @@ function driftErrors(objects, bins, target) {
         (parallelism > w.worker.job.completions
              ? "no more pods than ranks run" : "the steps would wait"));
   errors.push(...failurePolicyErrors(w.worker.job, worker, "workers' Job", true));
+  // N may change for the same run (elastic.md) only while the job does not
+  // depend on it: the default global batch is --batch_size x --workers, and
+  // dp-ps refuses a checkpoint of another global batch (exit 2).
+  check(Number(pc.global_batch) > 0,
+        `dp-ps --global_batch=${pc.global_batch}: set DP_GLOBAL_BATCH, or the global ` +
+        "batch is --batch_size x --workers and a new DP_WORKERS for the same RUN_ID " +
+        "makes dp-ps refuse the run's checkpoint (exit 2, a crash loop)");
 
   // Worker probes and ports.
   const wHealth = Number(wc.health_port);
@@ -1044,6 +1116,8 @@ function driftErrors(objects, bins, target) {
     }
   }
 
+  errors.push(...tokenErrors(w, ps, worker, pc, wc));
+
   // GPU variants.
   const gpus = worker.resources?.limits?.["nvidia.com/gpu"];
   if (target.includes("gpu") || target.includes("tls") || target === "overlays/jobset" ||
@@ -1139,6 +1213,89 @@ function monitoringErrors(objects) {
   return errors;
 }
 
+// The one-off pod of docs/deploying.md that reads the model off the JobSet's
+// state volume (dp-ps has exited): the block after MODEL_READER_MARK, a
+// Pod in a heredoc and the `kubectl cp` from it. {pod, cp: {pod, file}}
+// or {error}.
+const DEPLOYING_MD = path.join(REPO, "docs/deploying.md");
+const MODEL_READER_MARK = "<!-- manifests-check: model-reader -->";
+function modelReader() {
+  const lines = fs.readFileSync(DEPLOYING_MD, "utf8").split("\n");
+  const mark = lines.indexOf(MODEL_READER_MARK);
+  if (mark < 0) return {error: `docs/deploying.md has no block after ${MODEL_READER_MARK}`};
+  const end = lines.indexOf("```", mark + 2);
+  const block = lines.slice(mark + 2, end < 0 ? lines.length : end);
+  const open = block.findIndex((l) => /<<'EOF'$/.test(l));
+  const close = block.indexOf("EOF", open + 1);
+  const cp = block.map((l) => /^kubectl cp (\S+)\/([^:\s]+):(\S+) \S+$/.exec(l)).find(Boolean);
+  if (open < 0 || close < 0 || !cp) {
+    return {error: "the model-reader block of docs/deploying.md has no Pod in a " +
+                   "<<'EOF' heredoc or no `kubectl cp NS/POD:FILE DEST`"};
+  }
+  return {pod: YAML.parse(block.slice(open + 1, close).join("\n")),
+          cp: {pod: cp[2], file: cp[3]}};
+}
+
+// The reader against the JobSet variant as rendered: it mounts dp-ps's
+// state claim, read-only, where dp-ps has it, copies dp-ps's --save_model,
+// runs dp-ps's image as dp-ps's user, and is a valid Pod.
+function modelReaderErrors(reader, objects, bins) {
+  if (reader.error) return [reader.error];
+  const errors = [];
+  const check = (cond, message) => {
+    if (!cond) errors.push(message);
+  };
+  const pod = reader.pod;
+  check(pod?.kind === "Pod", `docs/deploying.md's model reader is a ${pod?.kind}, not a Pod`);
+  if (pod?.kind !== "Pod") return errors;
+  for (const e of schemaErrors(pod)) errors.push(`the model reader: ${e}`);
+  const w = workloads(objects);
+  const ps = w.ps.pod.spec.containers.find((c) => c.name === "dp-ps");
+  const run = dryRun(bins["dp-ps"], ps, objects, {}, psPodFields(w, 0));
+  const state = volumeOf(w.ps.pod, ps, run.config.save_model || "");
+  const claim = state?.persistentVolumeClaim?.claimName;
+  const c = (pod.spec?.containers || [])[0] || {};
+  check(reader.cp.pod === pod.metadata?.name,
+        `kubectl cp reads pod ${reader.cp.pod}, not the reader ${pod.metadata?.name}`);
+  check(reader.cp.file === run.config.save_model,
+        `kubectl cp reads ${reader.cp.file}, not the JobSet's dp-ps --save_model=` +
+        `${run.config.save_model}`);
+  const v = volumeOf(pod, c, reader.cp.file);
+  check(v?.persistentVolumeClaim?.claimName === claim,
+        `the model reader mounts claim ${v?.persistentVolumeClaim?.claimName} at ` +
+        `${reader.cp.file}, not dp-ps's state claim ${claim}`);
+  const mount = (c.volumeMounts || []).find((m) => m.name === v?.name);
+  const psMount = ps.volumeMounts.find((m) => m.name === state?.name);
+  check(mount && psMount && mount.mountPath === psMount.mountPath,
+        `the model reader mounts the claim at ${mount?.mountPath}, dp-ps at ` +
+        `${psMount?.mountPath}`);
+  check(mount?.readOnly === true && v?.persistentVolumeClaim?.readOnly === true,
+        "the model reader must mount the state claim read-only");
+  check(c.image === ps.image, `the model reader runs ${c.image}, not dp-ps's ${ps.image}`);
+  const uid = (p, x) => x.securityContext?.runAsUser ?? p.spec.securityContext?.runAsUser;
+  check(uid(pod, c) === uid(w.ps.pod, ps),
+        `the model reader runs as uid ${uid(pod, c)}, dp-ps as ${uid(w.ps.pod, ps)} ` +
+        "(the owner of the files)");
+  return errors;
+}
+
+// Broken copies of the model reader that modelReaderErrors must reject:
+// [name, mutation of a copy of modelReader(), the error it must give].
+const READER_MUTATIONS = [
+  ["another claim", (r) => {
+    r.pod.spec.volumes[0].persistentVolumeClaim.claimName = "state";
+  }, /mounts claim state at \/var\/lib\/dp-ps\/run-1\.safetensors, not dp-ps's state claim dp-ps-state/],
+  ["another file", (r) => {
+    r.cp.file = "/var/lib/dp-ps/model.safetensors";
+  }, /not the JobSet's dp-ps --save_model/],
+  ["a writable mount", (r) => {
+    delete r.pod.spec.containers[0].volumeMounts[0].readOnly;
+  }, /read-only/],
+  ["another user", (r) => {
+    r.pod.spec.securityContext.runAsUser = 1000;
+  }, /runs as uid 1000/],
+];
+
 // The plain and JobSet variants run the same pods: their containers agree
 // except for dp-ps's DP_EXIT_WHEN_DONE (a Job's pod ends when done) and
 // where its shard index and DNS name come from (the StatefulSet's ordinal;
@@ -1232,6 +1389,9 @@ const MUTATIONS = [
   ["JobSet worker count differs", "overlays/jobset", (objs) => {
     workloads(objs).worker.job.completions = 3;
   }],
+  ["a global batch that follows DP_WORKERS", "overlays/gpu", (objs) => {
+    delete cm(objs, "dp-ps-config").DP_GLOBAL_BATCH;
+  }, false, /--global_batch=0: set DP_GLOBAL_BATCH/],
   ["workers' parallelism below --min_workers", "overlays/gpu", (objs) => {
     cm(objs, "dp-ps-config").DP_MIN_WORKERS = "2";
     workersJob(objs).spec.parallelism = 1;
@@ -1334,6 +1494,23 @@ const MUTATIONS = [
   ["PrometheusRule differs from the promtool-tested rules", "monitoring", (objs) => {
     find(objs, "PrometheusRule").spec.groups[0].rules.pop();
   }],
+  ["workers without the token dp-ps requires", "overlays/tls + token", (objs) => {
+    delete cm(objs, "dp-worker-config").DP_AUTH_TOKEN_FILE;
+  }, false, /dp-ps requires a token .* but the workers send none/],
+  ["the workers' token from another Secret", "overlays/jobset + token", (objs) => {
+    workloads(objs).worker.pod.spec.volumes.find((v) => v.name === "auth-token")
+        .secret.secretName = "other-token";
+  }, false, /the workers from another Secret, other-token/],
+  ["a token readable by others", "overlays/tls + token", (objs) => {
+    workloads(objs).ps.pod.spec.volumes.find((v) => v.name === "auth-token")
+        .secret.defaultMode = 0o444;
+  }, false, /dp-ps: Secret dp-ps-auth-token \(mode 444\) is readable by others/],
+  ["JobSet workers' token without fsGroup", "overlays/jobset + token", (objs) => {
+    delete workloads(objs).worker.pod.spec.securityContext.fsGroup;
+  }, false, /dp-worker: Secret dp-ps-auth-token must be readable by the pod's fsGroup/],
+  ["a token file outside the Secret", "overlays/jobset + token", (objs) => {
+    cm(objs, "dp-ps-config").DP_AUTH_TOKEN_FILE = "/tmp/token";
+  }, false, /dp-ps --auth_token_file=\/tmp\/token is not on a Secret volume/],
   ["worker TLS key outside the Secret", "overlays/tls", (objs) => {
     cm(objs, "dp-worker-config").DP_TLS_KEY = "/tmp/tls.key";
   }],
@@ -1446,8 +1623,10 @@ function main() {
     }
     report(`schemas: ${target}`, errors);
   }
+  const reader = modelReader();
+  if (reader.pod) all.push({label: "docs/deploying.md: the model reader", obj: reader.pod});
   report(`Kubernetes ${MIN_KUBERNETES} API and CRD types: no unknown field, ` +
-         "none missing (all variants)", unknownFieldErrors(all));
+         "none missing (all variants, the model reader)", unknownFieldErrors(all));
   for (const [target, objects] of Object.entries(rendered)) {
     if (target === "monitoring") {
       report("the cluster's monitoring: rules, dashboard, release label",
@@ -1456,6 +1635,10 @@ function main() {
       report(`drift: ${target} against dp-ps/dp-worker --dry_run`,
              driftErrors(objects, bins, target));
     }
+  }
+  if (rendered["overlays/jobset"]) {
+    report("docs/deploying.md's model reader reads the JobSet's state volume",
+           modelReaderErrors(reader, rendered["overlays/jobset"], bins));
   }
   if (rendered["base"] && rendered["jobset"]) {
     report("the JobSet runs the same pods as the plain variant",
@@ -1489,6 +1672,18 @@ function main() {
       problems = [`no error matches ${expect}; the errors:`, ...added];
     }
     report(`self-test: rejects ${name} (${target})`, problems);
+  }
+  if (rendered["overlays/jobset"] && reader.pod) {
+    const baseline = new Set(modelReaderErrors(reader, rendered["overlays/jobset"], bins));
+    for (const [name, mutate, expect] of READER_MUTATIONS) {
+      const broken = JSON.parse(JSON.stringify(reader));
+      mutate(broken);
+      const added = modelReaderErrors(broken, rendered["overlays/jobset"], bins)
+                        .filter((e) => !baseline.has(e));
+      report(`self-test: rejects a model reader with ${name}`,
+             added.some((e) => expect.test(e)) ? []
+                 : [`no error matches ${expect}; the errors:`, ...added]);
+    }
   }
 
   console.log(`${passed} passed, ${failed} failed`);
