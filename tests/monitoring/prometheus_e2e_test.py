@@ -354,7 +354,10 @@ def run(args, tmp, processes):
     #    once Prometheus has scraped every other target after the stop.
     #    Once a test accuracy (rank 0 reports one after every epoch) has
     #    been scraped, the test reads /metrics of the daemons that are not
-    #    held, for the checks of step 5.
+    #    held, for the checks of step 5: after the first epoch, so that the
+    #    holds after it give dp-ps two scrapes of Prometheus's in a row (it
+    #    waits at its end for the next one, for as long as the last two
+    #    requests of /metrics were apart).
     def worker0_step():
         text = metrics_of(workers[0], worker_metrics[0])
         m = re.search(r"^dp_worker_step_duration_seconds_count(?:\{[^}]*\})? "
