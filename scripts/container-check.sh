@@ -7,7 +7,9 @@
 #    escalation, limits, mounts and DP_* environment are what
 #    deploy/k8s/overlays/cpu gives its pod;
 #  - from the host, as a kubelet would: every gRPC probe the manifests
-#    declare answers SERVING, every metrics port answers /metrics;
+#    declare answers SERVING, every metrics port answers /metrics (the
+#    workers' while the job is held: dp-ps paused once both have joined,
+#    resumed once their probes are in, so the job lasts until they land);
 #  - the job (dp-ps + 2 workers, Fashion-MNIST, 3 epochs) ends with every
 #    worker exiting 0, a test accuracy of at least 0.8 and the model on the
 #    state volume; the workers used gRPC (other network namespaces);
@@ -119,6 +121,7 @@ cleanup() {
     done
   fi
   for c in dp-ps-0 dp-worker-0 dp-worker-1; do
+    podman unpause "$c" >/dev/null 2>&1  # a failure while the job was held
     podman rm -f -t 0 "$c" >/dev/null 2>&1
   done
   podman network rm -f dp-ps >/dev/null 2>&1
@@ -266,8 +269,7 @@ size_check dp-worker:0.1.0 200
 kubectl kustomize deploy/k8s/overlays/cpu >"$tmp/cpu.yaml"
 settings() { python3 "$repo/deploy/tests/container_settings.py" "$@"; }
 
-# What the manifests declare, looked up once: the job is fast (about 10 s
-# of training here), and the probes must reach the workers while they run.
+# What the manifests declare, looked up once, before the job starts.
 ps_metrics=$(settings port "$tmp/cpu.yaml" dp-ps metrics)
 worker_metrics=$(settings port "$tmp/cpu.yaml" dp-worker metrics)
 settings probes "$tmp/cpu.yaml" dp-ps >"$tmp/probes.dp-ps"
@@ -326,14 +328,30 @@ job() {
   cd "$dir"
   run_block run >"$dir/run.log" 2>&1 || { cat "$dir/run.log"; fail "starting the job failed"; }
   if [ "$1" = plain ]; then
+    # dp-ps serves from its start until the finish block stops it
+    # (DP_EXIT_WHEN_DONE=false): its probes land whenever they come.
+    poll 120 "dp-ps's gRPC probes answering SERVING" probes_answer dp-ps-0
+    poll 60 "dp-ps's /metrics" metrics_answer dp-ps-0 "$ps_metrics" '^dp_build_info'
+    # A worker answers SERVING once it has joined, and exits when the job
+    # ends, however fast the machine. So the job is held from the moment
+    # both have joined until every probe of theirs is in: dp-ps paused (its
+    # cgroup frozen), no step can end, the workers wait for it (their calls'
+    # deadlines are 30 s, and a wait that outlasts one is made again).
     for c in dp-worker-0 dp-worker-1; do
-      poll 120 "$c's gRPC probes answering SERVING" probes_answer "$c"
-      poll 10 "$c's /metrics (tensors not in shared memory)" \
+      poll 120 "$c's gRPC probes answering SERVING (it joined)" probes_answer "$c"
+    done
+    podman pause dp-ps-0 >/dev/null
+    for c in dp-worker-0 dp-worker-1; do
+      [ "$(podman inspect -f '{{.State.Status}}' "$c")" = running ] ||
+        fail "$c is $(podman inspect -f '{{.State.Status}}, exit {{.State.ExitCode}}' "$c") once dp-ps was paused: the job ended before it could be held"
+    done
+    for c in dp-worker-0 dp-worker-1; do
+      poll 60 "$c's gRPC probes answering SERVING, the job held" probes_answer "$c"
+      poll 60 "$c's /metrics (tensors not in shared memory)" \
         metrics_answer "$c" "$worker_metrics" '^dp_worker_shared_memory{.*} 0$'
     done
-    poll 60 "dp-ps's gRPC probes answering SERVING" probes_answer dp-ps-0
-    poll 10 "dp-ps's /metrics" metrics_answer dp-ps-0 "$ps_metrics" '^dp_build_info'
-    say "$1: every gRPC probe of the manifests SERVING, every /metrics answering"
+    podman unpause dp-ps-0 >/dev/null
+    say "$1: every gRPC probe of the manifests SERVING, every /metrics answering (the workers' with the job held)"
     for c in dp-ps-0 dp-worker-0 dp-worker-1; do
       podman inspect "$c" >"$dir/$c.json"
       settings compare "$tmp/cpu.yaml" "${c%-[0-9]*}" "$dir/$c.json" --index "${c##*-}" ||

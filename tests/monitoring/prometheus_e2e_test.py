@@ -2,9 +2,9 @@
 """End to end: a real Prometheus on loopback scrapes a real dp-ps of two
 shards and two real dp-workers while they train on Fashion-MNIST, with our
 recording and alert rules loaded. Asserts, through Prometheus's HTTP API:
-  - samples/s (the recording rule) is > 0 for every rank during the run;
+  - samples/s (the recording rule) was > 0 for every rank during the run;
   - the loss series exists, has several scrapes and decreases;
-  - no outage alert (down, missing, stalled, NaN) is pending or firing;
+  - no outage alert (down, missing, stalled, NaN) fired during the run;
   - every rule evaluates without error;
   - every dashboard expression returns data, its series told apart by the
     panel's legend (a job panel that forgot shard="0" shows two lines of
@@ -18,17 +18,30 @@ The workers serve metrics on their default address, every IPv4 and IPv6
 one, and Prometheus scrapes them over IPv6 ([::1], as on an IPv6-only
 cluster) where the host has an IPv6 loopback.
 
-Prometheus applies discovered targets in batches, up to 5 s apart. So that
-the scrapes see training from its first steps, rank 1 is paused (SIGSTOP)
-as soon as it has said where its metrics are, and resumed (SIGCONT) once
-Prometheus scrapes dp-ps and rank 0: a step needs every rank's push, so the
-job cannot start before.
+The job is paced by what Prometheus has seen, not by the clock: how many
+scrapes fall into a job of 351 steps depends on the machine (4 s of
+training on a quiet one gave 8). So the test holds the job HOLDS times,
+evenly over its steps: it stops a worker (SIGSTOP) and resumes it
+(SIGCONT) once Prometheus has scraped every other target after the stop.
+A step needs every rank's block, and dp-ps runs with --backup_blocks=0 and
+--on_worker_loss=wait, so a held worker holds the step: every hold is a
+scrape of a distinct step, and the daemons are known alive, which is when
+the test reads their /metrics itself. The held rank alternates, so both
+workers are scraped during the job. At the start, rank 1 is held until
+Prometheus has discovered the targets (it applies them in batches, up to
+5 s apart) and scrapes dp-ps and rank 0; --start_wait_s keeps the first
+step waiting for rank 1 however long that takes.
 
-Every wait is an event (a log line, a process exit) or a bounded poll of an
-HTTP endpoint with a deadline; nothing sleeps to synchronise.
+Every wait is an event (a log line, a process exit, a step, a scrape) or a
+bounded poll of an HTTP endpoint; each deadline only bounds a hang.
+
+--scrape_interval_s longer than the default makes the job short against
+the scrapes, as on a fast machine (with 5 s, Prometheus scrapes a quiet
+machine's job about once on its own).
 
 Usage: prometheus_e2e_test.py --ps BIN --worker BIN --prometheus BIN
                               --promtool BIN --source_dir DIR
+                              [--scrape_interval_s S] [--keep]
 """
 
 import argparse
@@ -50,7 +63,12 @@ import urllib.request
 
 import monitoring_checks as mc
 
-POLL_S = 0.1
+POLL_S = 0.1  # polling interval of Prometheus's API
+STEP_POLL_S = 0.02  # of worker 0's step: a hold lands within a few steps
+WAIT_S = 120  # deadline of one wait: bounds a hang, never paces
+HOLDS = 12  # evenly over the job: at least one scrape of the loss each
+OUTAGE_ALERTS = ("DpPsDown|DpWorkerDown|DpWorkersMissing|DpTooFewWorkers|"
+                 "DpTrainingStalled|DpLossNotFinite")
 
 
 class Failure(Exception):
@@ -104,9 +122,12 @@ class Process:
     def tail(self, n=25):
         return "".join(f"    {l}" for l in self.output[-n:])
 
+    def exited(self):
+        return self.proc.poll() is not None
+
     def stop(self):
         if self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.kill()  # also ends a stopped process
             self.proc.wait()
 
 
@@ -126,9 +147,22 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http_get(url, timeout=5):
+def http_get(url, timeout=30):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()
+
+
+def metrics_of(process, port):
+    """`process`'s /metrics answer; a network error fails, saying whether
+    the process was still running."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        return http_get(url)
+    except OSError as e:
+        state = (f"it exited with {process.proc.returncode}"
+                 if process.exited() else "it is running")
+        raise Failure(f"GET {url} of {process.name}: {e} ({state})\n"
+                      f"{process.tail()}")
 
 
 class PrometheusApi:
@@ -139,8 +173,10 @@ class PrometheusApi:
         url = f"{self.base}{path}?{urllib.parse.urlencode(params)}"
         try:
             body = json.loads(http_get(url))
-        except urllib.error.HTTPError as e:
+        except urllib.error.HTTPError as e:  # a bad query: the reason in JSON
             body = json.loads(e.read().decode())
+        except (OSError, ValueError) as e:
+            raise Failure(f"GET {url}: {e}")
         if body.get("status") != "success":
             raise Failure(f"GET {url}: {body.get('error', body)}")
         return body["data"]
@@ -152,7 +188,7 @@ class PrometheusApi:
         return self.get("/api/v1/query", **params)["result"]
 
 
-def poll(what, deadline, probe, processes=()):
+def poll(what, deadline, probe, processes=(), interval=POLL_S):
     """Calls probe() until it returns a true value or the deadline passes;
     fails early when one of `processes` exits."""
     last = None
@@ -161,13 +197,13 @@ def poll(what, deadline, probe, processes=()):
             value = probe()
             if value:
                 return value
-        except (Failure, OSError, urllib.error.URLError) as e:
+        except (Failure, OSError) as e:
             last = e
         for p in processes:
-            if p.proc.poll() is not None:
+            if p.exited():
                 raise Failure(f"{p.name} exited ({p.proc.returncode}) while "
                               f"waiting for {what}\n{p.tail()}")
-        time.sleep(POLL_S)  # polling interval, not synchronisation
+        time.sleep(interval)  # polling interval, not synchronisation
     raise Failure(f"timed out waiting for {what}" + (f" (last: {last})" if last else ""))
 
 
@@ -176,6 +212,10 @@ def write_targets(path, targets):
     with open(tmp, "w") as f:
         json.dump([{"targets": targets}], f)
     os.replace(tmp, path)  # Prometheus never reads a half-written file
+
+
+def port_of(instance):
+    return int(re.search(r":(\d+)$", instance)[1])
 
 
 def run(args, tmp, processes):
@@ -187,15 +227,21 @@ def run(args, tmp, processes):
         os.path.join(source, "deploy", "grafana", "dashboards", "dp-ps.json"))
     start = time.monotonic()
 
+    def say(text):
+        print(f"[{time.monotonic() - start:5.1f}s] {text}", flush=True)
+
     # 1. Prometheus, with empty target files that are filled as the daemons
-    #    come up (file discovery: their ports are picked at start).
+    #    come up (file discovery: their ports are picked at start). A scrape
+    #    may take its whole interval: on a loaded machine a quick timeout
+    #    reads as a daemon down.
     ps_targets = os.path.join(tmp, "ps-targets.json")
     worker_targets = os.path.join(tmp, "worker-targets.json")
     write_targets(ps_targets, [])
     write_targets(worker_targets, [])
+    interval = f"{args.scrape_interval_s}s"
     config = {
-        "global": {"scrape_interval": "250ms", "scrape_timeout": "250ms",
-                   "evaluation_interval": "250ms"},
+        "global": {"scrape_interval": interval, "scrape_timeout": interval,
+                   "evaluation_interval": "1s"},
         "rule_files": rule_files,
         "scrape_configs": [
             {"job_name": "dp-ps", "file_sd_configs": [
@@ -218,7 +264,7 @@ def run(args, tmp, processes):
         processes.append(prom)
         api = PrometheusApi(port)
         try:
-            poll("Prometheus to be ready", time.monotonic() + 60,
+            poll("Prometheus to be ready", time.monotonic() + WAIT_S,
                  lambda: http_get(f"{api.base}/-/ready"), [prom])
             break
         except Failure as e:
@@ -226,15 +272,18 @@ def run(args, tmp, processes):
             if attempt == 2:
                 raise
             print(f"retrying Prometheus: {e}")
-    print(f"[{time.monotonic() - start:5.1f}s] Prometheus ready on {api.base}")
+    say(f"Prometheus ready on {api.base}, scraping every {interval}")
 
     # 2. dp-ps as two shards and two workers, every metrics port picked by
     #    the process. Shard 1 first, on any port; shard 0 needs every
     #    shard's address, its own included, so it gets a port picked here.
-    deadline = time.monotonic() + 60
+    #    No straggler backups and no reassignment: a held worker holds the
+    #    step (else the other rank computes its block and the job runs on).
+    deadline = time.monotonic() + WAIT_S
     job = ["--host=127.0.0.1", "--metrics_port=-1", "--metrics_host=127.0.0.1",
            "--workers=2", "--batch_size=256", "--epochs=3", "--seed=1",
-           "--dataset=fashion-mnist", "--shards=2"]
+           "--dataset=fashion-mnist", "--shards=2", "--backup_blocks=0",
+           "--on_worker_loss=wait", "--start_wait_s=600"]
     shard1 = Process("dp-ps shard 1", [args.ps, *job, "--port=0", "--shard=1"],
                      tmp)
     processes.append(shard1)
@@ -268,56 +317,131 @@ def run(args, tmp, processes):
             tmp)
         processes.append(w)
         workers.append(w)
-        print(f"[{time.monotonic() - start:5.1f}s] worker {rank} backend: " +
-              w.wait_for_line(r"backend: (.*)", deadline)[1])
+        say(f"worker {rank} backend: " +
+            w.wait_for_line(r"backend: (.*)", deadline)[1])
         worker_metrics.append(int(w.wait_for_line(
             r"metrics on 0\.0\.0\.0:(\d+)", deadline)[1]))
     workers[1].proc.send_signal(signal.SIGSTOP)  # holds the job at step 0
     worker_host = "[::1]" if ipv6_loopback() else "127.0.0.1"
     write_targets(worker_targets, [f"{worker_host}:{p}" for p in worker_metrics])
     daemons = shards + workers
-    print(f"[{time.monotonic() - start:5.1f}s] dp-ps metrics :{ps_metrics[0]} "
-          f":{ps_metrics[1]}, workers {worker_host}:{worker_metrics[0]} "
-          f":{worker_metrics[1]}; "
-          "rank 1 paused")
+    # The daemons by metrics port: the targets' instances name them so.
+    by_port = dict(zip(ps_metrics + worker_metrics, daemons))
+    say(f"dp-ps metrics :{ps_metrics[0]} :{ps_metrics[1]}, workers "
+        f"{worker_host}:{worker_metrics[0]} :{worker_metrics[1]}; rank 1 held")
+
+    def last_scrapes():
+        """{metrics port: time of its last successful scrape}. (timestamp()
+        of an expression is the query's time: only a bare selector keeps
+        the samples' own.)"""
+        return {port_of(s["metric"]["instance"]): float(s["value"][1])
+                for s in api.query("timestamp(up) and up == 1")}
 
     def scraping():
         active = api.get("/api/v1/targets", state="active")["activeTargets"]
-        health = {int(re.search(r":(\d+)/", t["scrapeUrl"])[1]): t["health"]
-                  for t in active}
-        return (set(health) == {*ps_metrics, *worker_metrics} and
-                all(health[p] == "up" for p in ps_metrics) and
-                health[worker_metrics[0]] == "up")
+        return ({port_of(re.search(r"//([^/]+)/", t["scrapeUrl"])[1])
+                 for t in active} == set(by_port) and
+                {*ps_metrics, worker_metrics[0]} <= set(last_scrapes()))
 
-    poll("Prometheus to scrape both dp-ps shards and rank 0", time.monotonic() + 60,
-         scraping, daemons)
+    poll("Prometheus to scrape both dp-ps shards and rank 0",
+         time.monotonic() + WAIT_S, scraping, daemons)
     workers[1].proc.send_signal(signal.SIGCONT)
-    print(f"[{time.monotonic() - start:5.1f}s] all targets discovered; "
-          "rank 1 resumed")
+    planned = int(workers[0].wait_for_line(
+        r"rank 0: joined at step \d+ of (\d+)", time.monotonic() + WAIT_S)[1])
+    say(f"all targets discovered; rank 1 resumed; {planned} steps")
 
-    # 3. While training: samples/s > 0 for every rank, from the recording rule
-    #    that the real Prometheus evaluates; and an epoch's test accuracy.
-    deadline = time.monotonic() + 90
+    # 3. The job, held HOLDS times evenly over its steps. Each hold ends
+    #    once Prometheus has scraped every other target after the stop.
+    #    Once a test accuracy (rank 0 reports one after every epoch) has
+    #    been scraped, the test reads /metrics of the daemons that are not
+    #    held, for the checks of step 5: after the first epoch, so that the
+    #    holds after it give dp-ps two scrapes of Prometheus's in a row (it
+    #    waits at its end for the next one, for as long as the last two
+    #    requests of /metrics were apart).
+    def worker0_step():
+        text = metrics_of(workers[0], worker_metrics[0])
+        m = re.search(r"^dp_worker_step_duration_seconds_count(?:\{[^}]*\})? "
+                      r"(\S+)$", text, re.M)
+        if m is None:
+            raise Failure("worker 0's /metrics has no "
+                          "dp_worker_step_duration_seconds_count")
+        return int(float(m[1]))
 
-    def rates():
-        r = api.query("rank:dp_worker_samples:rate1m")
-        by_rank = {s["metric"].get("rank"): float(s["value"][1]) for s in r}
-        return by_rank if set(by_rank) == {"0", "1"} and all(
-            v > 0 for v in by_rank.values()) else None
+    def step_reached(target):
+        step = worker0_step()
+        return step if step >= target else None
 
-    by_rank = poll("samples/s > 0 on ranks 0 and 1", deadline, rates, daemons)
-    print(f"[{time.monotonic() - start:5.1f}s] samples/s by rank: "
-          + ", ".join(f"{k}: {v:.0f}" for k, v in sorted(by_rank.items())))
-    poll("a test accuracy after the first epoch", deadline,
-         lambda: api.query('dp_test_accuracy{role="ps"}'), daemons)
+    texts = {}  # process name: its /metrics answer, read during a hold
+    accuracy_scraped = False
 
-    # 4. The daemons' own answers, mid-run: promtool's lint, and the names.
+    def hold(worker):
+        nonlocal accuracy_scraped
+        worker.proc.send_signal(signal.SIGSTOP)
+        stopped = time.time()
+        others = [p for p, d in by_port.items() if d is not worker]
+        poll(f"a scrape of every target but the held {worker.name}",
+             time.monotonic() + WAIT_S,
+             lambda: all(last_scrapes().get(p, 0) > stopped for p in others),
+             daemons)
+        if not accuracy_scraped:
+            accuracy_scraped = bool(api.query('dp_test_accuracy{role="ps"}'))
+        if accuracy_scraped:
+            for p in others:
+                name = by_port[p].name
+                if name not in texts:
+                    texts[name] = metrics_of(by_port[p], p)
+        worker.proc.send_signal(signal.SIGCONT)
+
+    targets = [planned * k // (HOLDS + 1) for k in range(1, HOLDS + 1)]
+    held_at = []
+    while pending := [t for t in targets if not held_at or t > held_at[-1]]:
+        step = poll(f"worker 0 at step {pending[0]}", time.monotonic() + WAIT_S,
+                    lambda: step_reached(pending[0]), daemons,
+                    interval=STEP_POLL_S)
+        hold(workers[len(held_at) % 2])
+        held_at.append(step)
+    say(f"held the job at steps {held_at}, ranks 0 and 1 in turn")
+    if len(texts) != len(daemons):
+        raise Failure(f"no scraped test accuracy before the last hold: "
+                      f"/metrics read only of {sorted(texts)}")
+
+    # 4. The job ends well.
+    for p in daemons:
+        try:
+            code = p.proc.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            raise Failure(f"{p.name} did not finish in time\n{p.tail()}")
+        if code != 0:
+            raise Failure(f"{p.name} exited with {code}\n{p.tail()}")
+    final = shard0.wait_for_line(r"final test accuracy: ([0-9.]+)",
+                                 time.monotonic() + WAIT_S)
+    say(f"job finished: {final[0]}")
+
+    # 4b. How the job ended reached Prometheus before dp-ps exited: its last
+    #     scrape holds the last step and the final accuracy it logged.
+    def last(expr):
+        r = api.query(f"last_over_time({expr}[1h])")
+        return float(r[0]["value"][1]) if len(r) == 1 else None
+
+    step = last('dp_training_step{role="ps",shard="0"}')
+    accuracy = last('dp_test_accuracy{role="ps",shard="0"}')
+    print(f"last scraped: step {step} of {planned}, accuracy {accuracy}")
+    if step is None or step != planned:
+        raise Failure(f"the last scraped step is {step}, not the job's last "
+                      f"({planned}): dp-ps exited before a scrape of its end")
+    if accuracy is None or abs(accuracy - float(final[1])) > 5e-5:
+        raise Failure(f"the last scraped accuracy is {accuracy}, dp-ps "
+                      f"reported {final[1]}: its final value was never scraped")
+    # Every hold held: no block went to the other rank.
+    for counter in ["dp_ps_backup_blocks_total", "dp_ps_blocks_reassigned_total"]:
+        if (n := last(f'{counter}{{role="ps",shard="0"}}')) != 0:
+            raise Failure(f"{counter} is {n}: a held worker's block was "
+                          "computed by the other one, the hold did not hold")
+
+    # 5. The daemons' own answers, read during holds: promtool's lint, and
+    #    the names.
     families = {}
-    for name, port in [("dp-ps shard 0", ps_metrics[0]),
-                       ("dp-ps shard 1", ps_metrics[1]),
-                       ("worker 0", worker_metrics[0]),
-                       ("worker 1", worker_metrics[1])]:
-        text = http_get(f"http://127.0.0.1:{port}/metrics")
+    for name, text in sorted(texts.items()):
         with open(os.path.join(tmp, f"{name.replace(' ', '-')}.metrics"), "w") as f:
             f.write(text)
         lint = subprocess.run([args.promtool, "check", "metrics"], input=text,
@@ -328,8 +452,8 @@ def run(args, tmp, processes):
         families.update(mc.exported_families(text))
         if name.startswith("worker") and "dp_worker_backend_info{" not in text:
             raise Failure(f"{name}'s /metrics has no dp_worker_backend_info")
-    print(f"[{time.monotonic() - start:5.1f}s] promtool check metrics: "
-          f"both dp-ps shards and both workers clean; {len(families)} families")
+    say(f"promtool check metrics: both dp-ps shards and both workers clean; "
+        f"{len(families)} families")
     rules = mc.load_rules(rule_files)
     recorded = mc.recorded_names(rules)
     named = [(f"dashboard '{t}' {ref}", e) for t, ref, e in
@@ -342,13 +466,6 @@ def run(args, tmp, processes):
             raise Failure(f"{what} names metrics nobody exports: "
                           f"{sorted(unknown)}\n  {expr}")
 
-    # 5. No outage alert pending or firing while the job trains normally.
-    #    (The straggler alert depends on this machine's load: not asserted.)
-    outage = ('ALERTS{alertname=~"DpPsDown|DpWorkerDown|DpWorkersMissing|'
-              'DpTooFewWorkers|DpTrainingStalled|DpLossNotFinite"}')
-    if alerts := api.query(outage):
-        raise Failure(f"alerts during a healthy run: {alerts}")
-
     # 6. Every rule evaluated, without error.
     def rules_evaluated():
         groups = api.get("/api/v1/rules")["groups"]
@@ -360,62 +477,51 @@ def run(args, tmp, processes):
         return len(all_rules) == len(rules) and all(
             r.get("health") == "ok" for r in all_rules)
 
-    poll("every rule to evaluate", time.monotonic() + 30, rules_evaluated)
+    poll("every rule to evaluate", time.monotonic() + WAIT_S, rules_evaluated)
 
-    # 7. The job ends well.
-    for p in daemons:
-        try:
-            code = p.proc.wait(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            raise Failure(f"{p.name} did not finish in time\n{p.tail()}")
-        if code != 0:
-            raise Failure(f"{p.name} exited with {code}\n{p.tail()}")
-    final = shard0.wait_for_line(r"final test accuracy: ([0-9.]+)", deadline)
-    print(f"[{time.monotonic() - start:5.1f}s] job finished: {final[0]}")
+    # The last moment every daemon was still being scraped: later, their
+    # series are stale (and a daemon that exited is down, as it should be).
+    ends = [float(s["values"][-1][0]) for s in api.query("dp_build_info[1h]")]
+    if len(ends) != 4:
+        raise Failure(f"dp_build_info of {len(ends)} targets, not 4")
+    at = min(ends) - 0.001
 
-    # 7b. How the job ended reached Prometheus before dp-ps exited: its last
-    #     scrape holds the last step and the final accuracy it logged.
-    def last(expr):
-        r = api.query(f"last_over_time({expr}[10m])")
-        return float(r[0]["value"][1]) if len(r) == 1 else None
+    # 7. No outage alert fired while the job trained normally. Pending is
+    #    allowed: a held worker's scrapes fail, and its `up` is 0 until the
+    #    hold ends (the alerts wait 1 minute). The straggler alert depends
+    #    on this machine's load: not asserted.
+    fired = api.query(f'ALERTS{{alertstate="firing",alertname=~"{OUTAGE_ALERTS}"}}[1h]',
+                      at=at)
+    if fired:
+        raise Failure("alerts fired during a healthy run: " + "; ".join(
+            f"{s['metric']} from {s['values'][0][0]}" for s in fired))
 
-    step = last('dp_training_step{role="ps",shard="0"}')
-    planned = last('dp_training_planned_steps{role="ps",shard="0"}')
-    accuracy = last('dp_test_accuracy{role="ps",shard="0"}')
-    print(f"last scraped: step {step} of {planned}, accuracy {accuracy}")
-    if step is None or step != planned:
-        raise Failure(f"the last scraped step is {step}, not the job's last "
-                      f"({planned}): dp-ps exited before a scrape of its end")
-    if accuracy is None or abs(accuracy - float(final[1])) > 5e-5:
-        raise Failure(f"the last scraped accuracy is {accuracy}, dp-ps "
-                      f"reported {final[1]}: its final value was never scraped")
+    # 8. samples/s > 0 for every rank during the run, from the recording
+    #    rule the real Prometheus evaluated.
+    by_rank = {s["metric"].get("rank"): float(s["value"][1]) for s in
+               api.query("max_over_time(rank:dp_worker_samples:rate1m[1h])",
+                         at=at)}
+    say("samples/s by rank, the most: " +
+        ", ".join(f"{k}: {v:.0f}" for k, v in sorted(by_rank.items())))
+    if set(by_rank) != {"0", "1"} or not all(v > 0 for v in by_rank.values()):
+        raise Failure(f"samples/s not > 0 on ranks 0 and 1: {by_rank}")
 
-    # 8. The loss as scraped: several samples, falling.
-    def loss_samples():
-        r = api.query('dp_training_loss{role="ps",shard="0"}[10m]')
-        return r[0]["values"] if len(r) == 1 else None
-
-    values = poll("the loss series", time.monotonic() + 10, loss_samples)
-    losses = [float(v) for _, v in values]
-    print(f"[{time.monotonic() - start:5.1f}s] {len(losses)} loss samples: "
-          f"first {losses[:3]}, last {losses[-3:]}")
+    # 9. The loss as scraped: a sample at least every hold and the last
+    #    step's, falling.
+    values = api.query('dp_training_loss{role="ps",shard="0"}[1h]')
+    losses = [float(v) for _, v in values[0]["values"]] if len(values) == 1 else []
+    say(f"{len(losses)} loss samples: first {losses[:3]}, last {losses[-3:]}")
     if len(losses) < 10:
         raise Failure(f"only {len(losses)} scrapes of the loss: {losses}")
     # Thirds, not single samples: each sample is one step's mini-batch loss.
     third = len(losses) // 3
     first = sum(losses[:third]) / third
-    last = sum(losses[-third:]) / third
-    print(f"mean loss of the first third {first:.3f}, last third {last:.3f}")
-    if not (last < 0.85 * first and losses[-1] < losses[0]):
+    last_third = sum(losses[-third:]) / third
+    print(f"mean loss of the first third {first:.3f}, last third {last_third:.3f}")
+    if not (last_third < 0.85 * first and losses[-1] < losses[0]):
         raise Failure(f"the loss did not decrease: {losses}")
 
-    # 9. Every dashboard expression returns data, evaluated at the last moment
-    #    every daemon was still being scraped (later, its series are stale).
-    last_scrapes = [float(s["values"][-1][0])
-                    for s in api.query("dp_build_info[10m]")]
-    if len(last_scrapes) != 4:
-        raise Failure(f"dp_build_info of {len(last_scrapes)} targets, not 4")
-    at = min(last_scrapes) - 0.001
+    # 10. Every dashboard expression returns data at the end of the run.
     empty, merged = [], []
     for title, ref, expr, legend in mc.dashboard_legends(dashboard):
         result = api.query(expr, at=at)
@@ -435,17 +541,21 @@ def run(args, tmp, processes):
     if merged:
         raise Failure("dashboard series a legend cannot tell apart (or "
                       "missing shards):\n  " + "\n  ".join(merged))
-    print(f"[{time.monotonic() - start:5.1f}s] all "
-          f"{len(mc.dashboard_expressions(dashboard))} dashboard expressions "
-          "return data")
+    say(f"all {len(mc.dashboard_expressions(dashboard))} dashboard "
+        "expressions return data")
 
 
 def main():
     ap = argparse.ArgumentParser()
     for flag in ["ps", "worker", "prometheus", "promtool", "source_dir"]:
         ap.add_argument(f"--{flag}", required=True)
+    ap.add_argument("--scrape_interval_s", type=int, default=2,
+                    help="Prometheus's scrape interval and timeout")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     args = ap.parse_args()
+    if args.scrape_interval_s < 1:
+        ap.error(f"--scrape_interval_s must be at least 1, got "
+                 f"{args.scrape_interval_s}")
     tmp = tempfile.mkdtemp(prefix="dp-prom-e2e-")
     processes = []
     try:
