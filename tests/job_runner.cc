@@ -142,9 +142,6 @@ int64_t CurrentStep(int port) {
   return resp.step();
 }
 
-namespace {
-
-// Polls `done` until it holds (true) or the deadline passes (false).
 bool PollUntil(const std::function<bool()>& done, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
@@ -153,8 +150,6 @@ bool PollUntil(const std::function<bool()>& done, absl::Duration timeout) {
   }
   return false;
 }
-
-}  // namespace
 
 bool WaitForStep(int port, int64_t step, absl::Duration timeout) {
   return PollUntil([&] { return CurrentStep(port) >= step; }, timeout);

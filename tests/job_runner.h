@@ -2,6 +2,7 @@
 #ifndef DP_TESTS_JOB_RUNNER_H_
 #define DP_TESTS_JOB_RUNNER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,10 @@ struct JobResult {
 // dp-workers; waits for all of them to exit.
 JobResult RunJob(std::vector<std::string> ps_args, int workers,
                  std::vector<std::string> worker_args = {}, int shards = 1);
+
+// Polls `done` every 5 ms until it holds (true) or `timeout` passes
+// (false): for state only visible from outside, such as a /metrics answer.
+bool PollUntil(const std::function<bool()>& done, absl::Duration timeout);
 
 // The step dp-ps at `port` is at, via GetStatus; -1 when it does not answer.
 int64_t CurrentStep(int port);
