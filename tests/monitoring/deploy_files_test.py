@@ -136,7 +136,8 @@ def main():
                                 f"{m.group(0).strip()} aggregates away namespace")
     names = {r["alert"] for r in alerts}
     for wanted in ["DpWorkerDown", "DpPsAbsent", "DpLossNotFinite", "DpLossRising",
-                   "DpTrainingStalled", "DpStraggler"]:
+                   "DpTrainingStalled", "DpStraggler", "DpCheckpointFailing",
+                   "DpJobFailed"]:
         if wanted not in names:
             failures.append(f"no alert {wanted}")
 

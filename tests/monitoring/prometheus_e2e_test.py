@@ -4,7 +4,8 @@ shards and two real dp-workers while they train on Fashion-MNIST, with our
 recording and alert rules loaded. Asserts, through Prometheus's HTTP API:
   - samples/s (the recording rule) is > 0 for every rank during the run;
   - the loss series exists, has several scrapes and decreases;
-  - no outage alert (down, missing, stalled, NaN) is pending or firing;
+  - no outage alert (down, missing, stalled, NaN, checkpoints failing, job
+    failed) is pending or firing;
   - every rule evaluates without error;
   - every dashboard expression returns data, its series told apart by the
     panel's legend (a job panel that forgot shard="0" shows two lines of
@@ -235,15 +236,21 @@ def run(args, tmp, processes):
     job = ["--host=127.0.0.1", "--metrics_port=-1", "--metrics_host=127.0.0.1",
            "--workers=2", "--batch_size=256", "--epochs=3", "--seed=1",
            "--dataset=fashion-mnist", "--shards=2"]
-    shard1 = Process("dp-ps shard 1", [args.ps, *job, "--port=0", "--shard=1"],
-                     tmp)
+    # Each shard with its own checkpoints, written often: the checkpoint
+    # alert sees a healthy store.
+    def checkpoints(shard):
+        return [f"--checkpoint_dir={os.path.join(tmp, f'ckpt{shard}')}",
+                "--checkpoint_every=20"]
+    shard1 = Process("dp-ps shard 1", [args.ps, *job, "--port=0", "--shard=1",
+                                       *checkpoints(1)], tmp)
     processes.append(shard1)
     port1 = shard1.wait_for_line(r"listening on 127\.0\.0\.1:(\d+)", deadline)[1]
     for attempt in range(3):  # the free port may be taken before it binds
         port0 = free_port()
         shard0 = Process(f"dp-ps shard 0-{attempt}", [
             args.ps, *job, f"--port={port0}", "--shard=0",
-            f"--shard_addresses=127.0.0.1:{port0},127.0.0.1:{port1}"], tmp)
+            f"--shard_addresses=127.0.0.1:{port0},127.0.0.1:{port1}",
+            *checkpoints(0)], tmp)
         processes.append(shard0)
         try:
             shard0.wait_for_line(r"listening on 127\.0\.0\.1:(\d+)", deadline)
@@ -345,7 +352,8 @@ def run(args, tmp, processes):
     # 5. No outage alert pending or firing while the job trains normally.
     #    (The straggler alert depends on this machine's load: not asserted.)
     outage = ('ALERTS{alertname=~"DpPsDown|DpWorkerDown|DpWorkersMissing|'
-              'DpTooFewWorkers|DpTrainingStalled|DpLossNotFinite"}')
+              'DpTooFewWorkers|DpTrainingStalled|DpLossNotFinite|'
+              'DpCheckpointFailing|DpJobFailed"}')
     if alerts := api.query(outage):
         raise Failure(f"alerts during a healthy run: {alerts}")
 
