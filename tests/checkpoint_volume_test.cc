@@ -68,7 +68,7 @@ class Tmpfs {
     // leave the mount behind.
     if (status_.ok()) ::umount2(dir_.c_str(), MNT_DETACH);
   }
-  const absl::Status &status() const { return status_; }
+  const absl::Status& status() const { return status_; }
   absl::Status Unmount() {
     if (!status_.ok()) return status_;
     if (::umount(dir_.c_str()) != 0) {
@@ -85,9 +85,11 @@ class Tmpfs {
 };
 
 // Writes `path` until the file system has no byte left (ENOSPC).
-absl::Status FillUp(const std::string &path) {
+absl::Status FillUp(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": ", errno));
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat(path, ": ", std::strerror(errno)));
+  }
   const std::string chunk(1 << 16, 'x');
   int e = 0;
   while (e == 0) {
@@ -101,7 +103,7 @@ absl::Status FillUp(const std::string &path) {
   return absl::OkStatus();
 }
 
-int MetricsPort(const Subprocess &ps) {
+int MetricsPort(const Subprocess& ps) {
   int port = 0;
   auto field = ps.Field("metrics on 127.0.0.1:");
   if (!field.has_value() || !absl::SimpleAtoi(*field, &port)) port = 0;
@@ -121,7 +123,7 @@ Seen Scrape(int port) {
   absl::StatusOr<std::string> text = HttpGet("127.0.0.1", port, "/metrics");
   if (!text.ok()) return seen;
   const auto s = ParseExposition(*text);
-  auto get = [&s](const char *name) -> int64_t {
+  auto get = [&s](const char* name) -> int64_t {
     const std::optional<double> v = Sample(s, name, kPs);
     return v.has_value() ? static_cast<int64_t>(*v) : -1;
   };
@@ -131,15 +133,15 @@ Seen Scrape(int port) {
   return seen;
 }
 
-std::string Describe(const Seen &s) {
+std::string Describe(const Seen& s) {
   return absl::StrCat("step ", s.training_step, ", checkpoint step ",
                       s.checkpoint_step, ", write failures ", s.failures);
 }
 
 // Polls the metrics until `done` holds of a scrape; that scrape, or a
 // test failure naming `what` and the last scrape.
-Seen AwaitScrape(int port, const std::string &what,
-                 const std::function<bool(const Seen &)> &done) {
+Seen AwaitScrape(int port, const std::string& what,
+                 const std::function<bool(const Seen&)>& done) {
   Seen last;
   if (!PollUntil(
           [&] {
@@ -154,9 +156,9 @@ Seen AwaitScrape(int port, const std::string &what,
 }
 
 // The steps of the checkpoint files in `dir`, newest first.
-std::vector<int64_t> CheckpointSteps(const std::string &dir) {
+std::vector<int64_t> CheckpointSteps(const std::string& dir) {
   std::vector<int64_t> steps;
-  for (const auto &e : std::filesystem::directory_iterator(dir)) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const std::string file = e.path().filename().string();
     absl::string_view name = file;
     int64_t step;
@@ -176,9 +178,7 @@ std::vector<int64_t> CheckpointSteps(const std::string &dir) {
 // written: one that still succeeds removes the oldest, and the next fits in
 // the room it left.) Removing the filler gives the room back, on the same
 // mount.
-TEST(
-    CheckpointVolumeTest,
-    AFullVolumeIsCountedWhileTrainingGoesOnAndTheNextCheckpointLandsOnceThereIsRoom) {
+TEST(CheckpointVolumeTest, FullVolumeIsCountedTrainingGoesOnThenTheNextLands) {
   if (absl::Status s = OwnMountNamespace(); !s.ok()) {
     GTEST_SKIP() << "cannot mount a tmpfs here (needs root): " << s;
   }
@@ -207,7 +207,7 @@ TEST(
 
   // 1. Checkpoints land on the job's volume.
   s = AwaitScrape(metrics, "a first checkpoint",
-                  [](const Seen &s) { return s.checkpoint_step >= kEvery; });
+                  [](const Seen& s) { return s.checkpoint_step >= kEvery; });
   EXPECT_EQ(s.failures, 0) << Describe(s);
 
   // 2. The volume is full: writes fail, counted; training goes on.
@@ -218,7 +218,7 @@ TEST(
   const int64_t full_at = CurrentStep(port);
   ASSERT_GE(full_at, kEvery);
   s = AwaitScrape(metrics, "two failed checkpoint writes",
-                  [](const Seen &s) { return s.failures >= 2; });
+                  [](const Seen& s) { return s.failures >= 2; });
   ASSERT_TRUE(WaitForStep(port, full_at + 3 * kEvery, kTimeout))
       << "training stopped while the checkpoints failed\n"
       << ps->output();
@@ -236,7 +236,7 @@ TEST(
   // while the volume was full.
   ASSERT_EQ(::unlink(filler.c_str()), 0) << std::strerror(errno);
   s = AwaitScrape(metrics, "a checkpoint once there was room",
-                  [&while_full](const Seen &s) {
+                  [&while_full](const Seen& s) {
                     return s.checkpoint_step > while_full.training_step;
                   });
   // The newest file there, read back and verified. One landing meanwhile
