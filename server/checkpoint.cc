@@ -170,7 +170,12 @@ std::optional<Checkpoint> CheckpointStore::LoadNewest() const {
 
 absl::Status CheckpointStore::Write(const Checkpoint &c) {
   absl::MutexLock write_lock(&write_mu_);
-  return WriteLocked(c);
+  absl::Status s = WriteLocked(c);
+  if (!s.ok()) {
+    absl::MutexLock lock(&mu_);
+    ++failures_;
+  }
+  return s;
 }
 
 absl::Status CheckpointStore::WriteLocked(const Checkpoint &c) {
@@ -259,6 +264,11 @@ void CheckpointStore::Flush() {
 int64_t CheckpointStore::failures() const {
   absl::MutexLock lock(&mu_);
   return failures_;
+}
+
+int64_t CheckpointStore::NewestStep() const {
+  absl::MutexLock lock(&mu_);
+  return verified_.empty() ? 0 : *verified_.rbegin();
 }
 
 void CheckpointStore::WriterLoop() {

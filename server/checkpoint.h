@@ -60,9 +60,10 @@ class CheckpointStore {
 
   // Writes now, then removes those past c's step (left by a rollback, see
   // Rewind) and all but the newest `keep`. On error the files already there
-  // are untouched. Writes of one store - this, and
-  // the background writer's - run one at a time: the final checkpoint may
-  // write the step whose WriteAsync is still in progress.
+  // are untouched, and the error is counted in failures(). Writes of one
+  // store - this, and the background writer's - run one at a time: the
+  // final checkpoint may write the step whose WriteAsync is still in
+  // progress.
   [[nodiscard]] absl::Status Write(const Checkpoint &c);
 
   // The job went back to `step` (a rollback) and is now in `history` (the
@@ -84,7 +85,13 @@ class CheckpointStore {
   void WriteAsync(Checkpoint c, uint64_t history);
   // Blocks until the background writer is idle.
   void Flush();
+  // Writes that failed since the store was made, Write's and the
+  // background writer's.
   int64_t failures() const;
+  // The step of the newest checkpoint on disk (the last of
+  // RestorableSteps): the one a restart resumes from. 0 when there is none,
+  // as a restart then begins at step 0.
+  int64_t NewestStep() const;
   const std::string &dir() const { return dir_; }
 
  private:

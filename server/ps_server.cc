@@ -40,6 +40,7 @@ ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
   p.test_accuracy = s.last_eval.accuracy;
   p.test_loss = s.last_eval.loss;
   p.registered_workers = static_cast<int>(s.registered_ranks.size());
+  p.failed = s.failed;
   return p;
 }
 
@@ -219,6 +220,11 @@ absl::Status PsServer::Serve() {
                        const CoordinatorStatus status = coordinator_->Status();
                        metrics_->SetProgress(ProgressOf(status));
                        metrics_->SetElasticity(ElasticityOf(status));
+                       if (store_ != nullptr) {
+                         metrics_->SetCheckpoints({options_.checkpoint_every,
+                                                   store_->NewestStep(),
+                                                   store_->failures()});
+                       }
                      }));
     Log("metrics on %s:%d", o.metrics_host, metrics_endpoint_->port());
   }
@@ -474,6 +480,9 @@ absl::StatusOr<PsServer::Outcome> PsServer::Run() {
       // A worker computing a block when the job failed is told at its
       // next call, not met by a closed port that it would retry.
       coordinator_->AwaitFailureTold(kFailureGrace);
+      // The failure (dp_training_failed) reaches a Prometheus that scrapes
+      // dp-ps before it exits, as the end of a finished job does.
+      if (metrics_endpoint_) metrics_->AwaitNextScrape(absl::Seconds(30));
       // Serve the failure to workers already in a call before going away.
       ShutdownServers(absl::Seconds(3));
       return failure;

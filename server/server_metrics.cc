@@ -74,6 +74,22 @@ ServerMetrics::ServerMetrics(int world_size, int shard, int min_workers,
                                 absl::FormatDuration(active_window_)));
   expected_workers_->Set(world_size_);
   min_workers_->Set(std::max(min_workers, 1));
+  failed_ = &NewGauge(
+      "dp_training_failed",
+      "1 once the job failed (a rank lost with --on_worker_loss=fail): "
+      "dp-ps exits 1 after one more scrape.");
+  checkpoint_interval_ = &NewGauge(
+      "dp_ps_checkpoint_interval_steps",
+      "Steps between checkpoints (--checkpoint_every; 0: at a stop and the "
+      "end only, or no --checkpoint_dir).");
+  checkpoint_step_ = &NewGauge(
+      "dp_ps_checkpoint_step",
+      "Step of the newest checkpoint on disk, the one a restart resumes "
+      "from (0: none).");
+  checkpoint_failures_ = &NewCounter(
+      "dp_ps_checkpoint_write_failures_total",
+      "Checkpoint writes that failed (disk full, read-only, file too "
+      "large); training goes on from the last good checkpoint.");
   update_seconds_ =
       &NewSeconds("dp_ps_update_duration_seconds",
                   "Time dp-ps takes to apply one update (rank-ordered "
@@ -169,10 +185,18 @@ void ServerMetrics::SetProgress(const Progress& p) {
   epoch_->Set(p.epoch);
   if (p.has_loss) loss_->Add({}).Set(p.loss);
   registered_workers_->Set(p.registered_workers);
+  failed_->Set(p.failed ? 1 : 0);
   if (p.has_eval) {
     test_accuracy_->Add({}).Set(p.test_accuracy);
     test_loss_->Add({}).Set(p.test_loss);
   }
+}
+
+void ServerMetrics::SetCheckpoints(const Checkpoints& c) {
+  checkpoint_interval_->Set(static_cast<double>(c.interval_steps));
+  checkpoint_step_->Set(static_cast<double>(c.newest_step));
+  absl::MutexLock lock(&checkpoint_mu_);
+  Mirror(checkpoint_failures_, c.write_failures, &mirrored_failures_);
 }
 
 void ServerMetrics::SetElasticity(const Elasticity& e) {

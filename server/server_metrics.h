@@ -1,5 +1,5 @@
 // What dp-ps exports to Prometheus: training progress, workers, rejections,
-// update and barrier times, elasticity (docs/monitoring.md).
+// update and barrier times, elasticity, checkpoints (docs/monitoring.md).
 #ifndef DP_SERVER_SERVER_METRICS_H_
 #define DP_SERVER_SERVER_METRICS_H_
 
@@ -56,8 +56,21 @@ class ServerMetrics final : public Metrics {
     double test_accuracy = 0.0;
     double test_loss = 0.0;
     int registered_workers = 0;
+    bool failed = false;  // the job failed (StepCoordinator::Fail)
   };
   void SetProgress(const Progress& p);
+
+  // The checkpoint store, mirrored at scrape time. A dp-ps without
+  // --checkpoint_dir exports the zeros (no checkpoint, none due, no
+  // failure), so that the rules read the same series on every dp-ps.
+  // write_failures is cumulative, as the store counts it: the counter grows
+  // by the difference to the last call (never down).
+  struct Checkpoints {
+    int64_t interval_steps = 0;  // --checkpoint_every; 0: at the end only
+    int64_t newest_step = 0;     // the newest on disk; 0: none
+    int64_t write_failures = 0;
+  };
+  void SetCheckpoints(const Checkpoints& c);
 
   // How the step coordinator spreads the work (see ElasticityOf), mirrored
   // at scrape time. The counts are cumulative, as the coordinator keeps
@@ -95,6 +108,12 @@ class ServerMetrics final : public Metrics {
   prometheus::Gauge* min_workers_;
   prometheus::Gauge* registered_workers_;
   prometheus::Gauge* active_workers_;
+  prometheus::Gauge* failed_;
+  prometheus::Gauge* checkpoint_interval_;
+  prometheus::Gauge* checkpoint_step_;
+  prometheus::Counter* checkpoint_failures_;
+  absl::Mutex checkpoint_mu_;
+  int64_t mirrored_failures_ ABSL_GUARDED_BY(checkpoint_mu_) = 0;
   prometheus::Histogram* update_seconds_;
   std::vector<prometheus::Histogram*> barrier_wait_;  // by rank
   prometheus::Gauge* live_workers_;

@@ -1068,6 +1068,7 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.completed_by = completed_by_;
   s.last_plan_blocks = last_plan_blocks_;
   s.done = have_data_ && state_.step >= s.total_steps;
+  s.failed = !failed_.ok();
   s.last_loss = last_loss_;
   s.has_eval = has_eval_;
   s.last_eval = last_eval_;

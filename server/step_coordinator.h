@@ -99,6 +99,7 @@ struct CoordinatorStatus {
   // step waited for that rank last (since the start; for the metrics).
   std::vector<int64_t> completed_by;
   bool done = false;
+  bool failed = false;     // Fail was called: the job is over
   float last_loss = 0.0f;  // mean of the ranks' losses of the last step
   bool has_eval = false;
   EvalReport last_eval;

@@ -216,12 +216,14 @@ TEST(CheckpointStoreTest, DirectoryThatIsAFileIsAClearError) {
   EXPECT_NE(s.message().find(dir.File("file")), std::string::npos) << s;
 }
 
+// Both writers' failures are counted (dp-ps exports the count), and the
+// newest step stays at the last good checkpoint until the next one lands.
 TEST(CheckpointStoreTest, FailedWriteKeepsThePreviousCheckpoints) {
   TempDir dir;
   CheckpointStore store(dir.path(), kLayout, 3);
   ASSERT_TRUE(store.Open().ok());
   ASSERT_TRUE(store.Write(Make(10)).ok());
-  // A file-size limit smaller than a checkpoint makes the next write fail
+  // A file-size limit smaller than a checkpoint makes the next writes fail
   // the way a full disk does, even for root.
   signal(SIGXFSZ, SIG_IGN);
   struct rlimit old;
@@ -230,12 +232,48 @@ TEST(CheckpointStoreTest, FailedWriteKeepsThePreviousCheckpoints) {
   tiny.rlim_cur = 64;
   setrlimit(RLIMIT_FSIZE, &tiny);
   absl::Status s = store.Write(Make(20));
+  store.WriteAsync(Make(30), 0);
+  store.Flush();
   setrlimit(RLIMIT_FSIZE, &old);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("step 20"), std::string::npos) << s;
+  EXPECT_EQ(store.failures(), 2);
+  EXPECT_EQ(store.NewestStep(), 10);
   auto loaded = store.LoadNewest();
   ASSERT_TRUE(loaded.has_value());
   EXPECT_TRUE(SameState(loaded->state, Make(10).state));
+  store.WriteAsync(Make(40), 0);
+  store.Flush();
+  EXPECT_EQ(store.failures(), 2);
+  EXPECT_EQ(store.NewestStep(), 40);
+}
+
+// What a restart would resume from: the newest checkpoint that verifies
+// when the store opens (0 without one), then each one written, and the
+// restored step after a rollback.
+TEST(CheckpointStoreTest, NewestStepIsTheCheckpointARestartWouldResumeFrom) {
+  TempDir dir;
+  {
+    CheckpointStore empty(dir.path(), kLayout, 3);
+    ASSERT_TRUE(empty.Open().ok());
+    EXPECT_EQ(empty.NewestStep(), 0);
+    for (int step : {10, 20, 30}) ASSERT_TRUE(empty.Write(Make(step)).ok());
+    EXPECT_EQ(empty.NewestStep(), 30);
+  }
+  // A corrupt newest file is not what a restart resumes from.
+  const std::string newest = dir.File(CheckpointFileName(30));
+  auto bytes = ReadFile(newest);
+  ASSERT_TRUE(bytes.ok());
+  ASSERT_TRUE(WriteFileAtomic(newest, bytes->substr(0, 100)).ok());
+  CheckpointStore store(dir.path(), kLayout, 3);
+  ASSERT_TRUE(store.Open().ok());
+  EXPECT_EQ(store.NewestStep(), 20);
+  std::optional<Checkpoint> loaded = store.LoadNewest();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->state.step, 20);
+  store.Rewind(10, 1);
+  EXPECT_EQ(store.NewestStep(), 10);
+  EXPECT_EQ(store.failures(), 0);
 }
 
 // Names left in `dir` that are not checkpoints: a write that collided with

@@ -150,9 +150,6 @@ int64_t CurrentStep(int port) {
   return status.has_value() ? status->step() : -1;
 }
 
-namespace {
-
-// Polls `done` until it holds (true) or the deadline passes (false).
 bool PollUntil(const std::function<bool()>& done, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
@@ -161,8 +158,6 @@ bool PollUntil(const std::function<bool()>& done, absl::Duration timeout) {
   }
   return false;
 }
-
-}  // namespace
 
 bool WaitForStep(int port, int64_t step, absl::Duration timeout) {
   return PollUntil([&] { return CurrentStep(port) >= step; }, timeout);

@@ -71,6 +71,10 @@ struct JobResult {
 JobResult RunJob(std::vector<std::string> ps_args, int workers,
                  std::vector<std::string> worker_args = {}, int shards = 1);
 
+// Polls `done` every 5 ms until it holds (true) or `timeout` passes
+// (false): for state only visible from outside, such as a /metrics answer.
+bool PollUntil(const std::function<bool()>& done, absl::Duration timeout);
+
 // dp-ps's GetStatus at `port`; nullopt when it does not answer.
 std::optional<dp::v1::GetStatusResponse> StatusAt(int port);
 // The step dp-ps at `port` is at, via GetStatus; -1 when it does not answer.

@@ -4,12 +4,18 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <thread>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/flags.h"
 #include "gtest/gtest.h"
 #include "tests/exposition.h"
+#include "tests/job_runner.h"
 #include "tests/loopback_listener.h"
 #include "tests/subprocess.h"
 
@@ -125,6 +131,56 @@ TEST(MetricsJobTest, EverySeriesOfAShardCarriesItsIndex) {
       Sample(s, "dp_ps_expected_workers", {{"role", "ps"}, {"shard", "1"}}), 2);
   ps.Signal(SIGTERM);
   EXPECT_EQ(ps.Wait(kTimeout), kExitInterrupted);
+}
+
+// dp-ps exits 1 on a failed job, and a scraper that scrapes it regularly
+// sees dp_training_failed 1 first. Here the 5 s dp-ps gives workers to hear
+// of the failure (the killed rank never asks) would do; with Prometheus's
+// usual 15 s interval it mostly would not, and dp-ps waits for one more
+// scrape (at most 1.5 intervals plus 1 s) before it exits.
+TEST(MetricsJobTest, AFailedJobIsScrapedOnceMoreBeforeDpPsExits) {
+  int port = 0;
+  auto ps = StartServer({"--workers=2", "--max_steps=100000", "--batch_size=16",
+                         "--worker_timeout_s=600", "--on_worker_loss=fail",
+                         "--metrics_port=-1", "--metrics_host=127.0.0.1"},
+                        &port);
+  const int metrics = MetricsPort(*ps, "127.0.0.1");
+  ASSERT_GT(metrics, 0) << ps->output();
+  auto w0 = StartWorker(port, 0);
+  auto w1 = StartWorker(port, 1);
+  ASSERT_TRUE(WaitForStep(port, 5, kTimeout)) << ps->output();
+
+  absl::Mutex mu;
+  int scrapes = 0;
+  std::vector<double> failed;  // dp_training_failed of every scrape
+  std::thread scraper([&] {
+    for (;;) {
+      absl::StatusOr<std::string> text =
+          HttpGet("127.0.0.1", metrics, "/metrics", absl::Seconds(5));
+      if (!text.ok()) return;  // dp-ps is gone
+      const auto v = Sample(ParseExposition(*text), "dp_training_failed",
+                            {{"role", "ps"}, {"shard", "0"}});
+      {
+        absl::MutexLock lock(&mu);
+        ++scrapes;
+        failed.push_back(v.value_or(-1));
+      }
+      absl::SleepFor(absl::Milliseconds(500));  // the scrape interval
+    }
+  });
+  {
+    // dp-ps waits only for a scraper it has seen scrape twice.
+    absl::MutexLock lock(&mu);
+    auto twice = [&scrapes]() { return scrapes >= 2; };
+    mu.Await(absl::Condition(&twice));
+  }
+  w1->Signal(SIGKILL);  // --on_worker_loss=fail: the job fails at once
+  EXPECT_EQ(ps->Wait(kTimeout), kExitFailure) << ps->output();
+  scraper.join();
+  ASSERT_GE(failed.size(), 3u);
+  EXPECT_EQ(failed.front(), 0);
+  EXPECT_EQ(failed.back(), 1) << "the last scrape before dp-ps exited";
+  EXPECT_NE(w0->Wait(kTimeout), 0);
 }
 
 // The exposition at host:port has dp_build_info.

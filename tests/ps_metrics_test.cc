@@ -147,6 +147,44 @@ TEST_F(PsMetricsTest, JobFailureIsFailedPreconditionAndCountedAsRejection) {
   EXPECT_EQ(Rejected(Scrape(), "failed_precondition"), 2);
   EXPECT_FALSE(
       IsJobFailed(absl::FailedPreconditionError("rank 1 has not registered")));
+  EXPECT_TRUE(coordinator_->Status().failed);
+}
+
+// dp_training_failed follows the coordinator's status (ps_server.cc mirrors
+// it at scrape time): 0 from the start, 1 once the job failed.
+TEST(ServerMetricsProgressTest, AFailedJobIsOneFromZero) {
+  ServerMetrics m(2);
+  EXPECT_EQ(Sample(ParseExposition(m.Text()), "dp_training_failed", kPs), 0);
+  ServerMetrics::Progress p;
+  p.step = 12;
+  p.failed = true;
+  m.SetProgress(p);
+  EXPECT_EQ(Sample(ParseExposition(m.Text()), "dp_training_failed", kPs), 1);
+}
+
+// The checkpoint series exist on every dp-ps, at 0 without checkpoints;
+// the failure counter follows the store's cumulative count and never goes
+// down, the newest step follows the disk (back, too, after a rollback).
+TEST(ServerMetricsCheckpointTest, SeriesExistAtZeroAndFollowTheStore) {
+  ServerMetrics m(2);
+  auto values = [&m]() {
+    const auto s = ParseExposition(m.Text());
+    return std::vector<std::optional<double>>{
+        Sample(s, "dp_ps_checkpoint_interval_steps", kPs),
+        Sample(s, "dp_ps_checkpoint_step", kPs),
+        Sample(s, "dp_ps_checkpoint_write_failures_total", kPs)};
+  };
+  using V = std::vector<std::optional<double>>;
+  EXPECT_EQ(values(), (V{0, 0, 0}));
+  m.SetCheckpoints({100, 300, 0});  // resumed from step 300
+  EXPECT_EQ(values(), (V{100, 300, 0}));
+  m.SetCheckpoints({100, 300, 2});
+  m.SetCheckpoints({100, 300, 2});  // the same count again: no change
+  EXPECT_EQ(values(), (V{100, 300, 2}));
+  m.SetCheckpoints({100, 200, 3});  // a rollback, and one more failure
+  EXPECT_EQ(values(), (V{100, 200, 3}));
+  m.SetCheckpoints({100, 400, 1});  // lower (never, from one store): stays
+  EXPECT_EQ(values(), (V{100, 400, 3}));
 }
 
 TEST_F(PsMetricsTest, AStepRecordsUpdateTimeBarrierWaitPerRankAndBytes) {

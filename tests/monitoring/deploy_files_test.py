@@ -261,7 +261,8 @@ def main():
                             f"docs/monitoring.md: {sorted(unknown)}")
     names = {r["alert"] for r in alerts}
     for wanted in ["DpWorkerDown", "DpPsAbsent", "DpLossNotFinite", "DpLossRising",
-                   "DpTrainingStalled", "DpStraggler"]:
+                   "DpTrainingStalled", "DpStraggler", "DpCheckpointFailing",
+                   "DpJobFailed"]:
         if wanted not in names:
             failures.append(f"no alert {wanted}")
 

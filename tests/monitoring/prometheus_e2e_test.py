@@ -4,7 +4,8 @@ shards and two real dp-workers while they train on Fashion-MNIST, with our
 recording and alert rules loaded. Asserts, through Prometheus's HTTP API:
   - samples/s (the recording rule) was > 0 for every rank during the run;
   - the loss series exists, has several scrapes and decreases;
-  - no outage alert (down, missing, stalled, NaN) fired during the run;
+  - no outage alert (down, missing, stalled, NaN, checkpoints failing, job
+    failed) fired during the run;
   - every rule evaluates without error;
   - every dashboard expression returns data, its series told apart by the
     panel's legend (a job panel that forgot shard="0" shows two lines of
@@ -68,7 +69,7 @@ STEP_POLL_S = 0.02  # of worker 0's step: a hold lands within a few steps
 WAIT_S = 120  # deadline of one wait: bounds a hang, never paces
 HOLDS = 12  # evenly over the job: at least one scrape of the loss each
 OUTAGE_ALERTS = ("DpPsDown|DpWorkerDown|DpWorkersMissing|DpTooFewWorkers|"
-                 "DpTrainingStalled|DpLossNotFinite")
+                 "DpTrainingStalled|DpLossNotFinite|DpCheckpointFailing|DpJobFailed")
 
 
 class Failure(Exception):
@@ -284,15 +285,21 @@ def run(args, tmp, processes):
            "--workers=2", "--batch_size=256", "--epochs=3", "--seed=1",
            "--dataset=fashion-mnist", "--shards=2", "--backup_blocks=0",
            "--on_worker_loss=wait", "--start_wait_s=600"]
-    shard1 = Process("dp-ps shard 1", [args.ps, *job, "--port=0", "--shard=1"],
-                     tmp)
+    # Each shard with its own checkpoints, written often: the checkpoint
+    # alert sees a healthy store.
+    def checkpoints(shard):
+        return [f"--checkpoint_dir={os.path.join(tmp, f'ckpt{shard}')}",
+                "--checkpoint_every=20"]
+    shard1 = Process("dp-ps shard 1", [args.ps, *job, "--port=0", "--shard=1",
+                                       *checkpoints(1)], tmp)
     processes.append(shard1)
     port1 = shard1.wait_for_line(r"listening on 127\.0\.0\.1:(\d+)", deadline)[1]
     for attempt in range(3):  # the free port may be taken before it binds
         port0 = free_port()
         shard0 = Process(f"dp-ps shard 0-{attempt}", [
             args.ps, *job, f"--port={port0}", "--shard=0",
-            f"--shard_addresses=127.0.0.1:{port0},127.0.0.1:{port1}"], tmp)
+            f"--shard_addresses=127.0.0.1:{port0},127.0.0.1:{port1}",
+            *checkpoints(0)], tmp)
         processes.append(shard0)
         try:
             shard0.wait_for_line(r"listening on 127\.0\.0\.1:(\d+)", deadline)
