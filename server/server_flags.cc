@@ -74,14 +74,8 @@ absl::Status ValidateStep(const ServerFlags& f) {
                        "the micro-batches a step"}});
 }
 
-}  // namespace
-
-void AddServerFlags(Flags* flags, ServerFlags* f) {
-  flags->AddString("host", &f->host, "address to listen on");
-  flags->AddInt("port", &f->port, "gRPC port (0 picks a free one)");
-  AddEndpointFlags(flags, &f->endpoints,
-                   "plaintext port serving only grpc.health.v1, for probes "
-                   "that speak no TLS (-1 = off, 0 = any free port)");
+// The flags of the job itself: what a checkpoint pins and workers adopt.
+void AddJobFlags(Flags* flags, ServerFlags* f) {
   flags->AddInt("workers", &f->workers,
                 "the most workers at once (ranks 0..N-1)");
   flags->AddInt("batch_size", &f->batch_size,
@@ -123,6 +117,9 @@ void AddServerFlags(Flags* flags, ServerFlags* f) {
                 "parameters: SimpleNet gets one; at most one per usable core "
                 "(the cgroup's CPU limit counts) and 4; the result is the "
                 "same for any number)");
+}
+
+void AddCheckpointFlags(Flags* flags, ServerFlags* f) {
   flags->AddString("checkpoint_dir", &f->checkpoint_dir,
                    "write checkpoints here and resume from the newest valid "
                    "one at start (empty = no checkpoints)");
@@ -130,6 +127,10 @@ void AddServerFlags(Flags* flags, ServerFlags* f) {
                 "steps between checkpoints (0 = only at shutdown and the end)");
   flags->AddInt("keep_checkpoints", &f->keep_checkpoints,
                 "how many checkpoints to keep");
+}
+
+// What happens when workers leave, join or lag (docs/elastic.md).
+void AddElasticFlags(Flags* flags, ServerFlags* f) {
   flags->AddDouble("worker_timeout_s", &f->worker_timeout_s,
                    "a worker the step needs that has not called for this "
                    "long is reported missing");
@@ -149,10 +150,9 @@ void AddServerFlags(Flags* flags, ServerFlags* f) {
                    "the first step waits this long for all --workers to "
                    "register, then starts with those there (at least "
                    "--min_workers)");
-  flags->AddBool("shared_memory", &f->shared_memory,
-                 "offer workers on this host (this network namespace) their "
-                 "tensors through shared memory; gRPC stays the control "
-                 "plane");
+}
+
+void AddShardFlags(Flags* flags, ServerFlags* f) {
   flags->AddInt("shards", &f->shards,
                 "how many dp-ps processes share the parameters; each owns a "
                 "range of them (1 = this dp-ps holds all)");
@@ -163,6 +163,24 @@ void AddServerFlags(Flags* flags, ServerFlags* f) {
                    "the shards' host:port, comma-separated (shard 0 collects "
                    "the model from them at the end; its own may be listed); "
                    "an entry with {shard} stands for one per shard");
+}
+
+}  // namespace
+
+void AddServerFlags(Flags* flags, ServerFlags* f) {
+  flags->AddString("host", &f->host, "address to listen on");
+  flags->AddInt("port", &f->port, "gRPC port (0 picks a free one)");
+  AddEndpointFlags(flags, &f->endpoints,
+                   "plaintext port serving only grpc.health.v1, for probes "
+                   "that speak no TLS (-1 = off, 0 = any free port)");
+  AddJobFlags(flags, f);
+  AddCheckpointFlags(flags, f);
+  AddElasticFlags(flags, f);
+  flags->AddBool("shared_memory", &f->shared_memory,
+                 "offer workers on this host (this network namespace) their "
+                 "tensors through shared memory; gRPC stays the control "
+                 "plane");
+  AddShardFlags(flags, f);
   flags->AddBool("exit_when_done", &f->exit_when_done,
                  "exit once training is finished; false keeps serving the "
                  "final weights and status until SIGTERM (Kubernetes)");

@@ -36,7 +36,11 @@ void OnStopSignal(int sig) {
   [[maybe_unused]] ssize_t n = write(stop_pipe[1], &byte, 1);
 }
 
-int Run(int argc, char** argv) {
+// Parses and checks the command line into *o and *stop_timeout_s; the exit
+// code main must return at once (help, version, dry run, a bad flag), or
+// nullopt to go on.
+std::optional<int> Configure(int argc, char** argv, WorkerOptions* o,
+                             int* stop_timeout_s) {
   WorkerFlags f;
   Flags flags("dp-worker",
               "Worker of a dp-ps job: computes gradients on its data shard.");
@@ -61,14 +65,19 @@ int Run(int argc, char** argv) {
   }
   Log("dp-worker %s starting: %s", DP_VERSION, flags.Effective());
   Log("security: %s", security->Describe());
-  WorkerOptions o = *std::move(options);
-  o.client.credentials = security->credentials;
-  o.client.tls_server_name = security->server_name;
-  o.client.auth_token = security->auth_token;
+  *o = *std::move(options);
+  o->client.credentials = security->credentials;
+  o->client.tls_server_name = security->server_name;
+  o->client.auth_token = security->auth_token;
+  *stop_timeout_s = f.stop_timeout_s;
+  return std::nullopt;
+}
 
+// SIGTERM and SIGINT into stop_pipe; false (logged) if there is no pipe.
+bool CatchStopSignals() {
   if (pipe(stop_pipe) != 0) {
     Log("error: pipe: %s", std::strerror(errno));
-    return kExitFailure;
+    return false;
   }
   struct sigaction on_stop = {};
   on_stop.sa_handler = OnStopSignal;
@@ -76,23 +85,17 @@ int Run(int argc, char** argv) {
   sigemptyset(&on_stop.sa_mask);
   sigaction(SIGTERM, &on_stop, nullptr);
   sigaction(SIGINT, &on_stop, nullptr);
+  return true;
+}
 
-  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(o);
-  if (!worker.ok()) {
-    const int code = WorkerExitCode(worker.status(), /*stopped=*/false);
-    Log("%s: %s",
-        code == kExitConfigError     ? "configuration error"
-        : code == kExitCannotRunHere ? "cannot run on this node"
-                                     : "error",
-        worker.status().message());
-    return code;
-  }
+// Runs the worker to its end while a watcher thread turns a stop signal
+// into Stop() (and into an exit once stop_timeout_s pass); its exit code.
+int RunToTheEnd(Worker* w, int stop_timeout_s) {
   // Joined before the worker goes, so it never outlives what it uses; a
   // byte 0 on the pipe tells it to return. (A signal that came earlier
   // waits in the pipe.)
   absl::Notification finished;
-  std::thread watcher([w = worker->get(), &finished,
-                       stop_timeout_s = f.stop_timeout_s] {
+  std::thread watcher([w, &finished, stop_timeout_s] {
     char sig = 0;
     while (read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
     }
@@ -105,14 +108,12 @@ int Run(int argc, char** argv) {
       std::_Exit(kExitInterrupted);
     }
   });
-  const absl::Status s = (*worker)->Run();
+  const absl::Status s = w->Run();
   finished.Notify();
   const char exit_watcher = 0;
   [[maybe_unused]] ssize_t n = write(stop_pipe[1], &exit_watcher, 1);
   watcher.join();
-  const bool stopped = (*worker)->stopped();
-  worker->reset();
-  const int code = WorkerExitCode(s, stopped);
+  const int code = WorkerExitCode(s, w->stopped());
   if (code == kExitInterrupted) {
     if (s.code() != absl::StatusCode::kCancelled)
       Log("stopped: %s", s.ToString());
@@ -122,6 +123,26 @@ int Run(int argc, char** argv) {
     Log("error: %s (exit %d)", s.ToString(), code);
   }
   return code;
+}
+
+int Run(int argc, char** argv) {
+  WorkerOptions o;
+  int stop_timeout_s = 0;
+  if (std::optional<int> exit = Configure(argc, argv, &o, &stop_timeout_s)) {
+    return *exit;
+  }
+  if (!CatchStopSignals()) return kExitFailure;
+  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(o);
+  if (!worker.ok()) {
+    const int code = WorkerExitCode(worker.status(), /*stopped=*/false);
+    Log("%s: %s",
+        code == kExitConfigError     ? "configuration error"
+        : code == kExitCannotRunHere ? "cannot run on this node"
+                                     : "error",
+        worker.status().message());
+    return code;
+  }
+  return RunToTheEnd(worker->get(), stop_timeout_s);
 }
 
 }  // namespace
