@@ -121,6 +121,17 @@ grpc::ChannelArguments ClientChannelArguments(int max_message_bytes,
   return args;
 }
 
+std::shared_ptr<grpc::Channel> ClientChannel(
+    const std::string& address, int max_message_bytes,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const std::string& server_name) {
+  grpc::ChannelArguments args = ClientChannelArguments(max_message_bytes);
+  if (!server_name.empty()) args.SetSslTargetNameOverride(server_name);
+  return grpc::CreateCustomChannel(
+      address, credentials ? credentials : grpc::InsecureChannelCredentials(),
+      args);
+}
+
 int MessageBytesFor(int64_t num_floats) {
   return static_cast<int>(num_floats * 4 + (64 << 10));
 }

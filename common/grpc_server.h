@@ -86,6 +86,15 @@ void SetReady(grpc::Server* server, bool ready,
 grpc::ChannelArguments ClientChannelArguments(
     int max_message_bytes, const KeepaliveOptions& keepalive = {});
 
+// A channel to `address` with those arguments: the one way dp-worker and
+// dp-ps's shard 0 call dp-ps. Null credentials: plaintext; `server_name`,
+// when set, is the name the server's certificate must carry instead of the
+// address's host.
+std::shared_ptr<grpc::Channel> ClientChannel(
+    const std::string& address, int max_message_bytes,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const std::string& server_name);
+
 // Bytes needed for a message carrying n float32 values, plus framing slack.
 int MessageBytesFor(int64_t num_floats);
 

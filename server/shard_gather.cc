@@ -11,129 +11,188 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/security.h"
+#include "common/status_macros.h"
 #include "proto/dp.grpc.pb.h"
 
 namespace dp {
+
+namespace {
+
+// One collection of the weights of `step`: which address turned out to be
+// which shard, which ranges are in, and when each address last answered.
+class Collection {
+ public:
+  Collection(const GatherOptions& options, const ModelLayout& layout, int count,
+             int64_t step, int own_index, const std::vector<float>& own)
+      : options_(options),
+        count_(count),
+        step_(step),
+        own_index_(own_index),
+        ranges_(ShardRanges(layout, count)),
+        params_(layout.num_params()),
+        have_(count, false),
+        start_(absl::Now()),
+        logged_(start_) {
+    std::copy(own.begin(), own.end(),
+              params_.begin() + ranges_[own_index].offset);
+    have_[own_index] = true;
+    for (const std::string& address : options.addresses) {
+      stubs_.push_back(dp::v1::ParameterServer::NewStub(
+          ClientChannel(address, MessageBytesFor(layout.num_params()),
+                        options.credentials, options.server_name)));
+    }
+    answered_.assign(stubs_.size(), start_);
+    shard_of_.assign(stubs_.size(), -1);
+  }
+
+  // Asks every address whose shard is not in yet. An answer that cannot be
+  // this job's (another shape, a wrong size) ends the collection.
+  absl::Status AskRound() {
+    waiting_.clear();
+    for (size_t a = 0; a < stubs_.size(); ++a) {
+      if (shard_of_[a] >= 0 && have_[shard_of_[a]]) continue;
+      dp::v1::GetStatusRequest request;
+      request.set_with_params(true);
+      dp::v1::GetStatusResponse response;
+      if (const absl::Status s = Call(a, request, &response); !s.ok()) {
+        waiting_.push_back(
+            absl::StrFormat("%s (%s)", options_.addresses[a], s.message()));
+        continue;
+      }
+      answered_[a] = absl::Now();
+      RETURN_IF_ERROR(Take(a, response));
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<int> Missing() const {
+    std::vector<int> missing;
+    for (int k = 0; k < count_; ++k) {
+      if (!have_[k]) missing.push_back(k);
+    }
+    return missing;
+  }
+
+  // DEADLINE_EXCEEDED once an address whose shard is missing has not
+  // answered for the timeout, CANCELLED when keep_going says stop; logs
+  // whom it waits for once a timeout.
+  absl::Status CheckProgress(const std::vector<int>& missing) {
+    const absl::Time now = absl::Now();
+    for (size_t a = 0; a < stubs_.size(); ++a) {
+      const bool lacking = shard_of_[a] < 0 || !have_[shard_of_[a]];
+      if (lacking && now - answered_[a] > options_.timeout) {
+        return absl::DeadlineExceededError(absl::StrFormat(
+            "the weights of step %d are missing shard(s) %s; %s has not "
+            "answered for %s; not ready: %s",
+            step_, absl::StrJoin(missing, ","), options_.addresses[a],
+            absl::FormatDuration(options_.timeout),
+            absl::StrJoin(waiting_, "; ")));
+      }
+    }
+    if (options_.keep_going && !options_.keep_going()) {
+      return absl::CancelledError(absl::StrFormat(
+          "the collection of the weights of step %d stopped", step_));
+    }
+    if (now - logged_ >= options_.timeout) {
+      Log("collecting the weights of step %d for %.0f s; waiting for %s", step_,
+          absl::ToDoubleSeconds(now - start_), absl::StrJoin(waiting_, "; "));
+      logged_ = now;
+    }
+    return absl::OkStatus();
+  }
+
+  // Tells the other shards they may go. Best effort: one that does not
+  // hear it exits after its --final_eval_timeout_s.
+  void Release() {
+    for (size_t a = 0; a < stubs_.size(); ++a) {
+      if (shard_of_[a] < 0 || shard_of_[a] == own_index_) continue;
+      dp::v1::GetStatusRequest request;
+      request.set_collected(step_);
+      dp::v1::GetStatusResponse response;
+      (void)Call(a, request, &response);
+    }
+  }
+
+  std::vector<float> TakeParams() { return std::move(params_); }
+
+ private:
+  absl::Status Call(size_t a, const dp::v1::GetStatusRequest& request,
+                    dp::v1::GetStatusResponse* response) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    AttachToken(options_.auth_token, &ctx);
+    return FromGrpcStatus(stubs_[a]->GetStatus(&ctx, request, response));
+  }
+
+  // Address a's answer: its shard's range once that is at `step`.
+  absl::Status Take(size_t a, const dp::v1::GetStatusResponse& response) {
+    const dp::v1::ShardInfo& info = response.shard();
+    const int k = info.index();
+    if (info.count() != count_ || k < 0 || k >= count_ ||
+        info.offset() != ranges_[k].offset ||
+        info.length() != ranges_[k].length) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s is shard %d of %d [%d, +%d); this job has %d shards",
+          options_.addresses[a], k, info.count(), info.offset(), info.length(),
+          count_));
+    }
+    shard_of_[a] = k;
+    if (have_[k]) return absl::OkStatus();  // this shard, or one collected
+    if (response.step() != step_) {
+      waiting_.push_back(absl::StrFormat("%s (shard %d at step %d)",
+                                         options_.addresses[a], k,
+                                         response.step()));
+      return absl::OkStatus();
+    }
+    if (response.params().size() != ranges_[k].length * sizeof(float)) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s sent %d bytes of weights for %d values", options_.addresses[a],
+          response.params().size(), ranges_[k].length));
+    }
+    std::memcpy(params_.data() + ranges_[k].offset, response.params().data(),
+                response.params().size());
+    have_[k] = true;
+    return absl::OkStatus();
+  }
+
+  const GatherOptions& options_;
+  const int count_;
+  const int64_t step_;
+  const int own_index_;
+  const std::vector<ParamRange> ranges_;
+  std::vector<float> params_;
+  std::vector<bool> have_;  // by shard
+  std::vector<std::unique_ptr<dp::v1::ParameterServer::Stub>> stubs_;
+  // By address: when it last answered (start: not yet), and which shard it
+  // turned out to be (-1: not known yet).
+  std::vector<absl::Time> answered_;
+  std::vector<int> shard_of_;
+  std::vector<std::string> waiting_;  // this round's, for the messages
+  const absl::Time start_;
+  absl::Time logged_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
                                                 const ModelLayout& layout,
                                                 int count, int64_t step,
                                                 int own_index,
                                                 const std::vector<float>& own) {
-  const std::vector<ParamRange> ranges = ShardRanges(layout, count);
-  std::vector<float> params(layout.num_params());
-  std::vector<bool> have(count, false);
-  if (own.size() != static_cast<size_t>(ranges[own_index].length)) {
+  if (own.size() !=
+      static_cast<size_t>(ShardRanges(layout, count)[own_index].length)) {
     return absl::InternalError("this shard's weights do not fit its range");
   }
-  std::copy(own.begin(), own.end(), params.begin() + ranges[own_index].offset);
-  have[own_index] = true;
-  grpc::ChannelArguments args =
-      ClientChannelArguments(MessageBytesFor(layout.num_params()));
-  if (!options.server_name.empty()) {
-    args.SetSslTargetNameOverride(options.server_name);
-  }
-  std::vector<std::unique_ptr<dp::v1::ParameterServer::Stub>> stubs;
-  for (const std::string& address : options.addresses) {
-    stubs.push_back(dp::v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
-        address,
-        options.credentials ? options.credentials
-                            : grpc::InsecureChannelCredentials(),
-        args)));
-  }
-  const absl::Time start = absl::Now();
-  // When each address last answered (start: not yet).
-  std::vector<absl::Time> answered(stubs.size(), start);
-  absl::Time logged = start;
-  auto call = [&](size_t a, dp::v1::GetStatusRequest request,
-                  dp::v1::GetStatusResponse* response) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    AttachToken(options.auth_token, &ctx);
-    return FromGrpcStatus(stubs[a]->GetStatus(&ctx, request, response));
-  };
-  // Which shard each address turned out to be (-1: not known yet).
-  std::vector<int> shard_of(stubs.size(), -1);
-  std::vector<std::string> waiting;
+  Collection collection(options, layout, count, step, own_index, own);
   for (;;) {
-    waiting.clear();
-    for (size_t a = 0; a < stubs.size(); ++a) {
-      if (shard_of[a] >= 0 && have[shard_of[a]]) continue;
-      dp::v1::GetStatusRequest request;
-      request.set_with_params(true);
-      dp::v1::GetStatusResponse response;
-      const absl::Status s = call(a, request, &response);
-      if (s.ok()) answered[a] = absl::Now();
-      if (!s.ok()) {
-        waiting.push_back(
-            absl::StrFormat("%s (%s)", options.addresses[a], s.message()));
-        continue;
-      }
-      const dp::v1::ShardInfo& info = response.shard();
-      const int k = info.index();
-      if (info.count() != count || k < 0 || k >= count ||
-          info.offset() != ranges[k].offset ||
-          info.length() != ranges[k].length) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "%s is shard %d of %d [%d, +%d); this job has %d shards",
-            options.addresses[a], k, info.count(), info.offset(), info.length(),
-            count));
-      }
-      shard_of[a] = k;
-      if (have[k]) continue;  // this shard, or one already collected
-      if (response.step() != step) {
-        waiting.push_back(absl::StrFormat("%s (shard %d at step %d)",
-                                          options.addresses[a], k,
-                                          response.step()));
-        continue;
-      }
-      if (response.params().size() != ranges[k].length * sizeof(float)) {
-        return absl::DataLossError(absl::StrFormat(
-            "%s sent %d bytes of weights for %d values", options.addresses[a],
-            response.params().size(), ranges[k].length));
-      }
-      std::memcpy(params.data() + ranges[k].offset, response.params().data(),
-                  response.params().size());
-      have[k] = true;
-    }
-    std::vector<int> missing;
-    for (int k = 0; k < count; ++k) {
-      if (!have[k]) missing.push_back(k);
-    }
+    RETURN_IF_ERROR(collection.AskRound());
+    const std::vector<int> missing = collection.Missing();
     if (missing.empty()) break;
-    const absl::Time now = absl::Now();
-    for (size_t a = 0; a < stubs.size(); ++a) {
-      const bool lacking = shard_of[a] < 0 || !have[shard_of[a]];
-      if (lacking && now - answered[a] > options.timeout) {
-        return absl::DeadlineExceededError(absl::StrFormat(
-            "the weights of step %d are missing shard(s) %s; %s has not "
-            "answered for %s; not ready: %s",
-            step, absl::StrJoin(missing, ","), options.addresses[a],
-            absl::FormatDuration(options.timeout),
-            absl::StrJoin(waiting, "; ")));
-      }
-    }
-    if (options.keep_going && !options.keep_going()) {
-      return absl::CancelledError(absl::StrFormat(
-          "the collection of the weights of step %d stopped", step));
-    }
-    if (now - logged >= options.timeout) {
-      Log("collecting the weights of step %d for %.0f s; waiting for %s", step,
-          absl::ToDoubleSeconds(now - start), absl::StrJoin(waiting, "; "));
-      logged = now;
-    }
+    RETURN_IF_ERROR(collection.CheckProgress(missing));
     absl::SleepFor(absl::Milliseconds(100));  // a shard still catching up
   }
-  // Now the other shards may go. Best effort: one that does not hear it
-  // exits after its --final_eval_timeout_s.
-  for (size_t a = 0; a < stubs.size(); ++a) {
-    if (shard_of[a] < 0 || shard_of[a] == own_index) continue;
-    dp::v1::GetStatusRequest request;
-    request.set_collected(step);
-    dp::v1::GetStatusResponse response;
-    (void)call(a, request, &response);
-  }
-  return params;
+  collection.Release();
+  return collection.TakeParams();
 }
 
 }  // namespace dp

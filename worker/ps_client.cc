@@ -28,16 +28,8 @@ namespace dp {
 namespace {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options) {
-  grpc::ChannelArguments args =
-      ClientChannelArguments(options.max_message_bytes);
-  if (!options.tls_server_name.empty()) {
-    args.SetSslTargetNameOverride(options.tls_server_name);
-  }
-  return grpc::CreateCustomChannel(options.address,
-                                   options.credentials
-                                       ? options.credentials
-                                       : grpc::InsecureChannelCredentials(),
-                                   args);
+  return ClientChannel(options.address, options.max_message_bytes,
+                       options.credentials, options.tls_server_name);
 }
 
 // The full names of the raw calls, as the generated stub spells them (a
