@@ -328,9 +328,9 @@ TEST(ElasticCoordinatorTest, StepsWaitForMinWorkers) {
   EXPECT_EQ(c->Pull(1, 0, 0)->block, (Block{1, 1}));
 }
 
-// --min_workers=2 of 3: rank 0 is lost while only rank 1 is there, which
-// pushed its block and waits. Rank 0's block goes to no one (the step
-// waits) until a second rank is live; then to rank 1's wait.
+// --min_workers=2, ranks 0 and 1 of 3 there: rank 1 pushed its block and
+// waits when rank 0 is lost, which leaves one live. Rank 0's block goes to
+// no one (the step waits) until a second rank is live; then to rank 1.
 TEST(ElasticCoordinatorTest,
      BelowMinWorkersALostRanksBlockWaitsForEnoughRanks) {
   auto c = Make(Job(3, 3, /*min_workers=*/2), 0);
@@ -357,9 +357,9 @@ TEST(ElasticCoordinatorTest,
   EXPECT_EQ(c->Status().plan, (std::vector<Block>{{}, {0, 2}, {2, 1}}));
 }
 
-// A rank that the next plan leaves out (lost while its block was handed
-// on) has no block in it: the step does not wait for its old one, and it
-// gets none back when it returns mid-step, only from the plan after.
+// A rank that the next plan leaves out (lost; its block of step 0 was
+// handed on) has no block in it: the step does not wait for its old one,
+// and it gets none back when it returns mid-step, only from the plan after.
 TEST(ElasticCoordinatorTest, ARankLeftOutOfThePlanKeepsNoOldBlock) {
   auto c = Make(Job(3, 3), 0);
   const uint64_t fp = Layout().Fingerprint();
