@@ -94,6 +94,7 @@ StepCoordinator::~StepCoordinator() {
 void StepCoordinator::SetElastic(const ElasticOptions& options) {
   absl::MutexLock lock(&mu_);
   elastic_ = options;
+  step_start_ = elastic_.clock();
   if (elastic_.lead && elastic_.backup_blocks > 0 &&
       !straggler_thread_.joinable()) {
     straggler_thread_ = std::thread([this] { WatchStragglers(); });
@@ -438,7 +439,7 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
     const std::vector<Block>& folded, float loss) {
   AfterPush after;
   Touch(rank);
-  if (sums_.empty()) first_push_ = absl::Now();
+  if (sums_.empty()) first_push_ = elastic_.clock();
   // What the new sum replaces: the siblings added into it, and any sums
   // inside the block (a block handed out again after parts of it came in;
   // the same values).
@@ -579,7 +580,7 @@ void StepCoordinator::NewStepLocked() {
   received_.assign(received_.size(), false);
   backed_up_.clear();
   backups_this_step_ = 0;
-  step_start_ = absl::Now();
+  step_start_ = elastic_.clock();
   first_push_ = absl::InfiniteFuture();
   PlanLocked();
 }
@@ -716,26 +717,32 @@ absl::Time StepCoordinator::NextLateLocked() const {
                                 first * elastic_.straggler_factor);
 }
 
-void StepCoordinator::WatchStragglers() {
+absl::Time StepCoordinator::BackUpLateBlocks() {
   for (;;) {
     std::vector<Wake> wakes;
     {
       absl::MutexLock lock(&mu_);
-      if (shutdown_) return;
       const absl::Time due = NextLateLocked();
-      if (due > absl::Now()) {
-        // Woken only when a block falls due sooner than that (evaluated
-        // by whoever releases the lock: no thread switch per step), or
-        // then.
-        auto sooner = [this, due]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-          return shutdown_ || NextLateLocked() < due;
-        };
-        mu_.AwaitWithDeadline(absl::Condition(&sooner), due);
-        continue;
-      }
+      if (shutdown_ || due > elastic_.clock()) return due;
       wakes = BackUpLateBlockLocked();
     }
     RunWakes(wakes);
+  }
+}
+
+void StepCoordinator::WatchStragglers() {
+  for (;;) {
+    const absl::Time due = BackUpLateBlocks();
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    // Woken only when a block falls due sooner than that (evaluated by
+    // whoever releases the lock: no thread switch per step), or then: in
+    // real time, for what the clock says is left (a test that moves its
+    // clock past that meanwhile calls BackUpLateBlocks itself).
+    auto sooner = [this, due]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return shutdown_ || NextLateLocked() < due;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&sooner), due - elastic_.clock());
   }
 }
 

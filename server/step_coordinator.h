@@ -61,6 +61,10 @@ struct ElasticOptions {
   // its first push took, and at least straggler_min_wait.
   double straggler_factor = 3.0;
   absl::Duration straggler_min_wait = absl::Milliseconds(20);
+  // What the step's start, its first push and the straggler deadline are
+  // read from; a test passes a clock it advances itself (it is called
+  // under the coordinator's lock, from any thread).
+  std::function<absl::Time()> clock = absl::Now;
   // The first step this process plans waits this long for every rank
   // (world_size) to register, then starts with those there (at least
   // min_workers): workers starting together start together.
@@ -139,7 +143,15 @@ class StepCoordinator {
 
   // Before serving. A leader with backup_blocks > 0 starts a thread that
   // hands late blocks to idle ranks; it ends at Shutdown or destruction.
+  // The current step starts now, by the options' clock.
   void SetElastic(const ElasticOptions& options);
+
+  // Hands late blocks to idle waits while one is due by the options' clock
+  // (at most backup_blocks a step), as the straggler thread does whenever
+  // it wakes; returns when the next one falls due (InfiniteFuture: none
+  // pending). A test whose clock it advances itself calls this after each
+  // advance: the thread, waiting in real time, may or may not have.
+  absl::Time BackUpLateBlocks();
 
   struct Registration {
     JobConfig config;

@@ -4,9 +4,13 @@
 // who computed what.
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "server/step_coordinator.h"
 
@@ -36,19 +40,94 @@ ElasticOptions Instant() {
   return o;
 }
 
-// A coordinator whose ranks [0, registered) have joined.
-std::unique_ptr<StepCoordinator> Make(const JobConfig& job, int registered,
-                                      ElasticOptions elastic = Instant()) {
+// A coordinator with `elastic` whose ranks [0, registered) have joined.
+std::unique_ptr<StepCoordinator> Started(const JobConfig& job, int registered,
+                                         const ElasticOptions& elastic) {
   TrainingState s;
   s.params = InitParams(Layout(), 1);
   auto c = std::make_unique<StepCoordinator>(Layout(), job, s);
-  // Straggler backups on their own test: timing plays no part here.
-  elastic.backup_blocks = 0;
   c->SetElastic(elastic);
   for (int r = 0; r < registered; ++r) {
     EXPECT_TRUE(c->Register(r, Layout().Fingerprint(), kData).ok());
   }
   return c;
+}
+
+// The same without straggler backups: they have their own tests, on a
+// clock of their own; timing plays no part here.
+std::unique_ptr<StepCoordinator> Make(const JobConfig& job, int registered,
+                                      ElasticOptions elastic = Instant()) {
+  elastic.backup_blocks = 0;
+  return Started(job, registered, elastic);
+}
+
+// A clock that moves only when the test moves it. The coordinator reads it
+// under its lock, from the test's thread and its straggler thread.
+class ManualClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1000000);
+};
+
+// Straggler backups (the default factor 3 and minimum wait 20 ms) on
+// `clock`, which must outlive the coordinator: the step starts now by it.
+std::unique_ptr<StepCoordinator> MakeOnClock(const JobConfig& job,
+                                             int registered, ManualClock* clock,
+                                             int backup_blocks) {
+  ElasticOptions elastic = Instant();
+  elastic.backup_blocks = backup_blocks;
+  elastic.straggler_factor = 3.0;
+  elastic.straggler_min_wait = absl::Milliseconds(20);
+  elastic.clock = [clock] { return clock->Now(); };
+  return Started(job, registered, elastic);
+}
+
+// A wait that did not end at once, and how it ended once it does.
+struct Wait {
+  bool ready = false;  // it did end at once, with `work`
+  absl::Notification woken;
+  absl::Status status;
+  int64_t step = -1;
+  Block work;
+};
+// Shared with its callback, which the coordinator may run after the test
+// let go of it (failing the waits at destruction).
+std::shared_ptr<Wait> WaitIdle(StepCoordinator& c, int rank, int step) {
+  auto w = std::make_shared<Wait>();
+  auto ticket = c.WaitForStep(
+      rank, step, [w](const absl::Status& s, int64_t new_step, Block work) {
+        w->status = s;
+        w->step = new_step;
+        w->work = work;
+        w->woken.Notify();
+      });
+  EXPECT_TRUE(ticket.ok()) << ticket.status();
+  if (ticket.ok() && ticket->ready) {
+    ADD_FAILURE() << "rank " << rank << " was to wait; it was given "
+                  << ticket->work.ToString();
+    w->ready = true;
+    w->work = ticket->work;
+  }
+  return w;
+}
+
+// What the wait was handed, once it ended (the straggler thread may be
+// the one that ran its callback).
+Block Handed(Wait& w) {
+  if (w.ready) return w.work;
+  EXPECT_TRUE(w.woken.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(w.status.ok()) << w.status;
+  return w.work;
 }
 
 // Micro-batch j's gradient at `step`: mixed magnitudes, so that adding in
@@ -70,6 +149,26 @@ std::string BlockSum(const Block& b, int step) {
   for (auto& l : leaves) p.push_back(l.data());
   std::vector<float> out(Layout().num_params());
   SumInTreeOrder(p, out.size(), out.data());
+  return std::string(reinterpret_cast<const char*>(out.data()),
+                     out.size() * sizeof(float));
+}
+
+// The step's root written out by hand, in the tree docs/elastic.md draws:
+// K = 3 is (g0 + g1) + g2, K = 5 ((g0 + g1) + g2) + (g3 + g4). A reference
+// that comes from neither the workers' SumInTreeOrder nor dp-ps's sums.
+std::string HandRoot(int k, int step) {
+  std::vector<std::vector<float>> g;
+  for (int j = 0; j < k; ++j) g.push_back(Leaf(j, step));
+  std::vector<float> out(Layout().num_params());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (k == 3) {
+      out[i] = (g[0][i] + g[1][i]) + g[2][i];
+    } else if (k == 5) {
+      out[i] = ((g[0][i] + g[1][i]) + g[2][i]) + (g[3][i] + g[4][i]);
+    } else {
+      ADD_FAILURE() << "no tree written out for K = " << k;
+    }
+  }
   return std::string(reinterpret_cast<const char*>(out.data()),
                      out.size() * sizeof(float));
 }
@@ -112,6 +211,38 @@ TEST(ElasticCoordinatorTest, TheStateDependsOnTheMicroBatchesNotOnWhoPushed) {
   EXPECT_EQ(results[0].step, 2);
   for (size_t i = 1; i < results.size(); ++i) {
     EXPECT_TRUE(SameState(results[0], results[i])) << "way " << i;
+  }
+}
+
+// Odd K, where a block summed in another order than the tree's shows (at
+// K = 4 every plan's blocks are pairs or leaves): two steps end in the
+// state of the roots written out by hand, whether dp-ps adds up the leaves
+// or ranks push the blocks of a plan for 2, summed as workers sum them.
+TEST(ElasticCoordinatorTest, OddStepsAreSummedInTheDocumentedTree) {
+  for (const int k : {3, 5}) {
+    const JobConfig job = Job(k, k);
+    auto by_hand = Make(job, k);
+    auto leaves = Make(job, k);
+    auto blocks = Make(job, k);
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE(by_hand
+                      ->Push(0, step, 0, HandRoot(k, step), 1.0f,
+                             Encoding::kF32, Root(k))
+                      .ok());
+      for (int j = k - 1; j >= 0; --j) {  // the last first
+        ASSERT_TRUE(PushBlock(*leaves, j, step, {j, 1}).ok());
+      }
+      for (const Block& b : SplitForWorkers(k, 2)) {
+        ASSERT_TRUE(PushBlock(*blocks, 0, step, b).ok()) << b.ToString();
+      }
+    }
+    const TrainingState reference = by_hand->Snapshot();
+    ASSERT_EQ(reference.step, 2);
+    EXPECT_TRUE(SameState(leaves->Snapshot(), reference))
+        << "K " << k << ": dp-ps's sums of the leaves";
+    EXPECT_TRUE(SameState(blocks->Snapshot(), reference))
+        << "K " << k << ": blocks " << SplitForWorkers(k, 2)[0].ToString()
+        << " and " << SplitForWorkers(k, 2)[1].ToString();
   }
 }
 
@@ -195,6 +326,71 @@ TEST(ElasticCoordinatorTest, StepsWaitForMinWorkers) {
   ASSERT_TRUE(c->Register(1, Layout().Fingerprint(), kData).ok());
   EXPECT_EQ(c->Pull(0, 0, 0)->block, (Block{0, 1}));
   EXPECT_EQ(c->Pull(1, 0, 0)->block, (Block{1, 1}));
+}
+
+// --min_workers=2, ranks 0 and 1 of 3 there: rank 1 pushed its block and
+// waits when rank 0 is lost, which leaves one live. Rank 0's block goes to
+// no one (the step waits) until a second rank is live; then to rank 1.
+TEST(ElasticCoordinatorTest,
+     BelowMinWorkersALostRanksBlockWaitsForEnoughRanks) {
+  auto c = Make(Job(3, 3, /*min_workers=*/2), 0);
+  const uint64_t fp = Layout().Fingerprint();
+  auto r0 = c->Register(0, fp, kData);
+  ASSERT_TRUE(r0.ok() && c->Register(1, fp, kData).ok());
+  ASSERT_EQ(c->Status().plan, (std::vector<Block>{{0, 2}, {2, 1}, {}}));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {2, 1}).ok());
+  const std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);
+  c->ConnectionClosed(0, r0->session);
+  EXPECT_EQ(c->Status().live_ranks, std::vector<int>{1});
+  EXPECT_FALSE(wait->woken.HasBeenNotified())
+      << "handed " << wait->work.ToString() << " below --min_workers";
+  EXPECT_EQ(c->Status().elastic.blocks_reassigned, 0);
+  EXPECT_EQ(c->Status().waits_for, std::vector<int>{0});
+  // Rank 2 joins: two live. Rank 0's block goes to the rank that waits;
+  // the joiner gets blocks from the next step on.
+  ASSERT_TRUE(c->Register(2, fp, kData).ok());
+  EXPECT_EQ(Handed(*wait), (Block{0, 2}));
+  EXPECT_EQ(c->Status().elastic.blocks_reassigned, 1);
+  EXPECT_TRUE(c->Pull(2, 0, 0)->block.empty());
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {0, 2}).ok());
+  EXPECT_EQ(c->Status().step, 1);
+  EXPECT_EQ(c->Status().plan, (std::vector<Block>{{}, {0, 2}, {2, 1}}));
+}
+
+// A rank that the next plan leaves out (lost; its block of step 0 was
+// handed on) has no block in it: the step does not wait for its old one,
+// and it gets none back when it returns mid-step, only from the plan after.
+TEST(ElasticCoordinatorTest, ARankLeftOutOfThePlanKeepsNoOldBlock) {
+  auto c = Make(Job(3, 3), 0);
+  const uint64_t fp = Layout().Fingerprint();
+  auto r0 = c->Register(0, fp, kData);
+  ASSERT_TRUE(r0.ok());
+  ASSERT_TRUE(c->Register(1, fp, kData).ok());
+  ASSERT_TRUE(c->Register(2, fp, kData).ok());
+  ASSERT_TRUE(PushBlock(*c, 2, 0, {2, 1}).ok());
+  const std::shared_ptr<Wait> wait = WaitIdle(*c, 2, 0);
+  c->ConnectionClosed(0, r0->session);
+  ASSERT_EQ(Handed(*wait), (Block{0, 1}));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  ASSERT_TRUE(PushBlock(*c, 2, 0, {0, 1}).ok());
+  ASSERT_EQ(c->Status().step, 1);
+  const std::vector<Block> plan = {{}, {0, 2}, {2, 1}};
+  EXPECT_EQ(c->Status().plan, plan);
+  EXPECT_EQ(c->Observe().work, plan) << "what each rank computes now";
+  EXPECT_EQ(c->Status().waits_for, (std::vector<int>{1, 2}));
+  ASSERT_TRUE(PushBlock(*c, 2, 1, {2, 1}).ok());
+  EXPECT_EQ(c->Status().waits_for, std::vector<int>{1});
+  // Rank 0 is back while a block of step 1 is in: nothing for it yet, so
+  // it waits for the next step.
+  ASSERT_TRUE(c->Register(0, fp, kData).ok());
+  EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty())
+      << c->Pull(0, 0, 0)->block.ToString();
+  const std::shared_ptr<Wait> back = WaitIdle(*c, 0, 1);
+  EXPECT_EQ(c->Status().waits_for, std::vector<int>{1});
+  ASSERT_TRUE(PushBlock(*c, 1, 1, {0, 2}).ok());
+  EXPECT_EQ(c->Status().step, 2);
+  EXPECT_EQ(Handed(*back), Block{}) << "woken by the update";
+  EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 1}, {1, 1}, {2, 1}}));
 }
 
 // Rank 0 goes silent past its lease while rank 1 waits: its block is
@@ -403,6 +599,102 @@ TEST(ElasticCoordinatorTest, ALateBlockIsBackedUpByAnIdleRank) {
   auto late = c.Push(0, 0, 0, BlockSum({0, 1}, 0), 1.0f);
   ASSERT_TRUE(late.ok());
   EXPECT_TRUE(late->duplicate);
+}
+
+// The deadline of a late block is counted from the step's start: the
+// first push came 100 ms into the step, so the step's block of rank 0 is
+// late at 3 x 100 ms (more than the 20 ms minimum), not a moment before,
+// and not 300 ms after that push.
+TEST(ElasticCoordinatorTest, ABlockIsLateAtTheFactorTimesTheFirstPush) {
+  ManualClock clock;
+  const absl::Time start = clock.Now();
+  auto c = MakeOnClock(Job(2, 2), 2, &clock, /*backup_blocks=*/1);
+  clock.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  const std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);
+  const absl::Time due = start + absl::Milliseconds(300);
+  EXPECT_EQ(c->BackUpLateBlocks(), due);
+  clock.Advance(absl::Milliseconds(200) - absl::Nanoseconds(1));
+  EXPECT_EQ(c->BackUpLateBlocks(), due);
+  EXPECT_EQ(c->Status().elastic.backups_handed, 0) << "before its time";
+  clock.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(c->BackUpLateBlocks(), absl::InfiniteFuture())
+      << "the step's one backup is out";
+  EXPECT_EQ(c->Status().elastic.backups_handed, 1);
+  EXPECT_EQ(Handed(*wait), (Block{0, 1}));
+}
+
+// A quick first push (5 ms; 3 x 5 ms = 15 ms) does not make a block late
+// before --straggler_min_wait (20 ms) of the step has passed.
+TEST(ElasticCoordinatorTest, ABlockIsNotLateBeforeTheMinimumWait) {
+  ManualClock clock;
+  const absl::Time start = clock.Now();
+  auto c = MakeOnClock(Job(2, 2), 2, &clock, /*backup_blocks=*/1);
+  clock.Advance(absl::Milliseconds(5));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  const std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);
+  const absl::Time due = start + absl::Milliseconds(20);
+  EXPECT_EQ(c->BackUpLateBlocks(), due);
+  clock.Advance(absl::Milliseconds(15) - absl::Nanoseconds(1));
+  c->BackUpLateBlocks();
+  EXPECT_EQ(c->Status().elastic.backups_handed, 0);
+  clock.Advance(absl::Nanoseconds(1));
+  c->BackUpLateBlocks();
+  EXPECT_EQ(c->Status().elastic.backups_handed, 1);
+  EXPECT_EQ(Handed(*wait), (Block{0, 1}));
+}
+
+// --backup_blocks=2 of 4 ranks, three of them late: one idle rank is
+// handed two late blocks in turn, not the third; the count starts again
+// with the next step, whose deadline is counted from that step's start.
+TEST(ElasticCoordinatorTest, AtMostBackupBlocksAStepAreHandedOut) {
+  ManualClock clock;
+  auto c = MakeOnClock(Job(4, 4), 4, &clock, /*backup_blocks=*/2);
+  clock.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(PushBlock(*c, 3, 0, {3, 1}).ok());
+  clock.Advance(absl::Milliseconds(30));  // late at 3 x 10 ms
+  std::shared_ptr<Wait> wait = WaitIdle(*c, 3, 0);
+  c->BackUpLateBlocks();
+  ASSERT_EQ(Handed(*wait), (Block{0, 1}));
+  ASSERT_TRUE(PushBlock(*c, 3, 0, {0, 1}).ok());
+  wait = WaitIdle(*c, 3, 0);
+  c->BackUpLateBlocks();
+  ASSERT_EQ(Handed(*wait), (Block{1, 1}));
+  ASSERT_TRUE(PushBlock(*c, 3, 0, {1, 1}).ok());
+  wait = WaitIdle(*c, 3, 0);
+  clock.Advance(absl::Hours(1));
+  EXPECT_EQ(c->BackUpLateBlocks(), absl::InfiniteFuture());
+  EXPECT_EQ(c->Status().elastic.backups_handed, 2);
+  EXPECT_FALSE(wait->woken.HasBeenNotified())
+      << "a third backup: " << wait->work.ToString();
+  // Rank 2's push completes step 0; ranks 0 and 1, whose blocks were
+  // backed up, sit out the plan of step 1.
+  ASSERT_TRUE(PushBlock(*c, 2, 0, {2, 1}).ok());
+  ASSERT_EQ(Handed(*wait), Block{}) << "step 0 applied";
+  ASSERT_EQ(c->Status().plan, (std::vector<Block>{{}, {}, {0, 2}, {2, 2}}));
+  const absl::Time step1 = clock.Now();
+  clock.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(PushBlock(*c, 3, 1, {2, 2}).ok());
+  wait = WaitIdle(*c, 3, 1);
+  EXPECT_EQ(c->BackUpLateBlocks(), step1 + absl::Milliseconds(30));
+  clock.Advance(absl::Milliseconds(20));
+  c->BackUpLateBlocks();
+  EXPECT_EQ(Handed(*wait), (Block{0, 2}));
+  EXPECT_EQ(c->Status().elastic.backups_handed, 3);
+}
+
+// --backup_blocks=0: no block is ever handed out twice, however late.
+TEST(ElasticCoordinatorTest, NoBackupsWithZeroBackupBlocks) {
+  ManualClock clock;
+  auto c = MakeOnClock(Job(2, 2), 2, &clock, /*backup_blocks=*/0);
+  clock.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  const std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);
+  clock.Advance(absl::Hours(1));
+  EXPECT_EQ(c->BackUpLateBlocks(), absl::InfiniteFuture());
+  EXPECT_EQ(c->Status().elastic.backups_handed, 0);
+  EXPECT_FALSE(wait->woken.HasBeenNotified()) << wait->work.ToString();
+  EXPECT_EQ(c->Status().waits_for, std::vector<int>{0});
 }
 
 }  // namespace

@@ -17,10 +17,11 @@ namespace {
 
 constexpr int kSteps = 240;
 
-// 4 micro-batches of 32 a step.
-std::vector<std::string> Flags(const std::string& model, int steps = kSteps) {
-  return {"--global_batch=128", "--micro_batch=32",
-          absl::StrCat("--max_steps=", steps), "--seed=11",
+// 4 micro-batches of 32 a step (or `micro_batches`).
+std::vector<std::string> Flags(const std::string& model, int steps = kSteps,
+                               int micro_batches = 4) {
+  return {absl::StrCat("--global_batch=", 32 * micro_batches),
+          "--micro_batch=32", absl::StrCat("--max_steps=", steps), "--seed=11",
           "--save_model=" + model};
 }
 
@@ -31,10 +32,10 @@ std::string ReadModel(const std::string& path) {
 }
 
 std::string ModelOf(const TempDir& dir, int workers, int shards = 1,
-                    int steps = kSteps) {
-  const std::string path =
-      dir.File(absl::StrCat("model-", workers, "-", shards, ".safetensors"));
-  JobResult r = RunJob(Flags(path, steps), workers, {}, shards);
+                    int steps = kSteps, int micro_batches = 4) {
+  const std::string path = dir.File(absl::StrCat(
+      "model-", workers, "-", shards, "-", micro_batches, ".safetensors"));
+  JobResult r = RunJob(Flags(path, steps, micro_batches), workers, {}, shards);
   EXPECT_EQ(r.ps_exit, 0) << r.ps_output;
   return ReadModel(path);
 }
@@ -47,6 +48,24 @@ TEST(ElasticJobTest, OneTwoThreeAndFourWorkersGiveOneModel) {
   EXPECT_TRUE(ModelOf(dir, 2) == four) << "2 workers";
   EXPECT_TRUE(ModelOf(dir, 3) == four) << "3 workers";
   EXPECT_TRUE(ModelOf(dir, 2, /*shards=*/2) == four) << "2 workers, 2 shards";
+}
+
+// An odd number of micro-batches a step: a worker's block is then summed
+// in a tree whose mirror image differs (3: (g0 + g1) + g2; 5: ((g0 + g1) +
+// g2) + (g3 + g4)), where with 4 every plan's blocks are pairs or leaves,
+// summed alike either way round. K workers leave the whole tree to dp-ps;
+// fewer have a worker sum blocks of 3 (and 2). A few steps show it.
+TEST(ElasticJobTest, OddMicroBatchCountsGiveOneModelOnAnyNumberOfWorkers) {
+  constexpr int kFew = 8;
+  TempDir dir;
+  for (const int k : {3, 5}) {
+    const std::string all_apart = ModelOf(dir, k, 1, kFew, k);
+    ASSERT_FALSE(all_apart.empty());
+    EXPECT_TRUE(ModelOf(dir, 1, 1, kFew, k) == all_apart)
+        << "K " << k << ", 1 worker";
+    EXPECT_TRUE(ModelOf(dir, 2, 1, kFew, k) == all_apart)
+        << "K " << k << ", 2 workers";
+  }
 }
 
 // The jobs whose workers leave and join: long enough for new workers to

@@ -107,6 +107,49 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// SumInTreeOrder against the tree written out by hand (docs/elastic.md),
+// leaf by leaf: a reference that does not come from the code under test.
+// A node's shape depends on its size only, so leaves 3 to 5 sum as 0 to 2.
+TEST(MicroBatchTreeTest, TreeSumsAreTheDocumentedOrder) {
+  constexpr int n = 257;
+  const auto g = Leaves(6, n);
+  auto by_hand = [&](auto expression) {
+    std::vector<float> out(n);
+    for (int i = 0; i < n; ++i) out[i] = expression(i);
+    return out;
+  };
+  const std::vector<float> k3 =
+      by_hand([&](int i) { return (g[0][i] + g[1][i]) + g[2][i]; });
+  const std::vector<float> k5 = by_hand([&](int i) {
+    return ((g[0][i] + g[1][i]) + g[2][i]) + (g[3][i] + g[4][i]);
+  });
+  EXPECT_TRUE(SameBits(TreeSum(g, 0, 1, n), g[0]));
+  EXPECT_TRUE(SameBits(TreeSum(g, 0, 2, n),
+                       by_hand([&](int i) { return g[0][i] + g[1][i]; })));
+  EXPECT_TRUE(SameBits(TreeSum(g, 0, 3, n), k3));
+  EXPECT_TRUE(SameBits(TreeSum(g, 0, 4, n), by_hand([&](int i) {
+                         return (g[0][i] + g[1][i]) + (g[2][i] + g[3][i]);
+                       })));
+  EXPECT_TRUE(SameBits(TreeSum(g, 0, 5, n), k5));
+  EXPECT_TRUE(SameBits(TreeSum(g, 0, 6, n), by_hand([&](int i) {
+                         return ((g[0][i] + g[1][i]) + g[2][i]) +
+                                ((g[3][i] + g[4][i]) + g[5][i]);
+                       })));
+  EXPECT_TRUE(SameBits(TreeSum(g, 3, 3, n), by_hand([&](int i) {
+                         return (g[3][i] + g[4][i]) + g[5][i];
+                       })));
+  // The values tell these trees from their mirror images and from the
+  // floor split, so the checks above can fail.
+  EXPECT_FALSE(SameBits(
+      k3, by_hand([&](int i) { return (g[2][i] + g[1][i]) + g[0][i]; })));
+  EXPECT_FALSE(SameBits(
+      k3, by_hand([&](int i) { return g[0][i] + (g[1][i] + g[2][i]); })));
+  EXPECT_FALSE(SameBits(k5, by_hand([&](int i) {
+                          return (g[0][i] + g[1][i]) +
+                                 (g[2][i] + (g[3][i] + g[4][i]));
+                        })));
+}
+
 // The property elasticity rests on: the sum of a node's children's sums,
 // each made by whoever, is the node's sum, so every split of the step into
 // blocks gives the root's bits; adding the leaves one after another does
