@@ -70,7 +70,11 @@ std::optional<dp::v1::GetStatusResponse> Status(int port,
                                                 const std::string& token = "") {
   auto stub = Connect(port, flags);
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  // A new connection whose first handshake fails (seen on a loaded
+  // machine) is tried again until the deadline, as a worker's calls are,
+  // rather than failing the query at once.
+  ctx.set_wait_for_ready(true);
   AttachToken(token, &ctx);
   dp::v1::GetStatusResponse response;
   grpc::Status s = stub->GetStatus(&ctx, dp::v1::GetStatusRequest(), &response);
