@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/cpu_quota.h"
 #include "common/grpc_server.h"
-#include "common/grpc_status.h"
+#include "common/job_failure.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"

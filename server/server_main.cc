@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
 #include "common/grpc_server.h"
-#include "common/grpc_status.h"
+#include "common/job_failure.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/security.h"

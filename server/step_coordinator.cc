@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/grpc_status.h"
+#include "common/job_failure.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/request_validator.h"

@@ -287,7 +287,7 @@ class StepCoordinator {
   bool AwaitFinalEval(absl::Duration timeout) const;
   // Rejects further requests with UNAVAILABLE and fails pending waits.
   void Shutdown();
-  // Ends the job with `reason`, a JobFailedError (common/grpc_status.h):
+  // Ends the job with `reason`, a JobFailedError (common/job_failure.h):
   // pending waits and every later request get it.
   void Fail(const absl::Status& reason);
   // After Fail: blocks until every live rank has been told (a wait ended or

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
+#include "common/job_failure.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "server/ps_service.h"

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/grpc_status.h"
+#include "common/job_failure.h"
 #include "gtest/gtest.h"
 #include "server/adam.h"
 

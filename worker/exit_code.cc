@@ -6,7 +6,7 @@
 
 #include "absl/strings/cord.h"
 #include "common/flags.h"
-#include "common/grpc_status.h"
+#include "common/job_failure.h"
 
 namespace dp {
 namespace {
