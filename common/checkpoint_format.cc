@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "common/wire.h"
 #include "proto/checkpoint.pb.h"
 
 namespace dp {

@@ -15,10 +15,6 @@
 #include "common/tensor_codec.h"
 
 namespace dp {
-namespace v1 {
-class Block;
-class JobConfig;
-}  // namespace v1
 
 // torch.optim.Adam's hyper-parameters (only lr is a flag).
 struct AdamOptions {
@@ -68,15 +64,6 @@ struct EvalReport {
   int64_t num_samples = 0;
   bool final = false;  // of the job's last step
 };
-
-// The configuration <-> dp.v1.JobConfig (the Adam options but lr are not
-// on the wire).
-void ToProto(const JobConfig& config, dp::v1::JobConfig* out);
-JobConfig FromProto(const dp::v1::JobConfig& config);
-// A block of micro-batches <-> dp.v1.Block (an empty block is the default,
-// absent message).
-void ToProto(const Block& block, dp::v1::Block* out);
-Block FromProto(const dp::v1::Block& block);
 
 }  // namespace dp
 

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/tensor_message.h"
+#include "common/wire.h"
 
 namespace dp {
 namespace {
@@ -348,7 +349,7 @@ absl::StatusOr<grpc::ByteBuffer> PsService::RespondWithWeights(
 grpc::ByteBuffer PsService::SerializeWork(int64_t step, Block work) const {
   dp::v1::PullResponse header;
   header.set_step(step);
-  header.set_encoding(static_cast<dp::v1::Encoding>(weight_encoding_));
+  header.set_encoding(ToProto(weight_encoding_));
   header.set_work_only(true);
   ToProto(work, header.mutable_block());
   grpc::ByteBuffer bytes = SerializeMessage(header);
@@ -364,7 +365,7 @@ grpc::ByteBuffer PsService::SerializeWeights(
   header.set_offset(offset);
   if (!block.empty()) ToProto(block, header.mutable_block());
   header.set_done(coordinator_->done());
-  header.set_encoding(static_cast<dp::v1::Encoding>(weight_encoding_));
+  header.set_encoding(ToProto(weight_encoding_));
   header.set_params_in_shm(sent == nullptr);
   grpc::ByteBuffer bytes =
       sent == nullptr ? SerializeMessage(header)
@@ -445,7 +446,7 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
   const Block block = FromProto(request->block());
   absl::StatusOr<StepCoordinator::PushResult> pushed = coordinator_->Push(
       request->rank(), request->step(), request->offset(), gradient,
-      request->loss(), static_cast<Encoding>(request->encoding()), block);
+      request->loss(), FromProto(request->encoding()), block);
   if (pushed.ok()) metrics_->SawRank(request->rank());
   return pushed;
 }

@@ -20,6 +20,7 @@
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "common/tensor_message.h"
+#include "common/wire.h"
 #include "proto/dp.grpc.pb.h"
 #include "worker/exit_code.h"
 
@@ -161,7 +162,7 @@ grpc::ByteBuffer PsClient::SerializePush(const Gradient& gradient,
   header.set_offset(shard_.range.offset);
   header.set_loss(gradient.loss);
   header.set_num_samples(gradient.num_samples);
-  header.set_encoding(static_cast<dp::v1::Encoding>(gradient.encoding));
+  header.set_encoding(ToProto(gradient.encoding));
   header.set_weights_in_shm(shared_memory());
   if (!gradient.block.empty()) ToProto(gradient.block, header.mutable_block());
   if (gradient.idle) {
@@ -217,7 +218,7 @@ absl::Status PsClient::ReadWeights(const grpc::ByteBuffer& response,
         absl::StrFormat("dp-ps at %s sent weights in an unknown encoding %d",
                         options_.address, static_cast<int>(e)));
   }
-  const Encoding encoding = static_cast<Encoding>(e);
+  const Encoding encoding = FromProto(e);
   const size_t width = BytesPerValue(encoding);
   if (params.size() != out.size() * width) {
     return absl::DataLossError(absl::StrFormat(

@@ -1,9 +1,15 @@
-// JobConfig <-> dp.v1.JobConfig.
-#include "common/job_config.h"
-
-#include "proto/dp.pb.h"
+// Plain types <-> dp.v1 messages.
+#include "common/wire.h"
 
 namespace dp {
+
+dp::v1::Encoding ToProto(Encoding encoding) {
+  return static_cast<dp::v1::Encoding>(encoding);
+}
+
+Encoding FromProto(dp::v1::Encoding encoding) {
+  return static_cast<Encoding>(encoding);
+}
 
 void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
   const Schedule& s = config.schedule;
@@ -17,9 +23,8 @@ void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
   out->set_max_steps(s.max_steps);
   out->set_dataset(config.dataset);
   out->set_lr(config.adam.lr);
-  out->set_grad_encoding(static_cast<dp::v1::Encoding>(config.grad_encoding));
-  out->set_weight_encoding(
-      static_cast<dp::v1::Encoding>(config.weight_encoding));
+  out->set_grad_encoding(ToProto(config.grad_encoding));
+  out->set_weight_encoding(ToProto(config.weight_encoding));
 }
 
 JobConfig FromProto(const dp::v1::JobConfig& c) {
@@ -34,8 +39,8 @@ JobConfig FromProto(const dp::v1::JobConfig& c) {
   config.schedule.max_steps = c.max_steps();
   config.dataset = c.dataset();
   config.adam.lr = c.lr();
-  config.grad_encoding = static_cast<Encoding>(c.grad_encoding());
-  config.weight_encoding = static_cast<Encoding>(c.weight_encoding());
+  config.grad_encoding = FromProto(c.grad_encoding());
+  config.weight_encoding = FromProto(c.weight_encoding());
   return config;
 }
 
