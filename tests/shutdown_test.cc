@@ -74,8 +74,9 @@ TEST(ShutdownTest, DpPsOnSigtermTurnsNotServingAndExitsInterruptedInTime) {
   HealthWatcher readiness(Address(port), "");
   auto w0 = StartWorker(port, 0, {"--retry_for_s=1"});
   auto w1 = StartWorker(port, 1, {"--retry_for_s=1"});
-  // A progress line: steps are being applied.
-  ASSERT_TRUE(ps->WaitForOutput("  step ", kStartTimeout)) << ps->output();
+  // Steps are being applied. (Not dp-ps's progress line: the first is
+  // printed at step 0, once one worker has registered.)
+  ASSERT_TRUE(WaitForStep(port, 1, kStartTimeout)) << ps->output();
   ASSERT_TRUE(readiness.WaitFor(kServing, kStopDeadline));
   EXPECT_EQ(Health(Address(port), kLivenessService), kServing);
 
@@ -116,7 +117,7 @@ TEST(ShutdownTest, WorkerOnSigtermFinishesItsCurrentStepAndExitsInterrupted) {
   ASSERT_GT(health_port, 0) << worker->output();
   // Readiness is set before "joined" is logged.
   EXPECT_EQ(Health(Address(health_port), ""), kServing);
-  ASSERT_TRUE(ps->WaitForOutput("  step ", kStartTimeout)) << ps->output();
+  ASSERT_TRUE(WaitForStep(port, 1, kStartTimeout)) << ps->output();
 
   const absl::Time signalled = absl::Now();
   worker->Signal(SIGTERM);
