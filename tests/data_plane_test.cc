@@ -71,9 +71,7 @@ std::string Job(const TempDir& dir, const std::string& name,
         << workers[r]->output();
   }
   EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
-  auto bytes = ReadFile(model);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
-  return bytes.value_or("");
+  return ReadModel(model);
 }
 
 TEST(DataPlaneTest, EveryMixOfPathsTrainsTheSameModelToTheByte) {
@@ -132,7 +130,7 @@ std::string JobWithLingeringRank(const TempDir& dir, const std::string& name,
   EXPECT_EQ(workers[1]->Wait(kJobTimeout), 0) << workers[1]->output();
   for (auto& w : workers) EXPECT_TRUE(w->Wait(kJobTimeout).has_value());
   EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
-  return ReadFile(model).value_or("");
+  return ReadModel(model);
 }
 
 // The older process's pushes name a slot that is no longer its, and are

@@ -25,12 +25,6 @@ std::vector<std::string> Flags(const std::string& model, int steps = kSteps,
           "--save_model=" + model};
 }
 
-std::string ReadModel(const std::string& path) {
-  auto bytes = ReadFile(path);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
-  return bytes.value_or("");
-}
-
 std::string ModelOf(const TempDir& dir, int workers, int shards = 1,
                     int steps = kSteps, int micro_batches = 4) {
   const std::string path = dir.File(absl::StrCat(

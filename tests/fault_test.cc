@@ -38,12 +38,6 @@ std::vector<std::string> JobFlags(const std::string& model) {
 // The model of the same job without failures.
 std::string Reference() { return ReferenceModel(kJob, 2); }
 
-std::string ReadModel(const std::string& path) {
-  auto bytes = ReadFile(path);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
-  return bytes.value_or("");
-}
-
 // The seed of a test's kill points: DP_FAULT_SEED when set, so that a
 // failure can be replayed, a fresh one otherwise. Printed either way.
 uint64_t FaultSeed() {

@@ -183,6 +183,12 @@ bool WaitForFile(const std::string& path, absl::Duration timeout) {
   return PollUntil([&] { return std::filesystem::exists(path); }, timeout);
 }
 
+std::string ReadModel(const std::string& path) {
+  auto bytes = ReadFile(path);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.value_or("");
+}
+
 std::string ReferenceModel(const std::vector<std::string>& ps_args,
                            int workers) {
   // What decides the model: the flags and the two programs' bytes.
@@ -202,12 +208,11 @@ std::string ReferenceModel(const std::vector<std::string>& ps_args,
   args.push_back("--save_model=" + dir.File("model.safetensors"));
   const JobResult r = RunJob(args, workers);
   EXPECT_EQ(r.ps_exit, 0) << r.ps_output;
-  auto bytes = ReadFile(dir.File("model.safetensors"));
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  const std::string bytes = ReadModel(dir.File("model.safetensors"));
   // Renamed into place whole: a test running beside this one reads either
   // no file or this one.
-  if (bytes.ok()) EXPECT_TRUE(WriteFileAtomic(path, *bytes).ok()) << path;
-  return bytes.value_or("");
+  if (!bytes.empty()) EXPECT_TRUE(WriteFileAtomic(path, bytes).ok()) << path;
+  return bytes;
 }
 
 }  // namespace dp

@@ -87,6 +87,9 @@ std::optional<dp::v1::GetStatusResponse> WaitForStatus(
     int port,
     const std::function<bool(const dp::v1::GetStatusResponse&)>& holds,
     absl::Duration timeout);
+// The bytes of the model file at `path` (empty, failing the test, when it
+// cannot be read).
+std::string ReadModel(const std::string& path);
 // The saved model (its bytes) of the job RunJob(ps_args + --save_model,
 // workers) runs, without failures: the reference a fault test compares its
 // model with. Several tests (each its own process under ctest) share one

@@ -20,12 +20,6 @@
 namespace dp {
 namespace {
 
-std::string ReadModel(const std::string& path) {
-  auto bytes = ReadFile(path);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
-  return bytes.value_or("");
-}
-
 // The model of a job of 2 workers with `flags` on `shards` shards.
 std::string TrainedModel(const TempDir& dir, std::vector<std::string> flags,
                          int shards) {
