@@ -28,6 +28,9 @@ namespace {
 // worker) while this one looked.
 constexpr int kMaxJoinRounds = 20;
 
+// How often a worker standing by for a rank asks again.
+constexpr absl::Duration kStandByPoll = absl::Milliseconds(250);
+
 // The newest step <= limit that shard k can be at: its own step, or one it
 // can restore. -1 when there is none (step 0 always is).
 int64_t CommonStep(const std::vector<JobStatus>& shards, int64_t limit) {
@@ -175,10 +178,14 @@ absl::StatusOr<JobStatus> PsGroup::GetStatus() {
 }
 
 absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
-    const Registration& registration) {
+    const Registration& registration, const JobStatus* leader) {
   const int n = shards();
   std::vector<JobStatus> by_address(n);
   RETURN_IF_ERROR(ForEachShard([&](int a) -> absl::Status {
+    if (leader != nullptr && a == order_[0]) {
+      by_address[a] = *leader;
+      return absl::OkStatus();
+    }
     ASSIGN_OR_RETURN(by_address[a], clients_[a]->Register(registration));
     return absl::OkStatus();
   }));
@@ -271,32 +278,60 @@ absl::Status PsGroup::RollBack(const std::vector<JobStatus>& all,
   });
 }
 
+absl::StatusOr<JobStatus> PsGroup::StandBy(
+    absl::FunctionRef<absl::StatusOr<JobStatus>()> attempt,
+    absl::Time give_up) {
+  absl::StatusOr<JobStatus> answer = attempt();
+  bool said = false;
+  while (answer.status().code() == absl::StatusCode::kResourceExhausted &&
+         absl::Now() < give_up) {
+    if (!said) Log("%s; standing by", answer.status().message());
+    said = true;
+    absl::SleepFor(kStandByPoll);
+    answer = attempt();
+  }
+  return answer;
+}
+
 absl::StatusOr<JobStatus> PsGroup::Register(const Registration& wanted) {
   join_version_.reset();
   Registration registration = wanted;
-  if (registration.any_rank) {
-    // One dp-ps picks the rank (the first listed: the same for every
-    // worker), and every shard then knows the worker by it. While every
-    // rank is live this worker stands by: a rank frees up when its worker
-    // is lost.
-    absl::StatusOr<JobStatus> picked = clients_[0]->Register(registration);
-    const absl::Time give_up = absl::Now() + retry_for_;
-    bool said = false;
-    while (picked.status().code() == absl::StatusCode::kResourceExhausted &&
-           absl::Now() < give_up) {
-      if (!said) Log("%s; standing by", picked.status().message());
-      said = true;
-      absl::SleepFor(absl::Seconds(1));
-      picked = clients_[0]->Register(registration);
-    }
-    RETURN_IF_ERROR(picked.status());
-    registration.rank = picked->rank;
+  // One dp-ps decides who has which rank, the leading shard (before the
+  // first join: the first listed, the same for every worker): it picks a
+  // rank-less worker's, and refuses a rank that another live process holds
+  // (RESOURCE_EXHAUSTED). The worker stands by there, asking again, and
+  // registers with the other shards only once it has the rank: a second
+  // process of a rank never takes it from the other shards while its holder
+  // lives. A rank-less worker gives up after --retry_for_s; one of a held
+  // rank waits for the holder to go (kill -9 of it closes its connection:
+  // at once; a silent one: its lease, --worker_timeout_s).
+  const absl::Time give_up =
+      registration.any_rank ? absl::Now() + retry_for_ : absl::InfiniteFuture();
+  std::optional<JobStatus> leader;  // registered with shard(0) alone
+  if (registration.any_rank || shards() > 1) {
+    ASSIGN_OR_RETURN(
+        leader,
+        StandBy([&] { return shard(0).Register(registration); }, give_up));
+    registration.rank = leader->rank;
     registration.any_rank = false;
   }
   for (int round = 0; round < kMaxJoinRounds; ++round) {
     // Backoff: another worker may be rolling the same shards back.
     absl::SleepFor(absl::Milliseconds(10) * round);
-    ASSIGN_OR_RETURN(std::vector<JobStatus> all, RegisterAll(registration));
+    // Another shard may see the holder's loss a moment after the leader:
+    // stand by for it too.
+    std::vector<JobStatus> all;
+    RETURN_IF_ERROR(StandBy(
+                        [&]() -> absl::StatusOr<JobStatus> {
+                          ASSIGN_OR_RETURN(
+                              all, RegisterAll(registration,
+                                               round == 0 && leader.has_value()
+                                                   ? &*leader
+                                                   : nullptr));
+                          return all[0];
+                        },
+                        give_up)
+                        .status());
     ASSIGN_OR_RETURN(const JoinPlan plan, PlanJoin(all));
     if (plan.join) {
       join_version_ = plan.version;
