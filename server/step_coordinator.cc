@@ -236,7 +236,11 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
   // Only the holder itself may register a held rank again (after a re-join,
   // or a restart of another shard): two live processes of one rank would
   // take it from each other at every registration for the rest of the job.
-  if (HeldLocked(rank, now, waiting) && worker_ids_[rank] != worker_id) {
+  // Once the job is over there is nothing to take: one standing by joins
+  // at the end (and exits 0).
+  const bool over = have_data_ && state_.step >= TotalStepsLocked();
+  if (!over && HeldLocked(rank, now, waiting) &&
+      worker_ids_[rank] != worker_id) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "rank %d is held by a live process (%s, %s); it is free once that "
         "one is lost (its connection closes, or it makes no call for %s)",

@@ -165,8 +165,9 @@ class StepCoordinator {
   // CheckLeases counts it). Another process's registration of a held rank
   // is refused with RESOURCE_EXHAUSTED naming the holder, changing nothing
   // (a second process of the rank stands by, and asks again); the holder
-  // registering again is admitted. A restarted dp-ps holds no rank: the
-  // first to register gets it.
+  // registering again is admitted, and so is anyone once every step is
+  // applied. A restarted dp-ps holds no rank: the first to register gets
+  // it.
   absl::StatusOr<Registration> Register(int rank, uint64_t model_fingerprint,
                                         const DataFingerprint& data,
                                         absl::string_view worker_id = {},

@@ -311,8 +311,9 @@ TEST(ElasticCoordinatorTest, TheEndOfAnOlderRegistrationChangesNothing) {
 // ("host/1" rank 0, "host/2" rank 1), rank 0 attending; lease and policy
 // as given.
 struct TwoProcesses {
-  explicit TwoProcesses(absl::Duration lease, bool reassign = true)
-      : c(Layout(), Job(2, 2), [] {
+  explicit TwoProcesses(absl::Duration lease, bool reassign = true,
+                        const JobConfig& job = Job(2, 2))
+      : c(Layout(), job, [] {
           TrainingState s;
           s.params = InitParams(Layout(), 1);
           return s;
@@ -420,6 +421,22 @@ TEST(ElasticCoordinatorTest, AHeldRankGoesToTheNewcomerOnceItsLeaseRunsOut) {
   auto taken = job.Register(0, "host/3");
   ASSERT_TRUE(taken.ok()) << taken.status();
   EXPECT_EQ(taken->rank, 0);
+}
+
+// Once every step is applied nothing is left to take: one standing by
+// joins at the end (and exits 0), the holder live or not.
+TEST(ElasticCoordinatorTest, AfterTheLastStepAHeldRankRefusesNoOne) {
+  JobConfig one_step = Job(2, 2);
+  one_step.schedule.max_steps = 1;
+  TwoProcesses job(absl::Hours(1), true, one_step);
+  ASSERT_EQ(job.Register(0, "host/3").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(PushBlock(job.c, 0, 0, {0, 1}).ok());
+  ASSERT_TRUE(PushBlock(job.c, 1, 0, {1, 1}).ok());
+  ASSERT_TRUE(job.c.done());
+  auto at_the_end = job.Register(0, "host/3");
+  ASSERT_TRUE(at_the_end.ok()) << at_the_end.status();
+  EXPECT_EQ(at_the_end->step, 1);
 }
 
 // A lost rank's block handed to a rank that is lost in turn goes on to the

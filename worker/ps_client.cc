@@ -380,6 +380,8 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
   }
 }
 
+void PsClient::EndAttendance() { attendance_.reset(); }
+
 absl::StatusOr<JobStatus> PsClient::RegisterOnce(
     const Registration& registration, bool last_try) {
   dp::v1::RegisterRequest request;

@@ -295,53 +295,52 @@ absl::StatusOr<JobStatus> PsGroup::StandBy(
 
 absl::StatusOr<JobStatus> PsGroup::Register(const Registration& wanted) {
   join_version_.reset();
-  Registration registration = wanted;
-  // One dp-ps decides who has which rank, the leading shard (before the
-  // first join: the first listed, the same for every worker): it picks a
-  // rank-less worker's, and refuses a rank that another live process holds
-  // (RESOURCE_EXHAUSTED). The worker stands by there, asking again, and
-  // registers with the other shards only once it has the rank: a second
-  // process of a rank never takes it from the other shards while its holder
-  // lives. A rank-less worker gives up after --retry_for_s; one of a held
-  // rank waits for the holder to go (kill -9 of it closes its connection:
-  // at once; a silent one: its lease, --worker_timeout_s).
+  // The leading shard (before the first join: the first listed, the same
+  // for every worker) decides who has which rank: it picks a rank-less
+  // worker's, and refuses a rank that another live process holds
+  // (RESOURCE_EXHAUSTED). The worker stands by, asking again, and registers
+  // with the other shards only once the leader admitted it: a second
+  // process of a rank never takes it from them while its holder lives. A
+  // rank-less worker gives up after --retry_for_s; one of a held rank waits
+  // for the holder to go (kill -9 of it closes its connection: at once; a
+  // silent one: its lease, --worker_timeout_s).
   const absl::Time give_up =
-      registration.any_rank ? absl::Now() + retry_for_ : absl::InfiniteFuture();
-  std::optional<JobStatus> leader;  // registered with shard(0) alone
-  if (registration.any_rank || shards() > 1) {
-    ASSIGN_OR_RETURN(
-        leader,
-        StandBy([&] { return shard(0).Register(registration); }, give_up));
-    registration.rank = leader->rank;
+      wanted.any_rank ? absl::Now() + retry_for_ : absl::InfiniteFuture();
+  int rank = wanted.rank;
+  std::vector<JobStatus> all;
+  auto attempt = [&]() -> absl::StatusOr<JobStatus> {
+    ASSIGN_OR_RETURN(const JobStatus leader, shard(0).Register(wanted));
+    Registration registration = wanted;
+    registration.rank = leader.rank;
     registration.any_rank = false;
-  }
+    absl::StatusOr<std::vector<JobStatus>> registered =
+        RegisterAll(registration, &leader);
+    if (registered.status().code() == absl::StatusCode::kResourceExhausted) {
+      // Another shard knows a live holder that the leader does not (it
+      // restarted and has not seen it yet), or has not yet seen the
+      // holder's loss: the leader's registration is given back, so that a
+      // live holder gets the rank back there, and this one stands by.
+      shard(0).EndAttendance();
+    }
+    RETURN_IF_ERROR(registered.status());
+    all = *std::move(registered);
+    rank = leader.rank;
+    return all[0];
+  };
   for (int round = 0; round < kMaxJoinRounds; ++round) {
     // Backoff: another worker may be rolling the same shards back.
     absl::SleepFor(absl::Milliseconds(10) * round);
-    // Another shard may see the holder's loss a moment after the leader:
-    // stand by for it too.
-    std::vector<JobStatus> all;
-    RETURN_IF_ERROR(StandBy(
-                        [&]() -> absl::StatusOr<JobStatus> {
-                          ASSIGN_OR_RETURN(
-                              all, RegisterAll(registration,
-                                               round == 0 && leader.has_value()
-                                                   ? &*leader
-                                                   : nullptr));
-                          return all[0];
-                        },
-                        give_up)
-                        .status());
+    RETURN_IF_ERROR(StandBy(attempt, give_up).status());
     ASSIGN_OR_RETURN(const JoinPlan plan, PlanJoin(all));
     if (plan.join) {
       join_version_ = plan.version;
       JobStatus joined = all[0];
       joined.step = plan.step;
-      joined.rank = registration.rank;
+      joined.rank = rank;
       return joined;
     }
     Log("rank %d: the shards are at steps %s: rolling them back to step %d",
-        registration.rank, StepsOf(all), plan.step);
+        rank, StepsOf(all), plan.step);
     // ABORTED: another worker rolled a shard back first, or the step is no
     // longer restorable there; look again.
     if (absl::Status rolled = RollBack(all, plan.step);
