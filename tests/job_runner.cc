@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -126,7 +127,10 @@ JobResult RunJob(std::vector<std::string> ps_args, int workers,
   return result;
 }
 
-int64_t CurrentStep(int port) {
+namespace {
+
+// dp-ps's GetStatus at `port`; nullopt when it does not answer.
+std::optional<dp::v1::GetStatusResponse> StatusOf(int port) {
   static auto* stubs =
       new std::map<int, std::unique_ptr<dp::v1::ParameterServer::Stub>>();
   auto& stub = (*stubs)[port];
@@ -138,8 +142,22 @@ int64_t CurrentStep(int port) {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   dp::v1::GetStatusRequest req;
   dp::v1::GetStatusResponse resp;
-  if (!stub->GetStatus(&ctx, req, &resp).ok()) return -1;
-  return resp.step();
+  if (!stub->GetStatus(&ctx, req, &resp).ok()) return std::nullopt;
+  return resp;
+}
+
+}  // namespace
+
+int64_t CurrentStep(int port) {
+  const std::optional<dp::v1::GetStatusResponse> status = StatusOf(port);
+  return status.has_value() ? status->step() : -1;
+}
+
+std::vector<int> RegisteredRanks(int port) {
+  const std::optional<dp::v1::GetStatusResponse> status = StatusOf(port);
+  if (!status.has_value()) return {};
+  return std::vector<int>(status->registered_ranks().begin(),
+                          status->registered_ranks().end());
 }
 
 namespace {
@@ -158,6 +176,19 @@ bool PollUntil(const std::function<bool()>& done, absl::Duration timeout) {
 
 bool WaitForStep(int port, int64_t step, absl::Duration timeout) {
   return PollUntil([&] { return CurrentStep(port) >= step; }, timeout);
+}
+
+bool WaitForRegistered(int port, const std::vector<int>& ranks,
+                       absl::Duration timeout) {
+  return PollUntil(
+      [&] {
+        const std::vector<int> registered = RegisteredRanks(port);
+        return std::all_of(ranks.begin(), ranks.end(), [&](int r) {
+          return std::find(registered.begin(), registered.end(), r) !=
+                 registered.end();
+        });
+      },
+      timeout);
 }
 
 bool WaitForFile(const std::string& path, absl::Duration timeout) {

@@ -72,6 +72,13 @@ JobResult RunJob(std::vector<std::string> ps_args, int workers,
 int64_t CurrentStep(int port);
 // Polls GetStatus until the step is >= `step`; false at the deadline.
 bool WaitForStep(int port, int64_t step, absl::Duration timeout);
+// The ranks dp-ps at `port` has registered (GetStatus); empty when it does
+// not answer.
+std::vector<int> RegisteredRanks(int port);
+// Polls GetStatus until every rank of `ranks` is registered; false at the
+// deadline.
+bool WaitForRegistered(int port, const std::vector<int>& ranks,
+                       absl::Duration timeout);
 // Polls until `path` exists; false at the deadline. dp-ps writes checkpoints
 // in the background and renames them into place, so a checkpoint's name
 // appears only once it is whole.
