@@ -98,6 +98,9 @@ absl::Status PsServer::Build() {
   RETURN_IF_ERROR(MakeCoordinator(std::move(resumed)));
   ElasticOptions elastic = o.elastic;
   elastic.lead = shard_.index == 0;
+  // The lease that frees a silent rank for another process is the one that
+  // makes it missing.
+  elastic.lease = o.worker_timeout;
   // A lost rank ends the job: its block goes to no one meanwhile.
   if (o.fail_on_worker_loss) elastic.reassign = false;
   coordinator_->SetElastic(elastic);

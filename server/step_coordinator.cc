@@ -202,20 +202,22 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
     int rank, uint64_t model_fingerprint, const DataFingerprint& data,
     absl::string_view worker_id, int preferred) {
   RETURN_IF_ERROR(RefusalLocked());
+  const absl::Time now = absl::Now();
+  const std::vector<bool> waiting = WaitingLocked();
   if (rank == kAnyRank) {
     const int world = static_cast<int>(registered_.size());
     for (int r = 0; r < world && rank == kAnyRank && !worker_id.empty(); ++r) {
       if (registered_[r] && worker_ids_[r] == worker_id) rank = r;
     }
     if (rank == kAnyRank && preferred >= 0 && preferred < world &&
-        (!registered_[preferred] || lost_[preferred])) {
+        !HeldLocked(preferred, now, waiting)) {
       rank = preferred;
     }
     for (int r = 0; r < world && rank == kAnyRank; ++r) {
       if (!registered_[r]) rank = r;
     }
     for (int r = 0; r < world && rank == kAnyRank; ++r) {
-      if (lost_[r]) rank = r;
+      if (!HeldLocked(r, now, waiting)) rank = r;
     }
     if (rank == kAnyRank) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -231,6 +233,24 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
         "rank %d has different data (%d samples, hash %016x) from the job's "
         "(%d samples, hash %016x): check --data_dir",
         rank, data.num_samples, data.hash, data_.num_samples, data_.hash));
+  }
+  // Only the holder itself may register a held rank again (after a re-join,
+  // or a restart of another shard): two live processes of one rank would
+  // take it from each other at every registration for the rest of the job.
+  // Once the job is over there is nothing to take: one standing by joins
+  // at the end (and exits 0).
+  const bool over = have_data_ && state_.step >= TotalStepsLocked();
+  if (!over && HeldLocked(rank, now, waiting) &&
+      worker_ids_[rank] != worker_id) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "rank %d is held by a live process (%s, %s); it is free once that "
+        "one is lost (its connection closes, or it makes no call for %s)",
+        rank, worker_ids_[rank].empty() ? "unnamed" : worker_ids_[rank],
+        waiting[rank]
+            ? std::string("waiting in a call")
+            : absl::StrFormat("its last call %.1f s ago",
+                              absl::ToDoubleSeconds(now - last_seen_[rank])),
+        absl::FormatDuration(elastic_.lease)));
   }
   if (!have_data_) {
     Schedule schedule = config_.schedule;
@@ -272,14 +292,14 @@ void StepCoordinator::ConnectionClosed(int rank, uint64_t session) {
   {
     absl::MutexLock lock(&mu_);
     if (!CheckRank("ConnectionClosed", rank).ok()) return;
-    // A registration since (the process came back), the end of the job or
-    // of this dp-ps: nobody is missing.
-    if (!registered_[rank] || sessions_[rank] != session ||
-        !RefusalLocked().ok() ||
+    // A registration since (the process came back): nothing happened.
+    if (!registered_[rank] || sessions_[rank] != session) return;
+    closed_[rank] = true;  // the rank is free for another process
+    // The end of the job or of this dp-ps: nobody is missing.
+    if (!RefusalLocked().ok() ||
         (have_data_ && state_.step >= TotalStepsLocked())) {
       return;
     }
-    closed_[rank] = true;
     if (elastic_.lead && elastic_.reassign) lost_[rank] = true;
     wakes = ReplanOrHandOutLocked();
   }
@@ -1027,7 +1047,7 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeasesLocked(
     // Waiting in a call (barrier) is taking part; otherwise a rank calls at
     // least once per block it computes. A closed connection says at once
     // what silence says only after the timeout.
-    const bool missing = closed_[r] || (!waiting[r] && silent > timeout);
+    const bool missing = MissingLocked(r, now, waiting[r], timeout);
     if (missing && !reported_missing_[r]) {
       reported_missing_[r] = true;
       if (elastic_.reassign) lost_[r] = true;
@@ -1106,6 +1126,9 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   o.plan = plan_;
   o.work = work_;
   o.lost = lost_;
+  o.holders = worker_ids_;
+  o.sessions = sessions_;
+  o.closed = closed_;
   o.last_seen = last_seen_;
   for (const auto& [id, w] : waiters_) o.waiters.emplace_back(w.rank, w.step);
   o.has_eval = has_eval_;
@@ -1147,6 +1170,9 @@ std::string ObservableDifferences(const StepCoordinator::ObservableState& a,
   check(sums, "received sums");
   check(a.plan == b.plan && a.work == b.work, "plan");
   check(a.lost == b.lost, "lost ranks");
+  check(a.holders == b.holders && a.sessions == b.sessions,
+        "holders of the ranks");
+  check(a.closed == b.closed, "closed connections");
   check(a.last_seen == b.last_seen, "leases");
   check(a.waiters == b.waiters, "waiters");
   const EvalReport& x = a.last_eval;

@@ -69,6 +69,10 @@ struct ElasticOptions {
   // (world_size) to register, then starts with those there (at least
   // min_workers): workers starting together start together.
   absl::Duration start_wait = absl::Seconds(30);
+  // A rank's lease (--worker_timeout_s): a rank whose connection is open
+  // and that made a call within it, or waits in one, is held by its
+  // process, and another process's registration of it is refused.
+  absl::Duration lease = absl::Seconds(10);
 };
 
 // Counts of what elasticity did, since the start.
@@ -162,11 +166,21 @@ class StepCoordinator {
   // Register's rank when dp-ps picks it: the one last registered with this
   // worker_id (the same process joining again), else `preferred` if it is
   // free (the rank the process had before this dp-ps restarted), else the
-  // lowest never registered, else the lowest lost one.
+  // lowest never registered, else the lowest whose process is lost.
   static constexpr int kAnyRank = -1;
   // Admits `rank` (again, after a restart). The first registration fixes the
   // data fingerprint of the job; later ones must match it.
   // RESOURCE_EXHAUSTED for kAnyRank when every rank is live.
+  //
+  // A rank is held by the process that registered it (its worker_id) for as
+  // long as that process is live: its connection open (ConnectionClosed not
+  // called) and its lease not run out (ElasticOptions::lease, as
+  // CheckLeases counts it). Another process's registration of a held rank
+  // is refused with RESOURCE_EXHAUSTED naming the holder, changing nothing
+  // (a second process of the rank stands by, and asks again); the holder
+  // registering again is admitted, and so is anyone once every step is
+  // applied. A restarted dp-ps holds no rank: the first to register gets
+  // it.
   absl::StatusOr<Registration> Register(int rank, uint64_t model_fingerprint,
                                         const DataFingerprint& data,
                                         absl::string_view worker_id = {},
@@ -180,8 +194,9 @@ class StepCoordinator {
   // That call ended: the worker's connection closed (its process is gone)
   // or it cancelled the call (it stopped). The rank is missing at once, as
   // if its lease had run out: with reassign its block goes to the others
-  // now, and CheckLeases reports it (closed). Nothing happens when the rank
-  // registered again since, or once the job is over.
+  // now, CheckLeases reports it (closed), and another process may register
+  // it. Nothing happens when the rank registered again since; once the job
+  // is over, or dp-ps shuts down, only the rank is free.
   void ConnectionClosed(int rank, uint64_t session);
 
   // The weights of one version, encoded in the job's weight_encoding in an
@@ -354,6 +369,11 @@ class StepCoordinator {
     std::vector<Block> plan;
     std::vector<Block> work;
     std::vector<bool> lost;
+    // By rank: who holds it (worker_id), its registration's session, and
+    // whether that one's connection closed.
+    std::vector<std::string> holders;
+    std::vector<uint64_t> sessions;
+    std::vector<bool> closed;
     std::vector<absl::Time> last_seen;             // the leases
     std::vector<std::pair<int, int64_t>> waiters;  // (rank, step), oldest first
     bool has_eval = false;
@@ -393,6 +413,22 @@ class StepCoordinator {
   // Registered and not lost.
   bool LiveLocked(size_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return registered_[rank] && !lost_[rank];
+  }
+  // The rank's lease ran out at `now` (`waiting`: it waits in a call), or
+  // its connection closed: what makes it missing (CheckLeases) and frees
+  // it for another process (Register).
+  bool MissingLocked(size_t rank, absl::Time now, bool waiting,
+                     absl::Duration timeout) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return closed_[rank] || (!waiting && now - last_seen_[rank] > timeout);
+  }
+  // Its process holds it (see Register): registered, not lost, not missing
+  // by ElasticOptions::lease.
+  bool HeldLocked(size_t rank, absl::Time now,
+                  const std::vector<bool>& waiting) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return LiveLocked(rank) &&
+           !MissingLocked(rank, now, waiting[rank], elastic_.lease);
   }
   absl::StatusOr<Registration> RegisterLocked(int rank,
                                               uint64_t model_fingerprint,

@@ -503,6 +503,138 @@ TEST(ElasticCoordinatorTest, TheEndOfAnOlderRegistrationChangesNothing) {
   EXPECT_TRUE(c.CheckLeases(absl::Hours(1)).empty());
 }
 
+// A coordinator of 2 ranks, each registered by a process of its own
+// ("host/1" rank 0, "host/2" rank 1), rank 0 attending; lease and policy
+// as given.
+struct TwoProcesses {
+  explicit TwoProcesses(absl::Duration lease, bool reassign = true,
+                        const JobConfig& job = Job(2, 2))
+      : c(Layout(), job, [] {
+          TrainingState s;
+          s.params = InitParams(Layout(), 1);
+          return s;
+        }()) {
+    ElasticOptions elastic = Instant();
+    elastic.backup_blocks = 0;
+    elastic.lease = lease;
+    elastic.reassign = reassign;
+    c.SetElastic(elastic);
+    auto r0 = c.Register(0, Layout().Fingerprint(), kData, "host/1");
+    auto r1 = c.Register(1, Layout().Fingerprint(), kData, "host/2");
+    EXPECT_TRUE(r0.ok() && r1.ok());
+    if (r0.ok()) session0 = r0->session;
+    EXPECT_TRUE(c.Attend(0, session0).ok());
+  }
+  absl::StatusOr<StepCoordinator::Registration> Register(
+      int rank, absl::string_view worker_id) {
+    return c.Register(rank, Layout().Fingerprint(), kData, worker_id);
+  }
+  StepCoordinator c;
+  uint64_t session0 = 0;
+};
+
+// A second process of a live rank (a pod's replacement while the pod still
+// runs) is refused, naming the holder, and changes nothing: it does not
+// take the rank, with or without asking for it by number; the holder
+// itself registers again (a re-join) as before.
+TEST(ElasticCoordinatorTest, AHeldRankRefusesAnotherProcessAndNothingChanges) {
+  TwoProcesses job(absl::Hours(1));
+  const StepCoordinator::ObservableState before = job.c.Observe();
+  auto second = job.Register(0, "host/3");
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted)
+      << second.status();
+  EXPECT_NE(second.status().message().find(
+                "rank 0 is held by a live process (host/1"),
+            std::string::npos)
+      << second.status();
+  auto any = job.c.Register(StepCoordinator::kAnyRank, Layout().Fingerprint(),
+                            kData, "host/3", /*preferred=*/0);
+  EXPECT_EQ(any.status().code(), absl::StatusCode::kResourceExhausted)
+      << any.status();
+  auto anonymous = job.Register(1, "");
+  EXPECT_EQ(anonymous.status().code(), absl::StatusCode::kResourceExhausted)
+      << anonymous.status();
+  EXPECT_EQ(ObservableDifferences(before, job.c.Observe()), "");
+  EXPECT_TRUE(job.c.Attend(0, job.session0).ok()) << "still the holder's";
+  // The holder registering again is no newcomer.
+  auto again = job.Register(0, "host/1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->session, job.session0);
+  EXPECT_EQ(job.c.Status().live_ranks, (std::vector<int>{0, 1}));
+}
+
+// Once the holder's connection closes (kill -9 of its process) the
+// newcomer gets the rank at once, with the step waiting for the rank
+// (--on_worker_loss=wait) as with its block handed on; the old process is
+// then the one refused.
+TEST(ElasticCoordinatorTest,
+     AHeldRankGoesToTheNewcomerOnceItsConnectionCloses) {
+  for (const bool reassign : {true, false}) {
+    SCOPED_TRACE(reassign ? "reassign" : "wait");
+    TwoProcesses job(absl::Hours(1), reassign);
+    ASSERT_EQ(job.Register(0, "host/3").status().code(),
+              absl::StatusCode::kResourceExhausted);
+    job.c.ConnectionClosed(0, job.session0);
+    auto taken = job.Register(0, "host/3");
+    ASSERT_TRUE(taken.ok()) << taken.status();
+    EXPECT_EQ(taken->rank, 0);
+    EXPECT_EQ(job.c.Status().live_ranks, (std::vector<int>{0, 1}));
+    EXPECT_EQ(job.c.Attend(0, job.session0).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(job.c.Attend(0, taken->session).ok());
+    const StepCoordinator::ObservableState before = job.c.Observe();
+    auto old = job.Register(0, "host/1");
+    EXPECT_EQ(old.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_NE(old.status().message().find("(host/3"), std::string::npos)
+        << old.status();
+    EXPECT_EQ(ObservableDifferences(before, job.c.Observe()), "");
+    // A rank-less worker gets such a rank too.
+    TwoProcesses rankless(absl::Hours(1), reassign);
+    rankless.c.ConnectionClosed(0, rankless.session0);
+    auto any = rankless.c.Register(StepCoordinator::kAnyRank,
+                                   Layout().Fingerprint(), kData, "host/4");
+    ASSERT_TRUE(any.ok()) << any.status();
+    EXPECT_EQ(any->rank, 0);
+  }
+}
+
+// A holder that waits in a call is live however long it waits; once it
+// neither waits nor calls for its lease (here 0: at once), the newcomer
+// gets the rank without any connection closing.
+TEST(ElasticCoordinatorTest, AHeldRankGoesToTheNewcomerOnceItsLeaseRunsOut) {
+  TwoProcesses job(absl::ZeroDuration());
+  ASSERT_TRUE(PushBlock(job.c, 0, 0, {0, 1}).ok());
+  auto ticket =
+      job.c.WaitForStep(0, 0, [](const absl::Status&, int64_t, Block) {});
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_FALSE(ticket->ready);
+  auto waiting = job.Register(0, "host/3");
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(waiting.status().message().find("waiting in a call"),
+            std::string::npos)
+      << waiting.status();
+  ASSERT_TRUE(job.c.CancelWait(ticket->id));
+  auto taken = job.Register(0, "host/3");
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->rank, 0);
+}
+
+// Once every step is applied nothing is left to take: one standing by
+// joins at the end (and exits 0), the holder live or not.
+TEST(ElasticCoordinatorTest, AfterTheLastStepAHeldRankRefusesNoOne) {
+  JobConfig one_step = Job(2, 2);
+  one_step.schedule.max_steps = 1;
+  TwoProcesses job(absl::Hours(1), true, one_step);
+  ASSERT_EQ(job.Register(0, "host/3").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(PushBlock(job.c, 0, 0, {0, 1}).ok());
+  ASSERT_TRUE(PushBlock(job.c, 1, 0, {1, 1}).ok());
+  ASSERT_TRUE(job.c.done());
+  auto at_the_end = job.Register(0, "host/3");
+  ASSERT_TRUE(at_the_end.ok()) << at_the_end.status();
+  EXPECT_EQ(at_the_end->step, 1);
+}
+
 // A lost rank's block handed to a rank that is lost in turn goes on to the
 // next rank that waits.
 TEST(ElasticCoordinatorTest, ABlockHandedToARankLostInTurnIsHandedOnAgain) {

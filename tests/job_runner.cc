@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -146,8 +147,15 @@ std::optional<dp::v1::GetStatusResponse> StatusAt(int port) {
 }
 
 int64_t CurrentStep(int port) {
-  const auto status = StatusAt(port);
+  const std::optional<dp::v1::GetStatusResponse> status = StatusAt(port);
   return status.has_value() ? status->step() : -1;
+}
+
+std::vector<int> RegisteredRanks(int port) {
+  const std::optional<dp::v1::GetStatusResponse> status = StatusAt(port);
+  if (!status.has_value()) return {};
+  return std::vector<int>(status->registered_ranks().begin(),
+                          status->registered_ranks().end());
 }
 
 bool PollUntil(const std::function<bool()>& done, absl::Duration timeout) {
@@ -177,6 +185,21 @@ std::optional<dp::v1::GetStatusResponse> WaitForStatus(
     return std::nullopt;
   }
   return seen;
+}
+
+bool WaitForRegistered(int port, const std::vector<int>& ranks,
+                       absl::Duration timeout) {
+  return WaitForStatus(
+             port,
+             [&](const dp::v1::GetStatusResponse& s) {
+               return std::all_of(ranks.begin(), ranks.end(), [&](int r) {
+                 return std::find(s.registered_ranks().begin(),
+                                  s.registered_ranks().end(),
+                                  r) != s.registered_ranks().end();
+               });
+             },
+             timeout)
+      .has_value();
 }
 
 bool WaitForFile(const std::string& path, absl::Duration timeout) {

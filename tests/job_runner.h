@@ -81,6 +81,13 @@ std::optional<dp::v1::GetStatusResponse> StatusAt(int port);
 int64_t CurrentStep(int port);
 // Polls GetStatus until the step is >= `step`; false at the deadline.
 bool WaitForStep(int port, int64_t step, absl::Duration timeout);
+// The ranks dp-ps at `port` has registered (GetStatus); empty when it does
+// not answer.
+std::vector<int> RegisteredRanks(int port);
+// Polls GetStatus until every rank of `ranks` is registered; false at the
+// deadline.
+bool WaitForRegistered(int port, const std::vector<int>& ranks,
+                       absl::Duration timeout);
 // Polls GetStatus until `holds` is true of one answer, which it returns;
 // nullopt at the deadline.
 std::optional<dp::v1::GetStatusResponse> WaitForStatus(

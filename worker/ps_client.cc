@@ -359,9 +359,11 @@ absl::StatusOr<JobStatus> PsClient::GetStatus() {
 
 absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
   // dp-ps withdraws a ticket not yet redeemed when another registration of
-  // the rank comes in (a second process of it: a pod whose predecessor
-  // still runs). This registration is then stale anyway, as a push through
-  // its slot would say: registering again gets a fresh ticket.
+  // the rank comes in (another process, once dp-ps counted this one lost:
+  // it was silent past its lease). This registration is then stale anyway,
+  // as a push through its slot would say: registering again gets a fresh
+  // ticket, or, while the other process holds the rank, RESOURCE_EXHAUSTED
+  // (PsGroup stands by).
   constexpr int kTicketTries = 3;
   for (int attempt = 1;; ++attempt) {
     const bool last = attempt == kTicketTries;
@@ -370,6 +372,8 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
       return status;
   }
 }
+
+void PsClient::EndAttendance() { attendance_.reset(); }
 
 absl::StatusOr<JobStatus> PsClient::RegisterOnce(
     const Registration& registration, bool last_try) {

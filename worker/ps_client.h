@@ -73,7 +73,9 @@ struct Registration {
   bool any_rank = false;  // dp-ps picks the rank, `rank` if it is free
   uint64_t model_fingerprint = 0;
   DataFingerprint data;
-  std::string worker_id;  // host/pid, for dp-ps's logs
+  // host/pid: names this process to dp-ps, in its logs and as the holder
+  // of its rank (docs/elastic.md: a second process of a rank).
+  std::string worker_id;
 };
 
 // What Pull and PushPull receive.
@@ -141,6 +143,9 @@ class PsClient {
   // fresh slot every time), as data_plane says. Then attends: holds a call
   // open that tells dp-ps at once when this process goes.
   absl::StatusOr<JobStatus> Register(const Registration& registration);
+  // Ends the Attend call of the last registration: dp-ps counts the rank
+  // gone, free for another process, as when this one's connection closes.
+  void EndAttendance();
   // Sets the shard back to `step` if it is still at `generation`.
   absl::StatusOr<ShardState> Rollback(int64_t step, uint64_t generation);
   // As of the last Register.

@@ -28,6 +28,9 @@ namespace {
 // worker) while this one looked.
 constexpr int kMaxJoinRounds = 20;
 
+// How often a worker standing by for a rank asks again.
+constexpr absl::Duration kStandByPoll = absl::Milliseconds(250);
+
 // The newest step <= limit that shard k can be at: its own step, or one it
 // can restore. -1 when there is none (step 0 always is).
 int64_t CommonStep(const std::vector<JobStatus>& shards, int64_t limit) {
@@ -175,10 +178,14 @@ absl::StatusOr<JobStatus> PsGroup::GetStatus() {
 }
 
 absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
-    const Registration& registration) {
+    const Registration& registration, const JobStatus* leader) {
   const int n = shards();
   std::vector<JobStatus> by_address(n);
   RETURN_IF_ERROR(ForEachShard([&](int a) -> absl::Status {
+    if (leader != nullptr && a == order_[0]) {
+      by_address[a] = *leader;
+      return absl::OkStatus();
+    }
     ASSIGN_OR_RETURN(by_address[a], clients_[a]->Register(registration));
     return absl::OkStatus();
   }));
@@ -271,42 +278,69 @@ absl::Status PsGroup::RollBack(const std::vector<JobStatus>& all,
   });
 }
 
+absl::StatusOr<JobStatus> PsGroup::StandBy(
+    absl::FunctionRef<absl::StatusOr<JobStatus>()> attempt,
+    absl::Time give_up) {
+  absl::StatusOr<JobStatus> answer = attempt();
+  bool said = false;
+  while (answer.status().code() == absl::StatusCode::kResourceExhausted &&
+         absl::Now() < give_up) {
+    if (!said) Log("%s; standing by", answer.status().message());
+    said = true;
+    absl::SleepFor(kStandByPoll);
+    answer = attempt();
+  }
+  return answer;
+}
+
 absl::StatusOr<JobStatus> PsGroup::Register(const Registration& wanted) {
   join_version_.reset();
-  Registration registration = wanted;
-  if (registration.any_rank) {
-    // One dp-ps picks the rank (the first listed: the same for every
-    // worker), and every shard then knows the worker by it. While every
-    // rank is live this worker stands by: a rank frees up when its worker
-    // is lost.
-    absl::StatusOr<JobStatus> picked = clients_[0]->Register(registration);
-    const absl::Time give_up = absl::Now() + retry_for_;
-    bool said = false;
-    while (picked.status().code() == absl::StatusCode::kResourceExhausted &&
-           absl::Now() < give_up) {
-      if (!said) Log("%s; standing by", picked.status().message());
-      said = true;
-      absl::SleepFor(absl::Seconds(1));
-      picked = clients_[0]->Register(registration);
-    }
-    RETURN_IF_ERROR(picked.status());
-    registration.rank = picked->rank;
+  // The leading shard (before the first join: the first listed, the same
+  // for every worker) decides who has which rank: it picks a rank-less
+  // worker's, and refuses a rank that another live process holds
+  // (RESOURCE_EXHAUSTED). The worker stands by, asking again, and registers
+  // with the other shards only once the leader admitted it: a second
+  // process of a rank never takes it from them while its holder lives. A
+  // rank-less worker gives up after --retry_for_s; one of a held rank waits
+  // for the holder to go (kill -9 of it closes its connection: at once; a
+  // silent one: its lease, --worker_timeout_s).
+  const absl::Time give_up =
+      wanted.any_rank ? absl::Now() + retry_for_ : absl::InfiniteFuture();
+  int rank = wanted.rank;
+  std::vector<JobStatus> all;
+  auto attempt = [&]() -> absl::StatusOr<JobStatus> {
+    ASSIGN_OR_RETURN(const JobStatus leader, shard(0).Register(wanted));
+    Registration registration = wanted;
+    registration.rank = leader.rank;
     registration.any_rank = false;
-  }
+    absl::StatusOr<std::vector<JobStatus>> registered =
+        RegisterAll(registration, &leader);
+    if (registered.status().code() == absl::StatusCode::kResourceExhausted) {
+      // Another shard knows a live holder that the leader does not (it
+      // restarted and has not seen it yet), or has not yet seen the
+      // holder's loss: the leader's registration is given back, so that a
+      // live holder gets the rank back there, and this one stands by.
+      shard(0).EndAttendance();
+    }
+    RETURN_IF_ERROR(registered.status());
+    all = *std::move(registered);
+    rank = leader.rank;
+    return all[0];
+  };
   for (int round = 0; round < kMaxJoinRounds; ++round) {
     // Backoff: another worker may be rolling the same shards back.
     absl::SleepFor(absl::Milliseconds(10) * round);
-    ASSIGN_OR_RETURN(std::vector<JobStatus> all, RegisterAll(registration));
+    RETURN_IF_ERROR(StandBy(attempt, give_up).status());
     ASSIGN_OR_RETURN(const JoinPlan plan, PlanJoin(all));
     if (plan.join) {
       join_version_ = plan.version;
       JobStatus joined = all[0];
       joined.step = plan.step;
-      joined.rank = registration.rank;
+      joined.rank = rank;
       return joined;
     }
     Log("rank %d: the shards are at steps %s: rolling them back to step %d",
-        registration.rank, StepsOf(all), plan.step);
+        rank, StepsOf(all), plan.step);
     // ABORTED: another worker rolled a shard back first, or the step is no
     // longer restorable there; look again.
     if (absl::Status rolled = RollBack(all, plan.step);

@@ -84,15 +84,22 @@ class PsGroup {
   // concurrently; the first error, if any (by shard order).
   absl::Status ForEachShard(absl::FunctionRef<absl::Status(int shard)> call,
                             bool with_leader = true);
-  // One round of Register: the statuses by shard index.
   // The weights of `version` from every shard but 0, into `all`.
   absl::Status PullFollowers(int rank, int64_t version, absl::Span<float> all,
                              std::vector<Received>* received);
   // The push to every shard but 0 (none for an idle one).
   absl::Status PushToFollowers(const Gradient& gradient,
                                std::vector<int64_t>* sent);
+  // One round of Register: the statuses by shard index (`leader`: the
+  // answer shard(0) gave already, not asked again).
   absl::StatusOr<std::vector<JobStatus>> RegisterAll(
-      const Registration& registration);
+      const Registration& registration, const JobStatus* leader = nullptr);
+  // attempt() until it answers other than RESOURCE_EXHAUSTED (no rank free,
+  // or the rank held by another live process) or `give_up` passes, saying
+  // the first such answer.
+  static absl::StatusOr<JobStatus> StandBy(
+      absl::FunctionRef<absl::StatusOr<JobStatus>()> attempt,
+      absl::Time give_up);
   // Rolls every shard not at `target` back to it, on the generation it
   // answered in `all` (by shard index).
   absl::Status RollBack(const std::vector<JobStatus>& all, int64_t target);
@@ -109,7 +116,7 @@ class PsGroup {
   // The version Pull fetches after a join: the shards ahead by one serve
   // the one before theirs.
   std::optional<int64_t> join_version_;
-  const absl::Duration retry_for_;  // of a rank to free up (any_rank)
+  const absl::Duration retry_for_;  // of any rank to free up (any_rank)
 };
 
 }  // namespace dp
