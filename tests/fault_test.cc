@@ -254,6 +254,36 @@ TEST(FaultTest, KilledWorkerEndsAFailPolicyJobAtOnce) {
   EXPECT_NE(*w0_exit, 0);
 }
 
+// A worker waiting for a step when dp-ps dies (-9, never to come back) gives
+// up after --retry_for_s with exit 4 (dp-ps unreachable), whatever its
+// --wait_timeout_s: waiting for a connection is not waiting for a step.
+TEST(FaultTest, AWorkerWaitingWhenDpPsDiesExitsUnreachableAfterRetryFor) {
+  int port = 0;
+  auto ps = StartServer(
+      {"--workers=2", "--max_steps=100000", "--batch_size=16",
+       "--on_worker_loss=wait", "--backup_blocks=0", "--worker_timeout_s=600"},
+      &port);
+  const std::vector<std::string> worker_flags = {"--wait_timeout_s=1",
+                                                 "--retry_for_s=3"};
+  auto w0 = StartWorker(port, 0, worker_flags);
+  auto w1 = StartWorker(port, 1, worker_flags);
+  ASSERT_TRUE(WaitForStep(port, 10, absl::Minutes(2)));
+  w1->Signal(SIGSTOP);
+  // Rank 0 waits for rank 1's block.
+  ASSERT_TRUE(WaitForStatus(
+      port,
+      [](const dp::v1::GetStatusResponse& s) {
+        return s.waits_for_size() == 1 && s.waits_for(0) == 1;
+      },
+      absl::Minutes(1)));
+  ps->Signal(SIGKILL);
+  EXPECT_EQ(ps->Wait(absl::Seconds(30)), 128 + SIGKILL);
+  EXPECT_EQ(w0->Wait(absl::Minutes(2)), kExitPsUnreachable) << w0->output();
+  EXPECT_NE(w0->output().find("is unavailable for"), std::string::npos)
+      << w0->output();
+  w1->Signal(SIGKILL);
+}
+
 TEST(FaultTest, StoppedWorkerIsReportedAndWaitPolicyFinishesAfterSigcont) {
   TempDir dir;
   const std::string reference = Reference();

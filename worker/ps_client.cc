@@ -314,6 +314,16 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
     context.set_deadline(absl::ToChronoTime(deadline));
     AttachToken(options_.auth_token, &context);
     absl::Status result = DrainAsUnavailable(FromGrpcStatus(call(&context)));
+    // A retry whose deadline passed while the channel never got a
+    // connection waited for dp-ps, not for a step: it is still unavailable.
+    // (Taken for a barrier's deadline, it made the caller wait again and
+    // again, past --retry_for_s, for a dp-ps that was gone.)
+    if (attempt > 1 && result.code() == absl::StatusCode::kDeadlineExceeded &&
+        rpc_->channel->GetState(/*try_to_connect=*/false) !=
+            GRPC_CHANNEL_READY) {
+      result = absl::UnavailableError(absl::StrFormat(
+          "no connection within %s", absl::FormatDuration(timeout)));
+    }
     const bool gave_up = attempt > 1 &&
                          result.code() == absl::StatusCode::kDeadlineExceeded &&
                          absl::Now() >= give_up;
