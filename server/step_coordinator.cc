@@ -54,7 +54,8 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
       state_(std::move(state)),
       generation_(RandomId()),
       snapshots_(n_ * BytesPerValue(config_.weight_encoding)),
-      started_(absl::Now()) {
+      started_(absl::Now()),
+      stats_(config_.schedule.world_size, started_) {
   const int64_t n = n_;
   DP_CHECK(static_cast<int64_t>(state_.params.size()) == n);
   if (state_.m.empty()) state_.m.assign(n, 0.0f);
@@ -75,9 +76,6 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   closed_.assign(world, false);
   straggler_.assign(world, false);
   step_start_ = started_;
-  arrival_.assign(world, started_);
-  wait_time_.assign(world, absl::ZeroDuration());
-  completed_by_.assign(world, 0);
   last_seen_.assign(world, started_);
   reported_missing_.assign(world, false);
   missing_since_.assign(world, started_);
@@ -372,7 +370,7 @@ absl::StatusOr<StepCoordinator::Version> StepCoordinator::WithCurrentWeights(
   Touch(rank);
   const absl::Time start = absl::Now();
   use(state_.step, state_.params);
-  use_time_ += absl::Now() - start;
+  stats_.AddUse(absl::Now() - start);
   return Version{state_.step, NextWorkLocked(rank)};
 }
 
@@ -476,13 +474,12 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
   sums_[top] = Sum{spare_, loss_sum};
   spare_ = FreeBufferLocked();
   received_[rank] = true;
-  arrival_[rank] = absl::Now();
+  stats_.Arrived(rank, absl::Now());
   if (work_[rank] == block || block.Contains(work_[rank])) {
     work_[rank] = Block{};
   }
   if (top == Root(K())) {
-    last_completed_by_ = rank;
-    ++completed_by_[rank];
+    stats_.CompletedBy(rank);
     after.wakes = ApplyLocked();
     if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
       after.checkpoint_hook = checkpoint_hook_;
@@ -520,14 +517,14 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     const absl::Status read =
         ReadGradientLocked(rank, step, offset, gradient, encoding, block,
                            retry.ok() && !*retry, &top, &folded);
-    read_time_ += absl::Now() - read_start;
+    stats_.AddRead(absl::Now() - read_start);
     RETURN_IF_ERROR(read);
     RETURN_IF_ERROR(retry.status());
     if (*retry) {
       Touch(rank);
       // A copy of a block that is in, or of the step just applied (a late
       // straggler's, or a retry whose answer was lost).
-      ++counts_.duplicate_pushes;
+      ++stats_.counts().duplicate_pushes;
       if (step == state_.step && work_[rank] == block) work_[rank] = Block{};
       return PushResult{state_.step, /*duplicate=*/true};
     }
@@ -558,16 +555,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   last_loss_ = root.loss / static_cast<float>(k);
   ++state_.step;
   published_ = nullptr;
-  last_apply_ = absl::Now();
-  apply_time_ += last_apply_ - begin;
-  ++applies_;
-  for (size_t r = 0; r < arrival_.size(); ++r) {
-    if (received_[r]) wait_time_[r] += last_apply_ - arrival_[r];
-  }
-  if (first_applied_step_ < 0) {
-    first_applied_step_ = state_.step;
-    first_apply_ = last_apply_;
-  }
+  stats_.Applied(state_.step, begin, absl::Now(), received_);
   // A rank that had a block and pushed nothing while others completed the
   // step is a straggler: the next plan leaves it out, and it takes part
   // again once it waits for a step in time.
@@ -629,7 +617,7 @@ std::vector<int> StepCoordinator::TakingPartLocked() const {
   // The first step waits a while for everyone.
   const int registered = static_cast<int>(
       std::count(registered_.begin(), registered_.end(), true));
-  if (first_applied_step_ < 0 &&
+  if (!stats_.any_applied() &&
       registered < static_cast<int>(registered_.size()) &&
       absl::Now() - started_ < elastic_.start_wait) {
     part.clear();
@@ -680,7 +668,7 @@ Block StepCoordinator::NextWorkLocked(int rank) {
   const std::vector<Block> orphans = OrphansLocked();
   if (orphans.empty()) return Block{};
   work_[rank] = orphans[0];
-  ++counts_.blocks_reassigned;
+  ++stats_.counts().blocks_reassigned;
   return orphans[0];
 }
 
@@ -794,7 +782,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
     work_[rank] = late;
     backed_up_.push_back(late);
     ++backups_this_step_;
-    ++counts_.backups_handed;
+    ++stats_.counts().backups_handed;
     return wakes;
   }
   return {};
@@ -1090,23 +1078,23 @@ CoordinatorStatus StepCoordinator::Status() const {
   }
   s.plan = plan_;
   s.micro_batches = K();
-  s.elastic = counts_;
-  s.last_completed_by = last_completed_by_;
-  s.completed_by = completed_by_;
+  s.elastic = stats_.counts();
+  s.last_completed_by = stats_.last_completed_by();
+  s.completed_by = stats_.completed_by();
   s.last_plan_blocks = last_plan_blocks_;
   s.done = have_data_ && state_.step >= s.total_steps;
   s.failed = !failed_.ok();
   s.last_loss = last_loss_;
   s.has_eval = has_eval_;
   s.last_eval = last_eval_;
-  s.first_applied_step = first_applied_step_;
-  s.first_apply = first_apply_;
-  s.last_apply = last_apply_;
-  s.applies = applies_;
-  s.apply_time = apply_time_;
-  s.read_time = read_time_;
-  s.use_time = use_time_;
-  s.wait_time = wait_time_;
+  s.first_applied_step = stats_.first_applied_step();
+  s.first_apply = stats_.first_apply();
+  s.last_apply = stats_.last_apply();
+  s.applies = stats_.applies();
+  s.apply_time = stats_.apply_time();
+  s.read_time = stats_.read_time();
+  s.use_time = stats_.use_time();
+  s.wait_time = stats_.wait_time();
   s.snapshots = snapshots_made_;
   return s;
 }

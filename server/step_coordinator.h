@@ -43,6 +43,7 @@
 #include "common/parallel_for.h"
 #include "common/shard_plan.h"
 #include "server/adam.h"
+#include "server/step_stats.h"
 
 namespace dp {
 
@@ -76,12 +77,6 @@ struct ElasticOptions {
 };
 
 // Counts of what elasticity did, since the start.
-struct ElasticCounts {
-  int64_t blocks_reassigned = 0;  // of lost ranks, handed to others
-  int64_t backups_handed = 0;     // late blocks handed to an idle rank
-  int64_t duplicate_pushes = 0;   // copies that came after the first
-};
-
 struct CoordinatorStatus {
   JobConfig config;
   ShardSpec shard;
@@ -562,9 +557,6 @@ class StepCoordinator {
   int backups_this_step_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time step_start_ ABSL_GUARDED_BY(mu_);
   absl::Time first_push_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  ElasticCounts counts_ ABSL_GUARDED_BY(mu_);
-  int last_completed_by_ ABSL_GUARDED_BY(mu_) = -1;
-  std::vector<int64_t> completed_by_ ABSL_GUARDED_BY(mu_);  // by rank
   int last_plan_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread straggler_thread_;
   // The snapshot Pull hands out for the current version (null until the
@@ -574,15 +566,6 @@ class StepCoordinator {
   LentBufferPool snapshots_ ABSL_GUARDED_BY(mu_);
   int64_t snapshots_made_ ABSL_GUARDED_BY(mu_) = 0;
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
-  int64_t first_applied_step_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Time first_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time last_apply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int64_t applies_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Duration apply_time_ ABSL_GUARDED_BY(mu_);
-  absl::Duration read_time_ ABSL_GUARDED_BY(mu_);
-  absl::Duration use_time_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Time> arrival_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Duration> wait_time_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id = age
   std::vector<int> waits_of_rank_ ABSL_GUARDED_BY(mu_);
   int64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -595,6 +578,7 @@ class StepCoordinator {
   std::function<void(TrainingState, uint64_t)> checkpoint_hook_
       ABSL_GUARDED_BY(mu_);
   const absl::Time started_;
+  StepStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> reported_missing_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> missing_since_ ABSL_GUARDED_BY(mu_);
