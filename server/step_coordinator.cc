@@ -53,7 +53,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
       config_(std::move(config)),
       state_(std::move(state)),
       generation_(RandomId()),
-      snapshots_(n_ * BytesPerValue(config_.weight_encoding)),
+      weights_(n_, config_.weight_encoding, shard_.count > 1),
       started_(absl::Now()),
       stats_(config_.schedule.world_size, started_) {
   const int64_t n = n_;
@@ -81,7 +81,6 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   missing_since_.assign(world, started_);
   reported_unregistered_.assign(world, false);
   waits_of_rank_.assign(world, 0);
-  if (shard_.count > 1) previous_.resize(n);
 }
 
 StepCoordinator::~StepCoordinator() {
@@ -316,43 +315,33 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
   const size_t width = BytesPerValue(encoding);
   const int64_t local = offset - begin;
   if (version.has_value() && *version != state_.step) {
-    if (*version != state_.step - 1 || !holds_previous_) {
+    if (*version != state_.step - 1 || !weights_.holds_previous()) {
       // An older version: the job moved on since the caller looked
       // (ABORTED: it looks again); any other is no version of this job.
       const bool moved_on = *version >= 0 && *version < state_.step;
       return absl::Status(
           moved_on ? absl::StatusCode::kAborted
                    : absl::StatusCode::kFailedPrecondition,
-          absl::StrFormat("rank %d asks for the weights of version %d; this "
-                          "dp-ps is at version %d and holds %s",
-                          rank, *version, state_.step,
-                          holds_previous_ ? "the one before too" : "no other"));
+          absl::StrFormat(
+              "rank %d asks for the weights of version %d; this "
+              "dp-ps is at version %d and holds %s",
+              rank, *version, state_.step,
+              weights_.holds_previous() ? "the one before too" : "no other"));
     }
     Touch(rank);
-    // Rare (a join while the shards are a step apart): a buffer of its own.
-    auto bytes = std::make_shared<std::string>(n_ * width, '\0');
-    Encode(encoding, previous_.data(), n_, bytes->data());
-    absl::string_view all(*bytes);
-    return PulledWeights{*version, Block{},
-                         encoding, bytes,
-                         all,      all.substr(local * width, length * width)};
+    const WeightsPublisher::Snapshot previous = weights_.Previous();
+    return PulledWeights{
+        *version,       Block{},
+        encoding,       previous.lease,
+        previous.bytes, previous.bytes.substr(local * width, length * width)};
   }
   Touch(rank);
   const Block block = NextWorkLocked(rank);
-  if (published_ == nullptr) {
-    // A buffer that a response in flight still sends from is never
-    // overwritten: Free() skips it (its lease is held).
-    published_ = &snapshots_.Free();
-    Encode(encoding, state_.params.data(), n_, published_->data());
-    ++snapshots_made_;
-  }
+  const WeightsPublisher::Snapshot current = weights_.Current(state_.params);
   return PulledWeights{
-      state_.step,
-      block,
-      encoding,
-      published_->Lend(),
-      published_->view(),
-      absl::string_view(published_->data() + local * width, length * width)};
+      state_.step,   block,
+      encoding,      current.lease,
+      current.bytes, current.bytes.substr(local * width, length * width)};
 }
 
 absl::StatusOr<StepCoordinator::Version> StepCoordinator::WithCurrentWeights(
@@ -543,10 +532,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   const absl::Time begin = absl::Now();
   const int k = K();
   const Sum root = sums_[Root(k)];
-  if (shard_.count > 1) {
-    std::memcpy(previous_.data(), state_.params.data(), n_ * sizeof(float));
-    holds_previous_ = true;
-  }
+  weights_.BeforeUpdate(state_.params);
   const absl::Time apply_start = absl::Now();
   AdamStepOnSum(config_.adam, state_.step + 1, buffers_[root.buffer].data(), k,
                 n_, state_.params.data(), state_.m.data(), state_.v.data(),
@@ -554,7 +540,6 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = root.loss / static_cast<float>(k);
   ++state_.step;
-  published_ = nullptr;
   stats_.Applied(state_.step, begin, absl::Now(), received_);
   // A rank that had a block and pushed nothing while others completed the
   // step is a straggler: the next plan leaves it out, and it takes part
@@ -967,8 +952,7 @@ absl::Status StepCoordinator::Rewind(uint64_t generation, TrainingState state) {
     state_ = std::move(state);
     step = state_.step;
     generation_ = RandomId();
-    holds_previous_ = false;
-    published_ = nullptr;
+    weights_.Reset();
     NewStepLocked();
     to_abort = TakeAllWaitersLocked();
   }
@@ -1061,7 +1045,7 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.config = config_;
   s.shard = shard_;
   s.generation = generation_;
-  s.holds_previous = holds_previous_;
+  s.holds_previous = weights_.holds_previous();
   s.step = state_.step;
   s.total_steps = TotalStepsLocked();
   for (int r = 0; r < config_.schedule.world_size; ++r) {
@@ -1095,7 +1079,7 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.read_time = stats_.read_time();
   s.use_time = stats_.use_time();
   s.wait_time = stats_.wait_time();
-  s.snapshots = snapshots_made_;
+  s.snapshots = weights_.snapshots_made();
   return s;
 }
 

@@ -44,6 +44,7 @@
 #include "common/shard_plan.h"
 #include "server/adam.h"
 #include "server/step_stats.h"
+#include "server/weights_publisher.h"
 
 namespace dp {
 
@@ -522,10 +523,6 @@ class StepCoordinator {
   JobConfig config_ ABSL_GUARDED_BY(mu_);
   TrainingState state_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_);
-  // Sharded: the params of version state_.step - 1, for a worker that joins
-  // while another shard still waits for its push of that step.
-  std::vector<float> previous_ ABSL_GUARDED_BY(mu_);
-  bool holds_previous_ ABSL_GUARDED_BY(mu_) = false;
   bool have_data_ ABSL_GUARDED_BY(mu_) = false;
   DataFingerprint data_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);
@@ -559,12 +556,9 @@ class StepCoordinator {
   absl::Time first_push_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   int last_plan_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread straggler_thread_;
-  // The snapshot Pull hands out for the current version (null until the
-  // first pull after an update), and the buffers snapshots are made in: one
-  // still referenced by a response in flight is never overwritten.
-  LentBuffer* published_ ABSL_GUARDED_BY(mu_) = nullptr;
-  LentBufferPool snapshots_ ABSL_GUARDED_BY(mu_);
-  int64_t snapshots_made_ ABSL_GUARDED_BY(mu_) = 0;
+  // What Pull hands out: the current version's snapshot, and sharded the
+  // version before.
+  WeightsPublisher weights_ ABSL_GUARDED_BY(mu_);
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
   std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id = age
   std::vector<int> waits_of_rank_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,48 @@
+// The coordinator's published weights.
+#include "server/weights_publisher.h"
+
+#include <cstring>
+
+namespace dp {
+
+WeightsPublisher::WeightsPublisher(int64_t n, Encoding encoding,
+                                   bool keep_previous)
+    : n_(n),
+      encoding_(encoding),
+      previous_(keep_previous ? n : 0),
+      snapshots_(n * BytesPerValue(encoding)) {}
+
+WeightsPublisher::Snapshot WeightsPublisher::Current(
+    const std::vector<float>& params) {
+  if (published_ == nullptr) {
+    // A buffer that a response in flight still sends from is never
+    // overwritten: Free() skips it (its lease is held).
+    published_ = &snapshots_.Free();
+    Encode(encoding_, params.data(), n_, published_->data());
+    ++snapshots_made_;
+  }
+  return Snapshot{published_->Lend(), published_->view()};
+}
+
+WeightsPublisher::Snapshot WeightsPublisher::Previous() const {
+  auto bytes =
+      std::make_shared<std::string>(n_ * BytesPerValue(encoding_), '\0');
+  Encode(encoding_, previous_.data(), n_, bytes->data());
+  const absl::string_view all(*bytes);
+  return Snapshot{std::move(bytes), all};
+}
+
+void WeightsPublisher::BeforeUpdate(const std::vector<float>& params) {
+  if (!previous_.empty()) {
+    std::memcpy(previous_.data(), params.data(), n_ * sizeof(float));
+    holds_previous_ = true;
+  }
+  published_ = nullptr;
+}
+
+void WeightsPublisher::Reset() {
+  holds_previous_ = false;
+  published_ = nullptr;
+}
+
+}  // namespace dp

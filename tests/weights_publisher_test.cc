@@ -1,0 +1,54 @@
+// WeightsPublisher: the snapshots a coordinator hands out, on their own.
+#include "server/weights_publisher.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+std::vector<float> Decoded(absl::string_view bytes) {
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  return v;
+}
+
+TEST(WeightsPublisherTest, EachVersionIsEncodedOnceAndAHeldSnapshotStays) {
+  WeightsPublisher w(3, Encoding::kF32, /*keep_previous=*/false);
+  std::vector<float> params = {1, 2, 3};
+  const WeightsPublisher::Snapshot first = w.Current(params);
+  EXPECT_EQ(Decoded(first.bytes), params);
+  EXPECT_EQ(w.Current(params).bytes.data(), first.bytes.data());
+  EXPECT_EQ(w.snapshots_made(), 1);
+  // An update while `first` is held (a response in flight): the next
+  // snapshot is made elsewhere, and the held one keeps its bytes.
+  w.BeforeUpdate(params);
+  params = {4, 5, 6};
+  const WeightsPublisher::Snapshot second = w.Current(params);
+  EXPECT_NE(second.bytes.data(), first.bytes.data());
+  EXPECT_EQ(Decoded(second.bytes), params);
+  EXPECT_EQ(Decoded(first.bytes), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(w.snapshots_made(), 2);
+  EXPECT_FALSE(w.holds_previous());  // not asked to keep it
+}
+
+TEST(WeightsPublisherTest, ShardedItHoldsTheVersionBeforeUntilAReset) {
+  WeightsPublisher w(2, Encoding::kF32, /*keep_previous=*/true);
+  std::vector<float> params = {7, 8};
+  EXPECT_FALSE(w.holds_previous());
+  w.BeforeUpdate(params);
+  params = {9, 10};
+  ASSERT_TRUE(w.holds_previous());
+  EXPECT_EQ(Decoded(w.Previous().bytes), (std::vector<float>{7, 8}));
+  EXPECT_EQ(Decoded(w.Current(params).bytes), params);
+  w.Reset();
+  EXPECT_FALSE(w.holds_previous());
+  params = {11, 12};  // set back: the snapshot is made anew
+  EXPECT_EQ(Decoded(w.Current(params).bytes), params);
+}
+
+}  // namespace
+}  // namespace dp
