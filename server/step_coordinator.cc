@@ -7,7 +7,6 @@
 #include <random>
 #include <utility>
 
-#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -53,6 +52,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
       config_(std::move(config)),
       state_(std::move(state)),
       generation_(RandomId()),
+      sums_(config_.schedule.num_micro_batches(), n_),
       weights_(n_, config_.weight_encoding, shard_.count > 1),
       started_(absl::Now()),
       stats_(config_.schedule.world_size, started_) {
@@ -67,7 +67,6 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   registered_.assign(world, false);
   worker_ids_.assign(world, "");
   told_.assign(world, false);
-  spare_ = FreeBufferLocked();
   received_.assign(world, false);
   plan_.assign(world, Block{});
   work_.assign(world, Block{});
@@ -116,30 +115,8 @@ void StepCoordinator::RunWakes(std::vector<Wake>& wakes) {
   for (Wake& w : wakes) w.done(w.status, w.step, w.work);
 }
 
-int StepCoordinator::FreeBufferLocked() {
-  if (!free_.empty()) {
-    const int b = free_.back();
-    free_.pop_back();
-    return b;
-  }
-  buffers_.emplace_back(n_);
-  return static_cast<int>(buffers_.size()) - 1;
-}
-
-void StepCoordinator::DropSumLocked(const Block& b) {
-  auto it = sums_.find(b);
-  if (it == sums_.end()) return;
-  free_.push_back(it->second.buffer);
-  sums_.erase(it);
-}
-
 bool StepCoordinator::CoveredLocked(const Block& b) const {
-  // The sums are disjoint: the one starting at or before b.first is the
-  // only one that can hold it.
-  auto it = sums_.upper_bound(Block{b.first, 0});
-  if (it == sums_.begin()) return false;
-  --it;
-  return it->first.Contains(b);
+  return sums_.Covered(b);
 }
 
 absl::Status StepCoordinator::RefusalLocked() const {
@@ -365,8 +342,8 @@ absl::StatusOr<StepCoordinator::Version> StepCoordinator::WithCurrentWeights(
 
 absl::Status StepCoordinator::ReadGradientLocked(
     int rank, int64_t step, int64_t offset, absl::string_view gradient,
-    Encoding encoding, const Block& block, bool counts, Block* top,
-    std::vector<Block>* folded) {
+    Encoding encoding, const Block& block, bool counts,
+    SumTree::Folding* folding) {
   if (encoding != config_.grad_encoding) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "gradient from rank %d is encoded as %s; this job uses %s", rank,
@@ -383,37 +360,16 @@ absl::Status StepCoordinator::ReadGradientLocked(
   // buffer, which becomes that node's sum when the push is accepted; one
   // that cannot count is read to scratch, only to be checked. A refused
   // push leaves no trace either way.
-  *top = block;
-  folded->clear();
-  float* copy;
-  int64_t bad;
-  if (counts) {
-    const int k = K();
-    while (top->count < k) {
-      const Block sibling = Sibling(k, *top);
-      if (sums_.find(sibling) == sums_.end()) break;
-      folded->push_back(sibling);
-      *top = Parent(k, *top);
-    }
-    copy = buffers_[spare_].data();
-    absl::InlinedVector<const float*, 8> kept;
-    for (size_t i = 1; i < folded->size(); ++i) {
-      kept.push_back(buffers_[sums_[(*folded)[i]].buffer].data());
-    }
-    const float* first =
-        folded->empty() ? nullptr : buffers_[sums_[(*folded)[0]].buffer].data();
-    bad = AddEncodedToRankSum(encoding, gradient.data(), n_, kMaxAbsGradient,
-                              first, kept, copy, &pool_);
-  } else {
-    retry_scratch_.resize(n_);
-    copy = retry_scratch_.data();
-    bad = DecodeChecked(encoding, gradient.data(), n_, kMaxAbsGradient, copy);
-  }
-  if (bad >= 0) {
+  const SumTree::BadValue bad =
+      counts ? sums_.Read(block, encoding, gradient, kMaxAbsGradient, &pool_,
+                          folding)
+             : sums_.Check(encoding, gradient, kMaxAbsGradient);
+  if (bad.index >= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "gradient from rank %d for step %d has a non-finite or out-of-range "
         "value (%g, limit %g) at index %d",
-        rank, step, copy[bad], kMaxAbsGradient, shard_.range.offset + bad));
+        rank, step, bad.value, kMaxAbsGradient,
+        shard_.range.offset + bad.index));
   }
   return absl::OkStatus();
 }
@@ -442,32 +398,17 @@ absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank, int64_t step,
 }
 
 StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
-    int rank, const Block& block, const Block& top,
-    const std::vector<Block>& folded, float loss) {
+    int rank, const Block& block, const SumTree::Folding& folding, float loss) {
   AfterPush after;
   Touch(rank);
   if (sums_.empty()) first_push_ = elastic_.clock();
-  // What the new sum replaces: the siblings added into it, and any sums
-  // inside the block (a block handed out again after parts of it came in;
-  // the same values).
-  float loss_sum = loss * static_cast<float>(block.count);
-  for (const Block& b : folded) {
-    loss_sum += sums_[b].loss;
-    DropSumLocked(b);
-  }
-  for (auto it = sums_.lower_bound(Block{block.first, block.count});
-       it != sums_.end() && block.Contains(it->first);) {
-    free_.push_back(it->second.buffer);
-    it = sums_.erase(it);
-  }
-  sums_[top] = Sum{spare_, loss_sum};
-  spare_ = FreeBufferLocked();
+  sums_.Accept(block, folding, loss);
   received_[rank] = true;
   stats_.Arrived(rank, absl::Now());
   if (work_[rank] == block || block.Contains(work_[rank])) {
     work_[rank] = Block{};
   }
-  if (top == Root(K())) {
+  if (sums_.complete()) {
     stats_.CompletedBy(rank);
     after.wakes = ApplyLocked();
     if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
@@ -500,12 +441,11 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     // checked first, before anything that depends on the step, so that a
     // bad gradient is INVALID_ARGUMENT whatever the state.
     const absl::StatusOr<bool> retry = IsRetryLocked(rank, step, block);
-    Block top;
-    std::vector<Block> folded;
+    SumTree::Folding folding;
     const absl::Time read_start = absl::Now();
     const absl::Status read =
         ReadGradientLocked(rank, step, offset, gradient, encoding, block,
-                           retry.ok() && !*retry, &top, &folded);
+                           retry.ok() && !*retry, &folding);
     stats_.AddRead(absl::Now() - read_start);
     RETURN_IF_ERROR(read);
     RETURN_IF_ERROR(retry.status());
@@ -518,7 +458,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
       return PushResult{state_.step, /*duplicate=*/true};
     }
     RETURN_IF_ERROR(CheckLoss(rank, step, loss));
-    after = AcceptPushLocked(rank, block, top, folded, loss);
+    after = AcceptPushLocked(rank, block, folding, loss);
     result.step = state_.step;
   }
   RunWakes(after.wakes);
@@ -531,14 +471,12 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
 std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   const absl::Time begin = absl::Now();
   const int k = K();
-  const Sum root = sums_[Root(k)];
   weights_.BeforeUpdate(state_.params);
   const absl::Time apply_start = absl::Now();
-  AdamStepOnSum(config_.adam, state_.step + 1, buffers_[root.buffer].data(), k,
-                n_, state_.params.data(), state_.m.data(), state_.v.data(),
-                &pool_);
+  AdamStepOnSum(config_.adam, state_.step + 1, sums_.root(), k, n_,
+                state_.params.data(), state_.m.data(), state_.v.data(), &pool_);
   if (update_observer_) update_observer_(absl::Now() - apply_start);
-  last_loss_ = root.loss / static_cast<float>(k);
+  last_loss_ = sums_.root_loss() / static_cast<float>(k);
   ++state_.step;
   stats_.Applied(state_.step, begin, absl::Now(), received_);
   // A rank that had a block and pushed nothing while others completed the
@@ -568,8 +506,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
 }
 
 void StepCoordinator::NewStepLocked() {
-  for (auto& [block, sum] : sums_) free_.push_back(sum.buffer);
-  sums_.clear();
+  sums_.Clear();
   received_.assign(received_.size(), false);
   backed_up_.clear();
   backups_this_step_ = 0;
@@ -1091,10 +1028,8 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   if (have_data_) o.data = data_;
   o.registered = registered_;
   o.received = received_;
-  for (const auto& [block, sum] : sums_) {
-    o.sums.emplace_back(block, buffers_[sum.buffer]);
-    o.losses.push_back(sum.loss);
-  }
+  o.sums = sums_.Sums();
+  o.losses = sums_.Losses();
   o.plan = plan_;
   o.work = work_;
   o.lost = lost_;

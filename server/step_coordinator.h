@@ -44,6 +44,7 @@
 #include "common/shard_plan.h"
 #include "server/adam.h"
 #include "server/step_stats.h"
+#include "server/sum_tree.h"
 #include "server/weights_publisher.h"
 
 namespace dp {
@@ -386,12 +387,6 @@ class StepCoordinator {
     int64_t step;
     WaitCallback done;
   };
-  // A block's sum that is in: one of buffers_, and the sum of its
-  // micro-batches' mean losses.
-  struct Sum {
-    int buffer = 0;
-    float loss = 0.0f;
-  };
   // A wait to finish once the lock is released.
   struct Wake {
     WaitCallback done;
@@ -449,13 +444,12 @@ class StepCoordinator {
   bool CoveredLocked(const Block& b) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The steps of Push. Checks the gradient's encoding, shape and values,
   // reading them once into private memory: for a push that can count, into
-  // the spare buffer, added as read to the sums in of its sibling and of
-  // the siblings up the tree (`*top`: the node the buffer then holds, and
-  // `*folded` the siblings in it); otherwise into scratch, only checked.
+  // the tree's spare buffer, folded as read with the sums that are in
+  // (SumTree::Read, *folding says where it goes); otherwise only checked.
   absl::Status ReadGradientLocked(int rank, int64_t step, int64_t offset,
                                   absl::string_view gradient, Encoding encoding,
-                                  const Block& block, bool counts, Block* top,
-                                  std::vector<Block>* folded)
+                                  const Block& block, bool counts,
+                                  SumTree::Folding* folding)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True for a push that does not count (a retry of the step just applied,
   // a block already in); an error for a push the step refuses (not
@@ -470,10 +464,10 @@ class StepCoordinator {
     uint64_t generation = 0;  // of the checkpoint's state
     TrainingState checkpoint;
   };
-  // Stores the sum ReadGradientLocked made as `top`'s, dropping the sums it
-  // holds; the root applies the update.
-  AfterPush AcceptPushLocked(int rank, const Block& block, const Block& top,
-                             const std::vector<Block>& folded, float loss)
+  // Makes the sum ReadGradientLocked read the tree's (SumTree::Accept); the
+  // root applies the update.
+  AfterPush AcceptPushLocked(int rank, const Block& block,
+                             const SumTree::Folding& folding, float loss)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error every request gets once the job failed or is shutting down.
   absl::Status RefusalLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -512,8 +506,6 @@ class StepCoordinator {
   std::vector<WaitCallback> TakeAllWaitersLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t TotalStepsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  int FreeBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropSumLocked(const Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ModelLayout layout_;
   const ShardSpec shard_;
@@ -529,14 +521,8 @@ class StepCoordinator {
   std::vector<std::string> worker_ids_ ABSL_GUARDED_BY(mu_);  // by rank
   std::vector<bool> told_ ABSL_GUARDED_BY(mu_);  // of the failure, by rank
   ElasticOptions elastic_ ABSL_GUARDED_BY(mu_);
-  // The step's sums that are in, by block (disjoint), in buffers_ (each n_
-  // floats, reused from step to step; free_ lists the unused ones).
-  std::map<Block, Sum> sums_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::vector<float>> buffers_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> free_ ABSL_GUARDED_BY(mu_);
-  int spare_ ABSL_GUARDED_BY(mu_) = 0;  // where the next push is read
-  // Where a push that cannot count is read to be checked.
-  std::vector<float> retry_scratch_ ABSL_GUARDED_BY(mu_);
+  // The step's sums that are in.
+  SumTree sums_ ABSL_GUARDED_BY(mu_);
   // By rank: pushed a block this step; its planned block; the block it is
   // to compute now (planned or handed to it); lost (silent past the lease
   // with a block the step needed); a straggler (its planned block of the
