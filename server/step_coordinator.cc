@@ -54,6 +54,7 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
       generation_(RandomId()),
       sums_(config_.schedule.num_micro_batches(), n_),
       weights_(n_, config_.weight_encoding, shard_.count > 1),
+      waits_(config_.schedule.world_size),
       started_(absl::Now()),
       stats_(config_.schedule.world_size, started_) {
   const int64_t n = n_;
@@ -79,7 +80,6 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   reported_missing_.assign(world, false);
   missing_since_.assign(world, started_);
   reported_unregistered_.assign(world, false);
-  waits_of_rank_.assign(world, 0);
 }
 
 StepCoordinator::~StepCoordinator() {
@@ -95,20 +95,6 @@ void StepCoordinator::SetElastic(const ElasticOptions& options) {
       !straggler_thread_.joinable()) {
     straggler_thread_ = std::thread([this] { WatchStragglers(); });
   }
-}
-
-std::vector<bool> StepCoordinator::WaitingLocked() const {
-  std::vector<bool> waiting(registered_.size(), false);
-  for (const auto& [id, w] : waiters_) waiting[w.rank] = true;
-  return waiting;
-}
-
-StepCoordinator::WaitCallback StepCoordinator::TakeWaitLocked(
-    std::map<int64_t, Waiter>::iterator& it) {
-  WaitCallback done = std::move(it->second.done);
-  --waits_of_rank_[it->second.rank];
-  it = waiters_.erase(it);
-  return done;
 }
 
 void StepCoordinator::RunWakes(std::vector<Wake>& wakes) {
@@ -177,7 +163,7 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
     absl::string_view worker_id, int preferred) {
   RETURN_IF_ERROR(RefusalLocked());
   const absl::Time now = absl::Now();
-  const std::vector<bool> waiting = WaitingLocked();
+  const std::vector<bool> waiting = waits_.Waiting();
   if (rank == kAnyRank) {
     const int world = static_cast<int>(registered_.size());
     for (int r = 0; r < world && rank == kAnyRank && !worker_id.empty(); ++r) {
@@ -482,7 +468,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   // A rank that had a block and pushed nothing while others completed the
   // step is a straggler: the next plan leaves it out, and it takes part
   // again once it waits for a step in time.
-  const std::vector<bool> waiting = WaitingLocked();
+  const std::vector<bool> waiting = waits_.Waiting();
   for (size_t r = 0; r < plan_.size(); ++r) {
     if (!plan_[r].empty() && !received_[r] && !waiting[r]) {
       straggler_[r] = true;
@@ -494,13 +480,9 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   for (const Block& b : plan_) last_plan_blocks_ += b.empty() ? 0 : 1;
   NewStepLocked();
   std::vector<Wake> ready;
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->second.step < state_.step) {
-      ready.push_back(
-          Wake{TakeWaitLocked(it), absl::OkStatus(), state_.step, {}});
-    } else {
-      ++it;
-    }
+  for (WaitQueue::Taken& t : waits_.TakeWhere(
+           [&](int, int64_t step) { return step < state_.step; })) {
+    ready.push_back(Wake{std::move(t.done), absl::OkStatus(), state_.step, {}});
   }
   return ready;
 }
@@ -614,19 +596,18 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
   // ranks that wait, oldest wait first. (The other shards plan too, to say
   // whom they wait for, but hand nothing out.)
   if (!elastic_.lead) return wakes;
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    const int rank = it->second.rank;
-    if (it->second.step != state_.step || lost_[rank]) {
-      ++it;
-      continue;
-    }
-    const Block work = NextWorkLocked(rank);
-    if (work.empty()) {
-      ++it;
-      continue;
-    }
-    wakes.push_back(
-        Wake{TakeWaitLocked(it), absl::OkStatus(), state_.step, work});
+  std::vector<Block> works;  // of the waits taken, in their order
+  std::vector<WaitQueue::Taken> taken =
+      waits_.TakeWhere([&](int rank, int64_t step) {
+        if (step != state_.step || lost_[rank]) return false;
+        const Block work = NextWorkLocked(rank);
+        if (work.empty()) return false;
+        works.push_back(work);
+        return true;
+      });
+  for (size_t i = 0; i < taken.size(); ++i) {
+    wakes.push_back(Wake{std::move(taken[i].done), absl::OkStatus(),
+                         state_.step, works[i]});
   }
   return wakes;
 }
@@ -637,10 +618,9 @@ absl::Time StepCoordinator::NextLateLocked() const {
       state_.step >= TotalStepsLocked()) {
     return absl::InfiniteFuture();
   }
-  bool idle = false;
-  for (const auto& [id, w] : waiters_) {
-    idle = idle || (w.step == state_.step && !lost_[w.rank]);
-  }
+  const bool idle = waits_.Any([&](int rank, int64_t step) {
+    return step == state_.step && !lost_[rank];
+  });
   if (!idle) return absl::InfiniteFuture();
   const absl::Duration first = first_push_ - step_start_;
   return step_start_ + std::max(elastic_.straggler_min_wait,
@@ -679,7 +659,7 @@ void StepCoordinator::WatchStragglers() {
 std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
   // The first late block: one a rank computes (planned or handed to it),
   // not in, not backed up yet, its rank not waiting.
-  const std::vector<bool> waiting = WaitingLocked();
+  const std::vector<bool> waiting = waits_.Waiting();
   Block late;
   for (size_t r = 0; r < work_.size() && late.empty(); ++r) {
     const Block b = work_[r];
@@ -695,27 +675,25 @@ std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
     return {};
   }
   // To the oldest idle wait.
-  for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
-    const int rank = it->second.rank;
-    if (it->second.step != state_.step || lost_[rank]) continue;
-    std::vector<Wake> wakes;
-    wakes.push_back(
-        Wake{TakeWaitLocked(it), absl::OkStatus(), state_.step, late});
-    work_[rank] = late;
-    backed_up_.push_back(late);
-    ++backups_this_step_;
-    ++stats_.counts().backups_handed;
-    return wakes;
-  }
-  return {};
+  std::optional<WaitQueue::Taken> idle =
+      waits_.TakeFirst([&](int rank, int64_t step) {
+        return step == state_.step && !lost_[rank];
+      });
+  if (!idle.has_value()) return {};
+  std::vector<Wake> wakes;
+  wakes.push_back(
+      Wake{std::move(idle->done), absl::OkStatus(), state_.step, late});
+  work_[idle->rank] = late;
+  backed_up_.push_back(late);
+  ++backups_this_step_;
+  ++stats_.counts().backups_handed;
+  return wakes;
 }
 
 std::vector<StepCoordinator::WaitCallback>
 StepCoordinator::TakeAllWaitersLocked() {
   std::vector<WaitCallback> all;
-  for (auto& [id, w] : waiters_) all.push_back(std::move(w.done));
-  waiters_.clear();
-  waits_of_rank_.assign(waits_of_rank_.size(), 0);
+  for (WaitQueue::Taken& t : waits_.TakeAll()) all.push_back(std::move(t.done));
   return all;
 }
 
@@ -762,26 +740,14 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
   if (const Block work = NextWorkLocked(rank); !work.empty()) {
     return WaitTicket{true, current, 0, work};
   }
-  if (waits_of_rank_[rank] >= kMaxWaitsPerRank) {
-    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
-      if (it->second.rank == rank) {  // the oldest: ids grow with time
-        *evicted = TakeWaitLocked(it);
-        break;
-      }
-    }
-  }
-  const int64_t id = next_wait_id_++;
-  waiters_.emplace(id, Waiter{rank, step, std::move(done)});
-  ++waits_of_rank_[rank];
+  const int64_t id =
+      waits_.Add(rank, step, std::move(done), kMaxWaitsPerRank, evicted);
   return WaitTicket{false, current, id, Block{}};
 }
 
 bool StepCoordinator::CancelWait(int64_t id) {
   absl::MutexLock lock(&mu_);
-  auto it = waiters_.find(id);
-  if (it == waiters_.end()) return false;
-  TakeWaitLocked(it);
-  return true;
+  return waits_.Cancel(id);
 }
 
 absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
@@ -858,7 +824,10 @@ void StepCoordinator::Fail(const absl::Status& reason) {
     if (!failed_.ok()) return;
     failed_ = reason;
     step = state_.step;
-    for (const auto& [id, w] : waiters_) told_[w.rank] = true;
+    const std::vector<bool> waiting = waits_.Waiting();
+    for (size_t r = 0; r < waiting.size(); ++r) {
+      if (waiting[r]) told_[r] = true;
+    }
     to_fail = TakeAllWaitersLocked();
   }
   for (WaitCallback& cb : to_fail) cb(reason, step, Block{});
@@ -942,7 +911,7 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeasesLocked(
   if (!elastic_.lead) return events;  // the leader's business
   if (have_data_ && state_.step >= TotalStepsLocked()) return events;
   const absl::Time now = absl::Now();
-  const std::vector<bool> waiting = WaitingLocked();
+  const std::vector<bool> waiting = waits_.Waiting();
   for (size_t r = 0; r < registered_.size(); ++r) {
     const absl::Duration silent = now - last_seen_[r];
     const int rank = static_cast<int>(r);
@@ -1037,7 +1006,7 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   o.sessions = sessions_;
   o.closed = closed_;
   o.last_seen = last_seen_;
-  for (const auto& [id, w] : waiters_) o.waiters.emplace_back(w.rank, w.step);
+  o.waiters = waits_.List();
   o.has_eval = has_eval_;
   o.final_eval = final_eval_;
   o.last_eval = last_eval_;

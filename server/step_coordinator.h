@@ -45,6 +45,7 @@
 #include "server/adam.h"
 #include "server/step_stats.h"
 #include "server/sum_tree.h"
+#include "server/wait_queue.h"
 #include "server/weights_publisher.h"
 
 namespace dp {
@@ -255,8 +256,7 @@ class StepCoordinator {
   // done(status, step, work): `work` non-empty means the step is not applied
   // and the rank is to compute that block of it (step is then the current
   // one); otherwise `step` was applied and the job is at `step`.
-  using WaitCallback =
-      std::function<void(const absl::Status&, int64_t step, Block work)>;
+  using WaitCallback = WaitQueue::Callback;
   struct WaitTicket {
     bool ready = false;  // `step` is already applied, or `work` is given:
                          // `done` is dropped
@@ -382,11 +382,6 @@ class StepCoordinator {
   ObservableState Observe() const;
 
  private:
-  struct Waiter {
-    int rank;
-    int64_t step;
-    WaitCallback done;
-  };
   // A wait to finish once the lock is released.
   struct Wake {
     WaitCallback done;
@@ -395,12 +390,6 @@ class StepCoordinator {
     Block work;
   };
   static void RunWakes(std::vector<Wake>& wakes);
-  // By rank: it has a wait pending.
-  std::vector<bool> WaitingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Removes the wait at `it` (which then points past it), returning its
-  // callback.
-  WaitCallback TakeWaitLocked(std::map<int64_t, Waiter>::iterator& it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registered and not lost.
   bool LiveLocked(size_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return registered_[rank] && !lost_[rank];
@@ -546,9 +535,7 @@ class StepCoordinator {
   // version before.
   WeightsPublisher weights_ ABSL_GUARDED_BY(mu_);
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
-  std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id = age
-  std::vector<int> waits_of_rank_ ABSL_GUARDED_BY(mu_);
-  int64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
+  WaitQueue waits_ ABSL_GUARDED_BY(mu_);
   bool has_eval_ ABSL_GUARDED_BY(mu_) = false;
   bool final_eval_ ABSL_GUARDED_BY(mu_) = false;
   EvalReport last_eval_ ABSL_GUARDED_BY(mu_);

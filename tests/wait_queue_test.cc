@@ -1,0 +1,71 @@
+// WaitQueue on its own: waits are taken out oldest first with their
+// callbacks, a rank's oldest wait gives way past its limit, and a
+// cancelled wait is gone without being ended.
+#include "server/wait_queue.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+// A callback that records its name when run.
+WaitQueue::Callback Named(std::vector<std::string>* ran, std::string name) {
+  return [ran, name](const absl::Status&, int64_t, Block) {
+    ran->push_back(name);
+  };
+}
+
+TEST(WaitQueueTest, WaitsAreTakenOutOldestFirstByWhatTheyWaitFor) {
+  std::vector<std::string> ran;
+  WaitQueue q(3);
+  WaitQueue::Callback none;
+  q.Add(2, 5, Named(&ran, "2@5"), 4, &none);
+  q.Add(0, 4, Named(&ran, "0@4"), 4, &none);
+  q.Add(1, 5, Named(&ran, "1@5"), 4, &none);
+  EXPECT_EQ(q.Waiting(), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(q.List(),
+            (std::vector<std::pair<int, int64_t>>{{2, 5}, {0, 4}, {1, 5}}));
+  EXPECT_TRUE(q.Any([](int, int64_t step) { return step == 4; }));
+  for (WaitQueue::Taken& t :
+       q.TakeWhere([](int, int64_t step) { return step == 5; })) {
+    t.done(absl::OkStatus(), t.step, Block{});
+  }
+  EXPECT_EQ(ran, (std::vector<std::string>{"2@5", "1@5"}));
+  EXPECT_EQ(q.Waiting(), (std::vector<bool>{true, false, false}));
+  EXPECT_FALSE(q.TakeFirst([](int rank, int64_t) { return rank == 1; }));
+  std::optional<WaitQueue::Taken> first =
+      q.TakeFirst([](int rank, int64_t) { return rank == 0; });
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->rank, 0);
+  EXPECT_EQ(first->step, 4);
+  EXPECT_TRUE(q.List().empty());
+}
+
+TEST(WaitQueueTest, ARanksOldestWaitGivesWayAndACancelledOneIsGone) {
+  std::vector<std::string> ran;
+  WaitQueue q(2);
+  WaitQueue::Callback evicted;
+  const int64_t a = q.Add(1, 7, Named(&ran, "a"), 2, &evicted);
+  q.Add(0, 7, Named(&ran, "other rank"), 2, &evicted);
+  const int64_t b = q.Add(1, 7, Named(&ran, "b"), 2, &evicted);
+  EXPECT_FALSE(evicted);
+  EXPECT_LT(a, b);
+  q.Add(1, 7, Named(&ran, "c"), 2, &evicted);
+  ASSERT_TRUE(evicted);  // rank 1 had 2: its oldest, a, goes
+  evicted(absl::AbortedError("evicted"), 7, Block{});
+  EXPECT_EQ(ran, (std::vector<std::string>{"a"}));
+  EXPECT_FALSE(q.Cancel(a));
+  EXPECT_TRUE(q.Cancel(b));
+  EXPECT_FALSE(q.Cancel(b));
+  std::vector<WaitQueue::Taken> all = q.TakeAll();
+  ASSERT_EQ(all.size(), 2u);
+  for (WaitQueue::Taken& t : all) t.done(absl::OkStatus(), 7, Block{});
+  EXPECT_EQ(ran, (std::vector<std::string>{"a", "other rank", "c"}));
+  EXPECT_EQ(q.Waiting(), (std::vector<bool>{false, false}));
+}
+
+}  // namespace
+}  // namespace dp
