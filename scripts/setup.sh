@@ -22,8 +22,12 @@ case "${1:-}" in
   *) echo "setup: unknown argument '$1' (usage: scripts/setup.sh [--train])" >&2; exit 2 ;;
 esac
 
+# GoogleTest is among the build packages: CMake configures the tests'
+# targets even when it builds only dp-ps and dp-worker. (The lines from
+# "# build" to "# data" are what deploy/tests/check-dockerfiles.js wants
+# in the images' build stages.)
 TRAIN_PACKAGES=(
-  # build (CMake configures the tests' targets too, hence GoogleTest)
+  # build
   cmake ninja-build g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
