@@ -42,7 +42,9 @@ fail() { say "FAIL: $*" >&2; exit 1; }
 [ -x "$probe" ] || fail "$probe missing: build the target health_probe"
 
 # ---------------------------------------------------------------- tools
-packages=(podman runc netavark aardvark-dns debootstrap curl python3-yaml)
+# iptables: netavark runs it to set up the containers' network (without it
+# the first container fails "netavark: No such file or directory").
+packages=(podman runc netavark aardvark-dns iptables debootstrap curl python3-yaml)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
@@ -55,7 +57,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install \
         -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
-command -v kubectl >/dev/null || fail "kubectl missing (scripts/setup.sh says where from)"
+command -v kubectl >/dev/null || fail "kubectl missing (the header of scripts/setup.sh says where from)"
 
 # ---------------------------------------------------------------- podman
 # A store of its own (a cache across runs) and a configuration of its own.

@@ -55,6 +55,12 @@ if $rusage && [ ! -x /usr/bin/time ]; then
   echo "launch: --rusage needs GNU time (/usr/bin/time, Debian package time)" >&2
   exit 2
 fi
+# stop_all signals GNU time's child with pkill: without it, time itself
+# would die, and its child run on with no account written.
+if $rusage && ! command -v pkill >/dev/null 2>&1; then
+  echo "launch: --rusage needs pkill (Debian package procps)" >&2
+  exit 2
+fi
 
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/dp-run-XXXXXX")
 pids=()

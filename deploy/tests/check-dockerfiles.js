@@ -205,7 +205,7 @@ function runChrooted(root, libraryPath, argv) {
 function setupBuildPackages() {
   const text = fs.readFileSync(path.join(REPO, "scripts/setup.sh"), "utf8");
   const m = /# build\n([\s\S]*?)\n\s*# data/.exec(text);
-  return m ? m[1].split(/\s+/).filter(Boolean) : [];
+  return m ? m[1].split(/\s+/).filter(Boolean) : null;
 }
 
 function cmakeSubdirectories() {
@@ -282,7 +282,10 @@ function checkCommon(name, buildDir, pods, target) {
   }
   if (build) {
     const have = new Set(aptPackages(build));
-    for (const p of setupBuildPackages()) {
+    const wanted = setupBuildPackages();
+    // Not found would check nothing: a failure, not a pass.
+    if (!wanted) context.push("scripts/setup.sh has no '# build' ... '# data' package lines");
+    for (const p of wanted || []) {
       if (!have.has(p)) context.push(`build stage lacks ${p} (scripts/setup.sh)`);
     }
   }
