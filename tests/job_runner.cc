@@ -122,9 +122,16 @@ JobResult RunJob(std::vector<std::string> ps_args, int workers,
     result.worker_exits.push_back(w->Wait(kJobTimeout).value_or(-1));
     if (result.worker_exits.back() != 0) ADD_FAILURE() << w->output();
   }
-  for (auto& p : ps) {
-    result.ps_exit =
-        std::max(result.ps_exit, p->Wait(kJobTimeout).value_or(-1));
+  bool failed = false;
+  for (int e : result.worker_exits) failed = failed || e != 0;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const int exit = ps[k]->Wait(kJobTimeout).value_or(-1);
+    result.ps_exit = std::max(result.ps_exit, exit);
+    // A failed worker's story often ends in a shard's log: print them all.
+    if (failed || exit != 0) {
+      ADD_FAILURE() << "shard " << k << " (exit " << exit << "):\n"
+                    << ps[k]->output();
+    }
   }
   result.ps_output = ps[0]->output();
   return result;
