@@ -332,6 +332,53 @@ absl::Status Trainer::Evaluate(int64_t finished) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::Step(absl::Time* computed, absl::Status* exchanged) {
+  Block block = weights_.block;
+  for (;;) {
+    Gradient gradient;
+    if (block.empty()) {
+      gradient.rank = rank_;
+      gradient.step = step_;
+      gradient.encoding = loaded_.grad_encoding;
+      gradient.idle = true;
+      *computed = absl::Now();
+      *exchanged = Exchange(gradient);
+    } else {
+      ASSIGN_OR_RETURN(gradient, Compute(block));
+      *computed = absl::Now();
+      // Weights read in place that changed under the computation
+      // (ABORTED) gave a gradient of no version: it is not pushed.
+      *exchanged = client_->CheckInPlaceWeights();
+      if (exchanged->ok()) *exchanged = Exchange(gradient);
+    }
+    if (!exchanged->ok() || !weights_.work_only) return absl::OkStatus();
+    if (weights_.step != step_) return absl::OkStatus();  // Run re-joins
+    block = weights_.block;
+    ++stats_.extra_blocks;
+  }
+}
+
+bool Trainer::NeedsRejoin(const absl::Status& exchanged) const {
+  // ABORTED: stale or future step; FAILED_PRECONDITION: dp-ps restarted
+  // and no longer knows this rank.
+  return exchanged.code() == absl::StatusCode::kAborted ||
+         exchanged.code() == absl::StatusCode::kFailedPrecondition ||
+         (exchanged.ok() && (weights_.work_only || weights_.step != step_ + 1));
+}
+
+void Trainer::LogSummary() const {
+  const double per_step = stats_.steps ? 1.0 / stats_.steps : 0.0;
+  Log("rank %d: finished at step %d: %d steps here (%d gradients), %.3f ms "
+      "compute + %.3f ms exchange per step, %.3f MB sent + %.3f MB received "
+      "per step, %d re-joins, %d barrier timeouts, %d blocks handed over",
+      rank_, step_, stats_.steps, stats_.gradients,
+      1e3 * stats_.compute_seconds * per_step,
+      1e3 * stats_.exchange_seconds * per_step,
+      1e-6 * stats_.bytes_sent * per_step,
+      1e-6 * stats_.bytes_received * per_step, stats_.resyncs,
+      stats_.wait_timeouts, stats_.extra_blocks);
+}
+
 absl::Status Trainer::Run() {
   RETURN_IF_ERROR(Load());
   RETURN_IF_ERROR(Join());
@@ -350,41 +397,12 @@ absl::Status Trainer::Run() {
     const absl::Time start = absl::Now();
     absl::Time computed = start;
     absl::Status exchanged;
-    // The step's blocks: this rank's own, then whatever dp-ps hands it
-    // while the step runs (a lost or late rank's), until it is applied.
-    Block block = weights_.block;
-    for (;;) {
-      Gradient gradient;
-      if (block.empty()) {
-        gradient.rank = rank_;
-        gradient.step = step_;
-        gradient.encoding = loaded_.grad_encoding;
-        gradient.idle = true;
-        computed = absl::Now();
-        exchanged = Exchange(gradient);
-      } else {
-        ASSIGN_OR_RETURN(gradient, Compute(block));
-        computed = absl::Now();
-        // Weights read in place that changed under the computation
-        // (ABORTED) gave a gradient of no version: it is not pushed.
-        exchanged = client_->CheckInPlaceWeights();
-        if (exchanged.ok()) exchanged = Exchange(gradient);
-      }
-      if (!exchanged.ok() || !weights_.work_only) break;
-      if (weights_.step != step_) break;  // handled below: re-join
-      block = weights_.block;
-      ++stats_.extra_blocks;
-    }
+    RETURN_IF_ERROR(Step(&computed, &exchanged));
     // dp-ps ended the job: nothing to re-join or retry.
     if (IsJobFailed(exchanged)) return exchanged;
-    // ABORTED: stale or future step; FAILED_PRECONDITION: dp-ps restarted
-    // and no longer knows this rank. Both: join again, adopting the job's
-    // plan and step as they are now. A registration refused for good ends
-    // the loop.
-    if (exchanged.code() == absl::StatusCode::kAborted ||
-        exchanged.code() == absl::StatusCode::kFailedPrecondition ||
-        (exchanged.ok() &&
-         (weights_.work_only || weights_.step != step_ + 1))) {
+    // Join again, adopting the job's plan and step as they are now. A
+    // registration refused for good ends the loop.
+    if (NeedsRejoin(exchanged)) {
       Log("rank %d: re-joining at step %d: %s", rank, step_,
           exchanged.ok() ? "unexpected version" : exchanged.message());
       if (++resyncs_in_a_row > kMaxResyncsInARow) {
@@ -415,16 +433,7 @@ absl::Status Trainer::Run() {
   if (rank_ == 0 && !evaluated_final_ && total_ > 0 && step_ == total_) {
     RETURN_IF_ERROR(Evaluate(total_ - 1));
   }
-  const double per_step = stats_.steps ? 1.0 / stats_.steps : 0.0;
-  Log("rank %d: finished at step %d: %d steps here (%d gradients), %.3f ms "
-      "compute + %.3f ms exchange per step, %.3f MB sent + %.3f MB received "
-      "per step, %d re-joins, %d barrier timeouts, %d blocks handed over",
-      rank_, step_, stats_.steps, stats_.gradients,
-      1e3 * stats_.compute_seconds * per_step,
-      1e3 * stats_.exchange_seconds * per_step,
-      1e-6 * stats_.bytes_sent * per_step,
-      1e-6 * stats_.bytes_received * per_step, stats_.resyncs,
-      stats_.wait_timeouts, stats_.extra_blocks);
+  LogSummary();
   return absl::OkStatus();
 }
 

@@ -88,9 +88,17 @@ class Trainer {
   // A barrier wait that outlasts its deadline is reported and waited again
   // with the same bytes: a block is never computed twice.
   absl::Status Exchange(const Gradient& gradient);
-  // Computes and exchanges the blocks of step_ dp-ps hands this rank until
-  // the step is applied: weights_ then holds the next version.
-  absl::Status Step();
+  // Computes and exchanges the blocks of step_ dp-ps hands this rank (its
+  // own, then any handed to it while the step runs) until the step is
+  // applied: weights_ then holds the next version. *exchanged is the last
+  // exchange's outcome, *computed when the last computation ended; an
+  // error is returned only when a computation itself fails.
+  absl::Status Step(absl::Time* computed, absl::Status* exchanged);
+  // After Step: the job moved on without this rank (a stale or future step,
+  // an unexpected version) or dp-ps no longer knows it, so it joins again.
+  bool NeedsRejoin(const absl::Status& exchanged) const;
+  // The end line: steps, gradients, time and bytes per step.
+  void LogSummary() const;
   // Rank 0: the test set on the weights after `finished`, reported to dp-ps.
   absl::Status Evaluate(int64_t finished);
   // Whom step_ waits for, from every shard's status ("?" when they cannot
