@@ -52,6 +52,17 @@ ServerMetrics::ServerMetrics(int world_size, int shard, int min_workers,
   for (int r = 0; r < world_size_; ++r) {
     last_seen_[r].store(std::numeric_limits<int64_t>::min());
   }
+  AddProgressMetrics();
+  AddWorkerMetrics(min_workers);
+  AddFailureMetrics();
+  AddStepMetrics();
+  AddElasticityMetrics();
+  AddRejectionMetrics();
+  AddEvaluationMetrics();
+}
+
+// The job's progress: steps, epochs, the training loss.
+void ServerMetrics::AddProgressMetrics() {
   loss_ = &NewLossFamily();
   step_ = &NewGauge("dp_training_step",
                     "Updates applied so far, i.e. the version of the weights.");
@@ -61,6 +72,10 @@ ServerMetrics::ServerMetrics(int world_size, int shard, int min_workers,
   epoch_ =
       &NewGauge("dp_training_epoch",
                 "1-based epoch of the step being trained (0 until known).");
+}
+
+// The workers the job needs and those it sees.
+void ServerMetrics::AddWorkerMetrics(int min_workers) {
   expected_workers_ =
       &NewGauge("dp_ps_expected_workers", "Workers the job needs (--workers).");
   min_workers_ = &NewGauge(
@@ -74,6 +89,10 @@ ServerMetrics::ServerMetrics(int world_size, int shard, int min_workers,
                                 absl::FormatDuration(active_window_)));
   expected_workers_->Set(world_size_);
   min_workers_->Set(std::max(min_workers, 1));
+}
+
+// A failed job and the checkpoints a restart would resume from.
+void ServerMetrics::AddFailureMetrics() {
   failed_ = &NewGauge(
       "dp_training_failed",
       "1 once the job failed (a rank lost with --on_worker_loss=fail): "
@@ -90,10 +109,15 @@ ServerMetrics::ServerMetrics(int world_size, int shard, int min_workers,
       "dp_ps_checkpoint_write_failures_total",
       "Checkpoint writes that failed (disk full, read-only, file too "
       "large); training goes on from the last good checkpoint.");
+}
+
+// Where a step's time goes: the update and each rank's wait.
+void ServerMetrics::AddStepMetrics() {
   update_seconds_ =
       &NewSeconds("dp_ps_update_duration_seconds",
-                  "Time dp-ps takes to apply one update (rank-ordered "
-                  "average of the gradients plus the Adam step).");
+                  "Time dp-ps takes to apply one update (the step's "
+                  "tree sum over its micro-batches, divided by their count, "
+                  "plus the Adam step).");
   auto& barrier = NewSecondsFamily(
       "dp_ps_barrier_wait_duration_seconds",
       "Per rank, from its arrival at the barrier (its push, for PushPull) "
@@ -102,6 +126,10 @@ ServerMetrics::ServerMetrics(int world_size, int shard, int min_workers,
     barrier_wait_.push_back(
         &barrier.Add({{"rank", absl::StrCat(r)}}, SecondsBuckets()));
   }
+}
+
+// Elastic training: the live ranks, the plan, blocks handed on.
+void ServerMetrics::AddElasticityMetrics() {
   live_workers_ = &NewGauge(
       "dp_ps_live_workers",
       "Ranks registered and not lost: those the step's blocks are split "
@@ -134,6 +162,9 @@ ServerMetrics::ServerMetrics(int world_size, int shard, int min_workers,
       "dp_ps_duplicate_pushes_total",
       "Pushes of a block already in, while its step was open: copies "
       "computed after the first.");
+}
+
+void ServerMetrics::AddRejectionMetrics() {
   auto& rejected = NewCounterFamily(
       "dp_ps_rejected_requests_total",
       "Requests dp-ps refused, by status code (reason); a client cancelling "
@@ -144,6 +175,10 @@ ServerMetrics::ServerMetrics(int world_size, int shard, int min_workers,
     if (code == absl::StatusCode::kCancelled) continue;
     rejected_[c] = &rejected.Add({{"reason", ReasonOf(code)}});
   }
+}
+
+// Rank 0's evaluations of the weights.
+void ServerMetrics::AddEvaluationMetrics() {
   test_accuracy_ = &NewGaugeFamily(
       "dp_test_accuracy",
       "Fraction of the test set classified correctly by the latest evaluated "

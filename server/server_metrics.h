@@ -93,6 +93,14 @@ class ServerMetrics final : public Metrics {
   int ActiveWorkers() const;
 
  private:
+  // The metric families, in groups, in the order /metrics lists them.
+  void AddProgressMetrics();
+  void AddWorkerMetrics(int min_workers);
+  void AddFailureMetrics();
+  void AddStepMetrics();
+  void AddElasticityMetrics();
+  void AddRejectionMetrics();
+  void AddEvaluationMetrics();
   void BeforeScrape() override;
 
   const int world_size_;

@@ -3,7 +3,7 @@
 // and one gradient slot per registration of a rank, that only the process
 // that registered can write. gRPC stays the control plane: a push or pull
 // says "in shared memory" instead of carrying the tensor, and everything
-// else about it - the checks, the rank-ordered average, the status codes -
+// else about it - the checks, the tree sum, the status codes -
 // is the same.
 #ifndef DP_SERVER_SHARED_PLANE_H_
 #define DP_SERVER_SHARED_PLANE_H_

@@ -1,4 +1,5 @@
-// Synchronous step protocol: push, rank-ordered average, Adam, publish.
+// Synchronous step protocol: pushes summed in the micro-batch tree, Adam,
+// publish.
 #include "server/step_coordinator.h"
 
 #include <algorithm>
