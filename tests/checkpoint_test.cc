@@ -14,6 +14,7 @@
 
 #include "common/file_util.h"
 #include "gtest/gtest.h"
+#include "tests/same_state.h"
 #include "tests/subprocess.h"
 
 namespace dp {
@@ -32,15 +33,6 @@ Checkpoint Make(int64_t step) {
   c.state.m.assign(kLayout.num_params(), 0.25f * step);
   c.state.v.assign(kLayout.num_params(), 0.5f * step);
   return c;
-}
-
-bool SameState(const TrainingState &a, const TrainingState &b) {
-  auto eq = [](const std::vector<float> &x, const std::vector<float> &y) {
-    return x.size() == y.size() &&
-           std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-  };
-  return a.step == b.step && eq(a.params, b.params) && eq(a.m, b.m) &&
-         eq(a.v, b.v);
 }
 
 TEST(CheckpointTest, RoundTripIsBitExact) {
@@ -105,7 +97,7 @@ TEST(CheckpointStoreTest, OnlyTheNewestKAreKept) {
   store.Flush();
   ASSERT_TRUE(store.Write(Make(60)).ok());
   std::vector<std::string> names;
-  for (const auto &e : std::filesystem::directory_iterator(dir.path())) {
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
     names.push_back(e.path().filename());
   }
   std::sort(names.begin(), names.end());
@@ -115,7 +107,7 @@ TEST(CheckpointStoreTest, OnlyTheNewestKAreKept) {
 }
 
 // The steps of the checkpoint files in `dir`, oldest first.
-std::vector<int64_t> StepsOnDisk(const std::string &dir) {
+std::vector<int64_t> StepsOnDisk(const std::string& dir) {
   CheckpointStore reopened(dir, kLayout, 100);
   EXPECT_TRUE(reopened.Open().ok());
   return reopened.RestorableSteps();
@@ -278,9 +270,9 @@ TEST(CheckpointStoreTest, NewestStepIsTheCheckpointARestartWouldResumeFrom) {
 
 // Names left in `dir` that are not checkpoints: a write that collided with
 // another leaves its temporary file behind.
-std::vector<std::string> Strays(const std::string &dir) {
+std::vector<std::string> Strays(const std::string& dir) {
   std::vector<std::string> strays;
-  for (const auto &e : std::filesystem::directory_iterator(dir)) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const std::string name = e.path().filename();
     if (name.rfind("ckpt-", 0) != 0 || name.find(".tmp") != std::string::npos) {
       strays.push_back(name);
@@ -310,10 +302,10 @@ TEST(CheckpointStoreTest, ConcurrentWritesOfOneStepAllSucceed) {
       }
     });
   }
-  for (std::thread &t : threads) t.join();
+  for (std::thread& t : threads) t.join();
   store.Flush();
   int failed = 0;
-  for (const auto &e : errors) {
+  for (const auto& e : errors) {
     failed += e.size();
     if (!e.empty()) ADD_FAILURE() << "first error: " << e.front();
   }
@@ -344,7 +336,7 @@ TEST(FileUtilTest, ConcurrentAtomicWritesOfOnePathAllSucceed) {
       }
     });
   }
-  for (std::thread &t : threads) t.join();
+  for (std::thread& t : threads) t.join();
   EXPECT_EQ(failed.load(), 0);
   auto back = ReadFile(path);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -352,7 +344,7 @@ TEST(FileUtilTest, ConcurrentAtomicWritesOfOnePathAllSucceed) {
               std::end(contents))
       << "a mix of " << back->size() << " bytes";
   int files = 0;
-  for (const auto &e : std::filesystem::directory_iterator(dir.path())) {
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
     ++files;
     (void)e;
   }

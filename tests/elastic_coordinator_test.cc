@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "server/step_coordinator.h"
+#include "tests/same_state.h"
 
 namespace dp {
 namespace {
@@ -176,15 +177,6 @@ std::string HandRoot(int k, int step) {
 absl::Status PushBlock(StepCoordinator& c, int rank, int step, Block b) {
   return c.Push(rank, step, 0, BlockSum(b, step), 1.0f, Encoding::kF32, b)
       .status();
-}
-
-bool SameState(const TrainingState& a, const TrainingState& b) {
-  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() &&
-           std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-  };
-  return a.step == b.step && same(a.params, b.params) && same(a.m, b.m) &&
-         same(a.v, b.v);
 }
 
 // Two steps of 4 micro-batches computed as 4 leaves, as 2 blocks, as the

@@ -13,6 +13,7 @@
 #include "common/grpc_server.h"
 #include "gtest/gtest.h"
 #include "tests/in_process_ps.h"
+#include "tests/same_state.h"
 #include "worker/ps_group.h"
 
 namespace dp {
@@ -83,15 +84,6 @@ class PsServiceTest : public ::testing::Test {
     return stub_->Barrier(&ctx, req, resp);
   }
 
-  static bool Same(const TrainingState& a, const TrainingState& b) {
-    auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
-      return x.size() == y.size() &&
-             std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-    };
-    return a.step == b.step && eq(a.params, b.params) && eq(a.m, b.m) &&
-           eq(a.v, b.v);
-  }
-
   const ModelLayout layout_ = ModelLayout::SimpleNet();
   std::unique_ptr<InProcessPs> ps_;
   StepCoordinator* coordinator_ = nullptr;
@@ -146,7 +138,7 @@ TEST_F(PsServiceTest, BadRequestsGetDesignStatusCodesAndChangeNothing) {
   }
   ASSERT_TRUE(Push(0, 2, Gradient(0, 2)).ok());
   const StepCoordinator::ObservableState before = coordinator_->Observe();
-  EXPECT_FALSE(Same(initial, before.training));
+  EXPECT_FALSE(SameState(initial, before.training));
   ASSERT_EQ(before.training.step, 2);
 
   std::vector<float> nan = Gradient(1, 2), inf = Gradient(1, 2);
@@ -215,7 +207,7 @@ TEST_F(PsServiceTest, BadRequestsGetDesignStatusCodesAndChangeNothing) {
   ASSERT_TRUE(Push(1, 2, ok, &retry).ok());
   EXPECT_TRUE(retry.duplicate());
   EXPECT_EQ(retry.step(), 3);
-  EXPECT_TRUE(Same(after, coordinator_->Snapshot()));
+  EXPECT_TRUE(SameState(after, coordinator_->Snapshot()));
 }
 
 // A worker attends (Attend) with its registration's session until it goes:

@@ -16,6 +16,7 @@
 #include "common/grpc_server.h"
 #include "gtest/gtest.h"
 #include "server/ps_service.h"
+#include "tests/same_state.h"
 #include "tests/test_certs.h"
 
 namespace dp {
@@ -27,15 +28,6 @@ const ModelLayout& Layout() {
   static const ModelLayout* layout =
       new ModelLayout(ModelLayout::Mlp({8, 4, 3}));
   return *layout;
-}
-
-bool Same(const TrainingState& a, const TrainingState& b) {
-  auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() &&
-           std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-  };
-  return a.step == b.step && eq(a.params, b.params) && eq(a.m, b.m) &&
-         eq(a.v, b.v);
 }
 
 void WriteTextFile(const std::string& path, const std::string& text,
@@ -82,7 +74,7 @@ class Server {
   StepCoordinator& coordinator() { return *coordinator_; }
   // Nothing a client did changed the state or registered a rank.
   bool Untouched() const {
-    return Same(initial_, coordinator_->Snapshot()) &&
+    return SameState(initial_, coordinator_->Snapshot()) &&
            coordinator_->Status().registered_ranks.empty();
   }
 

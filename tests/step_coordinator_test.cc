@@ -14,6 +14,7 @@
 #include "common/job_failure.h"
 #include "gtest/gtest.h"
 #include "server/adam.h"
+#include "tests/same_state.h"
 
 namespace dp {
 namespace {
@@ -57,16 +58,6 @@ std::vector<float> Gradient(const ModelLayout& l, int rank, int step) {
   return g;
 }
 
-bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-bool SameState(const TrainingState& a, const TrainingState& b) {
-  return a.step == b.step && SameBytes(a.params, b.params) &&
-         SameBytes(a.m, b.m) && SameBytes(a.v, b.v);
-}
-
 // The float32 values of pulled weights.
 std::vector<float> Values(const StepCoordinator::PulledWeights& w) {
   std::vector<float> out(w.bytes.size() / BytesPerValue(w.encoding));
@@ -84,21 +75,21 @@ TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
       << "one copy serves every rank";
   EXPECT_EQ(first->encoding, Encoding::kF32);
   const std::vector<float> before = Values(*first);
-  EXPECT_TRUE(SameBytes(before, c->Snapshot().params));
+  EXPECT_TRUE(SameBits(before, c->Snapshot().params));
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(c->Push(r, 0, 0, Bytes(Gradient(l, r, 0)), 1.0f).ok());
   }
   // A response still being sent keeps the weights it was given.
-  EXPECT_TRUE(SameBytes(before, Values(*first)));
+  EXPECT_TRUE(SameBits(before, Values(*first)));
   auto next = c->Pull(0, 2, 3);
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(next->step, 1);
   EXPECT_NE(next->lease.get(), first->lease.get())
       << "a held snapshot is not reused";
   const std::vector<float> now = c->Snapshot().params;
-  EXPECT_FALSE(SameBytes(before, now));
-  EXPECT_TRUE(SameBytes(Values(*next),
-                        std::vector<float>(now.begin() + 2, now.begin() + 5)));
+  EXPECT_FALSE(SameBits(before, now));
+  EXPECT_TRUE(SameBits(Values(*next),
+                       std::vector<float>(now.begin() + 2, now.begin() + 5)));
   // Released snapshots are reused: serving many steps allocates no more.
   const void* held = next->lease.get();
   first = again = next = absl::InternalError("released");
@@ -154,7 +145,7 @@ TEST(StepCoordinatorTest, CurrentWeightsAreHandedOutWithoutASnapshot) {
       ASSERT_TRUE(step_now.ok()) << step_now.status();
       EXPECT_EQ(step_now->step, step + 1);
       EXPECT_EQ(seen_step, step + 1);
-      EXPECT_TRUE(SameBytes(seen, c->Snapshot().params));
+      EXPECT_TRUE(SameBits(seen, c->Snapshot().params));
     }
   }
   EXPECT_EQ(c->Status().snapshots, 0);
@@ -193,7 +184,7 @@ TEST(StepCoordinatorTest, Bf16WeightsAreTheFloat32WeightsRounded) {
   std::string expected(4 * 2, '\0');
   Encode(Encoding::kBf16, kept.data() + 1, 4, expected.data());
   EXPECT_EQ(std::string(w->bytes), expected);
-  EXPECT_FALSE(SameBytes(
+  EXPECT_FALSE(SameBits(
       Values(*w), std::vector<float>(kept.begin() + 1, kept.begin() + 5)));
 }
 
@@ -237,9 +228,9 @@ TEST(StepCoordinatorTest, SumsAreAddedUpTheTreeAsSoonAsTheirSiblingsAreIn) {
   EXPECT_EQ(SumBlocks(c->Observe()), (std::vector<Block>{{2, 1}}));
   ASSERT_TRUE(c->Push(0, 0, 0, Bytes(Gradient(l, 0, 0)), 1.0f).ok());
   EXPECT_EQ(SumBlocks(c->Observe()), (std::vector<Block>{{0, 1}, {2, 1}}));
-  EXPECT_TRUE(SameBytes(c->Observe().sums[0].second, Gradient(l, 0, 0)));
+  EXPECT_TRUE(SameBits(c->Observe().sums[0].second, Gradient(l, 0, 0)));
   EXPECT_EQ(c->Push(0, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f)->duplicate, true);
-  EXPECT_TRUE(SameBytes(c->Observe().sums[0].second, Gradient(l, 0, 0)))
+  EXPECT_TRUE(SameBits(c->Observe().sums[0].second, Gradient(l, 0, 0)))
       << "a retry changed the sum";
   ASSERT_TRUE(c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f).ok());
   EXPECT_TRUE(c->Observe().sums.empty()) << "the step is applied: a new sum";
@@ -257,7 +248,7 @@ TEST(StepCoordinatorTest, StepIsAppliedOnlyWhenAllRanksPushed) {
   auto last = c->Push(1, 0, 0, Bytes(Gradient(l, 1, 0)), 1.0f);
   ASSERT_TRUE(last.ok());
   EXPECT_EQ(last->step, 1);
-  EXPECT_FALSE(SameBytes(before.params, c->Snapshot().params));
+  EXPECT_FALSE(SameBits(before.params, c->Snapshot().params));
 }
 
 TEST(StepCoordinatorTest, DuplicatePushIsAcknowledgedAndCountedOnce) {
@@ -662,13 +653,13 @@ TEST(StepCoordinatorTest, SumsWaitForTheirSiblingsAndAreAddedWithThem) {
   ASSERT_TRUE(c->Push(2, 0, 0, Wire(e, Gradient(l, 2, 0)), 1.0f, e).ok());
   auto o = c->Observe();
   ASSERT_EQ(SumBlocks(o), (std::vector<Block>{{2, 1}}));
-  EXPECT_TRUE(SameBytes(o.sums[0].second, read[2]));
+  EXPECT_TRUE(SameBits(o.sums[0].second, read[2]));
   ASSERT_TRUE(c->Push(0, 0, 0, Wire(e, Gradient(l, 0, 0)), 1.0f, e).ok());
   o = c->Observe();
   ASSERT_EQ(SumBlocks(o), (std::vector<Block>{{0, 1}, {2, 1}}))
       << "micro-batch 0 waits for 1";
-  EXPECT_TRUE(SameBytes(o.sums[0].second, read[0]));
-  EXPECT_TRUE(SameBytes(o.sums[1].second, read[2]));
+  EXPECT_TRUE(SameBits(o.sums[0].second, read[0]));
+  EXPECT_TRUE(SameBits(o.sums[1].second, read[2]));
   // Micro-batch 1 makes [0,2) and the root, and the step is applied: the
   // same state as the sum made one push at a time.
   auto reference = MakeCoordinator(l, e, 1);
@@ -802,9 +793,9 @@ TEST(ShardedCoordinatorTest, ShardsComputeTheWholeVectorsUpdateToTheBit) {
     m.insert(m.end(), t.m.begin(), t.m.end());
     v.insert(v.end(), t.v.begin(), t.v.end());
   }
-  EXPECT_TRUE(SameBytes(params, w.params));
-  EXPECT_TRUE(SameBytes(m, w.m));
-  EXPECT_TRUE(SameBytes(v, w.v));
+  EXPECT_TRUE(SameBits(params, w.params));
+  EXPECT_TRUE(SameBits(m, w.m));
+  EXPECT_TRUE(SameBits(v, w.v));
 }
 
 TEST(ShardedCoordinatorTest, RangesOutsideTheShardAreRefusedChangingNothing) {
@@ -873,11 +864,11 @@ TEST(ShardedCoordinatorTest, TheVersionBeforeIsServedAfterAnUpdate) {
   auto old = c.Pull(0, range.offset, 0, int64_t{0});
   ASSERT_TRUE(old.ok()) << old.status();
   EXPECT_EQ(old->step, 0);
-  EXPECT_TRUE(SameBytes(Values(*old), v0));
+  EXPECT_TRUE(SameBits(Values(*old), v0));
   auto now = c.Pull(0, range.offset, 0, int64_t{1});
   ASSERT_TRUE(now.ok());
   EXPECT_EQ(now->step, 1);
-  EXPECT_FALSE(SameBytes(Values(*now), v0));
+  EXPECT_FALSE(SameBits(Values(*now), v0));
   EXPECT_EQ(c.Pull(0, range.offset, 0, int64_t{2}).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }

@@ -49,6 +49,7 @@
 #include "server/ps_service.h"
 #include "server/request_validator.h"
 #include "server/step_coordinator.h"
+#include "tests/same_state.h"
 
 namespace dp {
 namespace {
@@ -84,16 +85,6 @@ const ModelLayout& Layout() {
       std::abort();                                          \
     }                                                        \
   } while (0)
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-bool SameState(const TrainingState& a, const TrainingState& b) {
-  return a.step == b.step && SameBits(a.params, b.params) &&
-         SameBits(a.m, b.m) && SameBits(a.v, b.v);
-}
 
 bool AllFinite(const std::vector<float>& x) {
   for (float f : x) {
