@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -63,6 +64,18 @@ int64_t RandomStep(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return s;
 }
 
+// dp-ps's status once its step waits for rank 1's block alone (the others'
+// are in), or nullopt after a minute.
+std::optional<dp::v1::GetStatusResponse> WaitUntilOnlyRankOneIsWaitedFor(
+    int port) {
+  return WaitForStatus(
+      port,
+      [](const dp::v1::GetStatusResponse& s) {
+        return s.waits_for_size() == 1 && s.waits_for(0) == 1;
+      },
+      absl::Minutes(1));
+}
+
 // With --on_worker_loss=wait and no backups the step waits for the killed
 // rank, whose restart joins at that step (elastic_job_test.cc has the job
 // going on without it).
@@ -84,12 +97,7 @@ TEST(FaultTest, KilledWorkerRestartedGivesByteIdenticalModel) {
   // A push of the killed rank may still count after the kill, so the step
   // read at once can still move: the step the job waits at is the one
   // whose only missing block is rank 1's.
-  const auto waiting = WaitForStatus(
-      port,
-      [](const dp::v1::GetStatusResponse& s) {
-        return s.waits_for_size() == 1 && s.waits_for(0) == 1;
-      },
-      absl::Minutes(1));
+  const auto waiting = WaitUntilOnlyRankOneIsWaitedFor(port);
   ASSERT_TRUE(waiting.has_value()) << ps->output();
   const int64_t killed_at = waiting->step();
   w1 = StartWorker(port, 1);
@@ -270,12 +278,7 @@ TEST(FaultTest, AWorkerWaitingWhenDpPsDiesExitsUnreachableAfterRetryFor) {
   ASSERT_TRUE(WaitForStep(port, 10, absl::Minutes(2)));
   w1->Signal(SIGSTOP);
   // Rank 0 waits for rank 1's block.
-  ASSERT_TRUE(WaitForStatus(
-      port,
-      [](const dp::v1::GetStatusResponse& s) {
-        return s.waits_for_size() == 1 && s.waits_for(0) == 1;
-      },
-      absl::Minutes(1)));
+  ASSERT_TRUE(WaitUntilOnlyRankOneIsWaitedFor(port).has_value());
   ps->Signal(SIGKILL);
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 128 + SIGKILL);
   EXPECT_EQ(w0->Wait(absl::Minutes(2)), kExitPsUnreachable) << w0->output();
