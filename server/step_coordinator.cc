@@ -133,8 +133,7 @@ bool StepCoordinator::AwaitFailureTold(absl::Duration timeout) const {
 
 void StepCoordinator::Touch(int rank) {
   last_seen_[rank] = absl::Now();
-  lost_[rank] = false;
-  closed_[rank] = false;
+  if (!closed_[rank]) lost_[rank] = false;
 }
 
 absl::Status StepCoordinator::CheckRank(const char* rpc, int rank) const {
@@ -232,6 +231,7 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
   registered_[rank] = true;
   worker_ids_[rank] = std::string(worker_id);
   sessions_[rank] = RandomId();
+  closed_[rank] = false;  // the new session's connection is open
   Touch(rank);
   return Registration{config_, state_.step, rank, sessions_[rank]};
 }

@@ -422,7 +422,10 @@ class StepCoordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records that `rank` is alive. Only an accepted call renews the lease: a
   // rank whose every request is refused is not taking part, and must be
-  // reported missing. A lost rank is live again.
+  // reported missing. A rank lost to silence is live again; one whose
+  // connection closed stays lost until it registers again: a call handled
+  // after the close may be the dead process's last (a push read from shared
+  // memory), no sign of life.
   void Touch(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRank(const char* rpc, int rank) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -465,6 +465,42 @@ TEST(ElasticCoordinatorTest, AClosedConnectionHandsTheBlockOnAtOnce) {
   EXPECT_EQ(events[0].kind, StepCoordinator::LeaseEvent::kBack);
 }
 
+// A call of a killed process that dp-ps handles after its connection
+// closed (a push it had sent, read from shared memory after the close) is
+// no sign of life: the rank stays missing, and in the failing policy the
+// job still hears of the loss. Only a new registration brings it back.
+TEST(ElasticCoordinatorTest, ACallHandledAfterTheConnectionClosedRevivesNoOne) {
+  for (const bool reassign : {true, false}) {
+    SCOPED_TRACE(reassign ? "reassign" : "wait or fail");
+    ElasticOptions elastic = Instant();
+    elastic.reassign = reassign;
+    auto c = Make(Job(2, 2), 0, elastic);
+    const uint64_t fp = Layout().Fingerprint();
+    auto r0 = c->Register(0, fp, kData);
+    auto r1 = c->Register(1, fp, kData);
+    ASSERT_TRUE(r0.ok() && r1.ok());
+    c->ConnectionClosed(1, r1->session);
+    (void)PushBlock(*c, 1, 0, {1, 1});  // in flight when it died
+    std::vector<StepCoordinator::LeaseEvent> events =
+        c->CheckLeases(absl::Hours(1));
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].rank, 1);
+    EXPECT_EQ(events[0].kind, StepCoordinator::LeaseEvent::kMissing);
+    EXPECT_TRUE(events[0].closed);
+    // With --on_worker_loss=wait a missing rank stays live: its step waits.
+    const std::vector<int> live =
+        reassign ? std::vector<int>{0} : std::vector<int>{0, 1};
+    EXPECT_EQ(c->Status().live_ranks, live);
+    (void)PushBlock(*c, 1, 0, {1, 1});
+    EXPECT_EQ(c->Status().live_ranks, live);
+    EXPECT_TRUE(c->CheckLeases(absl::Hours(1)).empty()) << "back?";
+    ASSERT_TRUE(c->Register(1, fp, kData).ok());
+    events = c->CheckLeases(absl::Hours(1));
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].kind, StepCoordinator::LeaseEvent::kBack);
+  }
+}
+
 // The end of a registration's call once the rank registered again (the
 // process came back, or another took the rank) is nobody's departure, and
 // that old session can no longer attend.
