@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/cpu_quota.h"
 #include "common/grpc_server.h"
@@ -353,11 +354,32 @@ absl::Status PsServer::Finish(absl::Time start) {
   }
   // Rolled back meanwhile: Run trains on, and this step is not the end.
   if (!coordinator_->done()) return absl::OkStatus();
+  // One --final_eval_timeout_s for the evaluation and the workers' going,
+  // as the other shards wait one for both.
+  const absl::Time deadline = absl::Now() + options_.final_eval_timeout;
   // Rank 0 reports its evaluations to shard 0 only.
-  const bool have_eval = shard_.index == 0 && coordinator_->AwaitFinalEval(
-                                                  options_.final_eval_timeout);
+  const bool have_eval =
+      shard_.index == 0 &&
+      coordinator_->AwaitFinalEval(options_.final_eval_timeout);
+  if (shard_.index == 0) AwaitWorkersGone(deadline);
   LogSummary(seconds, have_eval);
   return absl::OkStatus();
+}
+
+void PsServer::AwaitWorkersGone(absl::Time deadline) {
+  // A worker whose last block another computed may still be pushing it;
+  // and rank 0 pulls the final weights from every shard.
+  const std::vector<int> held =
+      coordinator_->AwaitRanksGone(deadline - absl::Now());
+  if (!held.empty()) {
+    Log("rank(s) %s still connected %.0f s after the end; going all the same",
+        absl::StrJoin(held, ","),
+        absl::ToDoubleSeconds(options_.final_eval_timeout));
+  }
+  if (sharded()) {
+    ReleaseShards(options_.gather, layout_.num_params(),
+                  coordinator_->Status().step);
+  }
 }
 
 void PsServer::NoteCollected(int64_t step) {

@@ -152,9 +152,12 @@ class PsServer {
   // while shard 0 collected the model.
   absl::Status Finish(absl::Time start);
   // Another shard: serves until shard 0 has collected its final weights of
-  // this history, or --final_eval_timeout_s passes; returns early on a
-  // rollback or a stop.
+  // this history and the workers are gone (ReleaseShards), or
+  // --final_eval_timeout_s passes; returns early on a rollback or a stop.
   void AwaitCollection();
+  // Shard 0: waits until `deadline` for every worker to go, then releases
+  // the other shards.
+  void AwaitWorkersGone(absl::Time deadline);
   // Shard 0 saw this shard's final weights of `step` (GetStatus collected).
   void NoteCollected(int64_t step);
   // The whole final vector to --save_model (if set). OK without saving when

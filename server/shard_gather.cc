@@ -18,6 +18,16 @@ namespace dp {
 
 namespace {
 
+absl::Status GetStatusOf(dp::v1::ParameterServer::Stub& stub,
+                         const std::string& auth_token,
+                         const dp::v1::GetStatusRequest& request,
+                         dp::v1::GetStatusResponse* response) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  AttachToken(auth_token, &ctx);
+  return FromGrpcStatus(stub.GetStatus(&ctx, request, response));
+}
+
 // One collection of the weights of `step`: which address turned out to be
 // which shard, which ranges are in, and when each address last answered.
 class Collection {
@@ -27,7 +37,6 @@ class Collection {
       : options_(options),
         count_(count),
         step_(step),
-        own_index_(own_index),
         ranges_(ShardRanges(layout, count)),
         params_(layout.num_params()),
         have_(count, false),
@@ -101,27 +110,12 @@ class Collection {
     return absl::OkStatus();
   }
 
-  // Tells the other shards they may go. Best effort: one that does not
-  // hear it exits after its --final_eval_timeout_s.
-  void Release() {
-    for (size_t a = 0; a < stubs_.size(); ++a) {
-      if (shard_of_[a] < 0 || shard_of_[a] == own_index_) continue;
-      dp::v1::GetStatusRequest request;
-      request.set_collected(step_);
-      dp::v1::GetStatusResponse response;
-      (void)Call(a, request, &response);
-    }
-  }
-
   std::vector<float> TakeParams() { return std::move(params_); }
 
  private:
   absl::Status Call(size_t a, const dp::v1::GetStatusRequest& request,
                     dp::v1::GetStatusResponse* response) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    AttachToken(options_.auth_token, &ctx);
-    return FromGrpcStatus(stubs_[a]->GetStatus(&ctx, request, response));
+    return GetStatusOf(*stubs_[a], options_.auth_token, request, response);
   }
 
   // Address a's answer: its shard's range once that is at `step`.
@@ -158,7 +152,6 @@ class Collection {
   const GatherOptions& options_;
   const int count_;
   const int64_t step_;
-  const int own_index_;
   const std::vector<ParamRange> ranges_;
   std::vector<float> params_;
   std::vector<bool> have_;  // by shard
@@ -191,8 +184,20 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
     RETURN_IF_ERROR(collection.CheckProgress(missing));
     absl::SleepFor(absl::Milliseconds(100));  // a shard still catching up
   }
-  collection.Release();
   return collection.TakeParams();
+}
+
+void ReleaseShards(const GatherOptions& options, int num_params,
+                   int64_t step) {
+  for (const std::string& address : options.addresses) {
+    auto stub = dp::v1::ParameterServer::NewStub(
+        ClientChannel(address, MessageBytesFor(num_params),
+                      options.credentials, options.server_name));
+    dp::v1::GetStatusRequest request;
+    request.set_collected(step);
+    dp::v1::GetStatusResponse response;
+    (void)GetStatusOf(*stub, options.auth_token, request, &response);
+  }
 }
 
 }  // namespace dp

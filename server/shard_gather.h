@@ -1,6 +1,7 @@
 // Shard 0 of a sharded job speaks for the job: at the end it collects every
 // shard's range of the final weights (GetStatus with_params) into the whole
-// vector, which it saves as the model.
+// vector, which it saves as the model, and once the workers are gone it
+// lets the other shards go.
 #ifndef DP_SERVER_SHARD_GATHER_H_
 #define DP_SERVER_SHARD_GATHER_H_
 
@@ -45,6 +46,13 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
                                                 int count, int64_t step,
                                                 int own_index,
                                                 const std::vector<float>& own);
+
+// Tells every shard at `options.addresses` that the job is over at `step`
+// (GetStatus collected): it may exit. Best effort: one that does not hear
+// it exits after its --final_eval_timeout_s. Not before the workers are
+// gone: a late one still pushes to and pulls from every shard.
+void ReleaseShards(const GatherOptions& options, int num_params,
+                   int64_t step);
 
 }  // namespace dp
 

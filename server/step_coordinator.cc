@@ -122,13 +122,38 @@ absl::Status StepCoordinator::RefusalToLocked(int rank) {
 
 bool StepCoordinator::AwaitFailureTold(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
+  // A rank whose connection closed can be told nothing more.
   auto told = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     for (size_t r = 0; r < registered_.size(); ++r) {
-      if (LiveLocked(r) && !told_[r]) return false;
+      if (LiveLocked(r) && !closed_[r] && !told_[r]) return false;
     }
     return true;
   };
   return mu_.AwaitWithTimeout(absl::Condition(&told), timeout);
+}
+
+std::vector<int> StepCoordinator::AwaitRanksGone(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  std::vector<int> held;
+  auto gone = [this, &held]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    const absl::Time now = absl::Now();
+    const std::vector<bool> waiting = waits_.Waiting();
+    held.clear();
+    for (size_t r = 0; r < registered_.size(); ++r) {
+      if (HeldLocked(r, now, waiting)) held.push_back(static_cast<int>(r));
+    }
+    return held.empty();
+  };
+  // A close wakes the wait; a lease running out does not, hence the slices.
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    if (mu_.AwaitWithTimeout(absl::Condition(&gone),
+                             std::min(left, absl::Milliseconds(100))) ||
+        left <= absl::ZeroDuration()) {
+      return held;
+    }
+  }
 }
 
 void StepCoordinator::Touch(int rank) {

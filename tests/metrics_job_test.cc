@@ -134,10 +134,10 @@ TEST(MetricsJobTest, EverySeriesOfAShardCarriesItsIndex) {
 }
 
 // dp-ps exits 1 on a failed job, and a scraper that scrapes it regularly
-// sees dp_training_failed 1 first. Here the 5 s dp-ps gives workers to hear
-// of the failure (the killed rank never asks) would do; with Prometheus's
-// usual 15 s interval it mostly would not, and dp-ps waits for one more
-// scrape (at most 1.5 intervals plus 1 s) before it exits.
+// sees dp_training_failed 1 first: dp-ps waits for one more scrape (at most
+// 1.5 intervals plus 1 s) before it exits. It tells the workers of the
+// failure first, but not the killed one, whose connection closed: rank 0
+// hears at its next call, long before a 15 s scrape interval is over.
 TEST(MetricsJobTest, AFailedJobIsScrapedOnceMoreBeforeDpPsExits) {
   int port = 0;
   auto ps = StartServer({"--workers=2", "--max_steps=100000", "--batch_size=16",

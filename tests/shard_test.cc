@@ -138,6 +138,35 @@ TEST(ShardTest, AWaitingWorkerNamesTheRanksTheShardsLack) {
   for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
 }
 
+// A worker stopped (SIGSTOP) near the end, whose last blocks the other
+// computed, is late: the job ends without it. When it goes on, dp-ps and
+// every shard are still there (dp-ps, shard 0, waits for every worker to
+// go, and only then lets the other shards go), so it pushes its stale
+// block, hears of the end and exits 0.
+TEST(ShardTest, AWorkerLateForTheEndStillFindsEveryShard) {
+  for (const int shards : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(shards, " shard(s)"));
+    std::vector<int> ports;
+    auto ps = StartShards(shards,
+                          {"--dataset=synthetic", "--workers=2",
+                           "--max_steps=40", "--batch_size=8",
+                           "--worker_timeout_s=600"},
+                          &ports);
+    auto w0 = StartWorker(PsList(ports), 0);
+    auto w1 = StartWorker(PsList(ports), 1, {"--retry_for_s=10"});
+    ASSERT_TRUE(WaitForStep(ports[0], 5, kJobTimeout)) << ps[0]->output();
+    w1->Signal(SIGSTOP);
+    const auto done = WaitForStatus(
+        ports[0], [](const dp::v1::GetStatusResponse& s) { return s.done(); },
+        kJobTimeout);
+    ASSERT_TRUE(done.has_value()) << ps[0]->output();
+    EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+    w1->Signal(SIGCONT);
+    EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+    for (auto& p : ps) EXPECT_EQ(p->Wait(kJobTimeout), 0) << p->output();
+  }
+}
+
 // --ps as one name that resolves to every shard (as a headless Service's
 // does): each worker runs with a private /etc/hosts (a mount namespace;
 // root, as CI is) in which "dp-ps-multi" is 127.0.0.1 and 127.0.0.2, where
