@@ -23,14 +23,6 @@ absl::Status Unavailable() {
   return absl::UnavailableError("dp-ps is shutting down");
 }
 
-// Unique with overwhelming probability (a generation per start and
-// rollback, a session per registration); never 0 (a request without one).
-uint64_t RandomId() {
-  std::random_device device;
-  const uint64_t g = (uint64_t{device()} << 32) | device();
-  return g == 0 ? 1 : g;
-}
-
 // A coordinator for the whole vector unless told otherwise.
 ShardSpec Normalized(ShardSpec shard, const ModelLayout& layout) {
   if (shard.count <= 1) {
@@ -49,14 +41,15 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
     : layout_(std::move(layout)),
       shard_(Normalized(shard, layout_)),
       n_(shard_.range.length),
+      started_(absl::Now()),
       pool_(update_threads),
       config_(std::move(config)),
       state_(std::move(state)),
       generation_(RandomId()),
+      roster_(config_.schedule.world_size, started_),
       sums_(config_.schedule.num_micro_batches(), n_),
       weights_(n_, config_.weight_encoding, shard_.count > 1),
       waits_(config_.schedule.world_size),
-      started_(absl::Now()),
       stats_(config_.schedule.world_size, started_) {
   const int64_t n = n_;
   DP_CHECK(static_cast<int64_t>(state_.params.size()) == n);
@@ -66,21 +59,11 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
            static_cast<int64_t>(state_.v.size()) == n);
   const int world = config_.schedule.world_size;
   DP_CHECK(world >= 1);
-  registered_.assign(world, false);
-  worker_ids_.assign(world, "");
-  told_.assign(world, false);
   received_.assign(world, false);
   plan_.assign(world, Block{});
   work_.assign(world, Block{});
-  lost_.assign(world, false);
-  sessions_.assign(world, 0);
-  closed_.assign(world, false);
   straggler_.assign(world, false);
   step_start_ = started_;
-  last_seen_.assign(world, started_);
-  reported_missing_.assign(world, false);
-  missing_since_.assign(world, started_);
-  reported_unregistered_.assign(world, false);
 }
 
 StepCoordinator::~StepCoordinator() {
@@ -114,21 +97,16 @@ absl::Status StepCoordinator::RefusalLocked() const {
 
 absl::Status StepCoordinator::RefusalToLocked(int rank) {
   absl::Status refusal = RefusalLocked();
-  if (!failed_.ok() && rank >= 0 && rank < static_cast<int>(told_.size())) {
-    told_[rank] = true;
+  if (!failed_.ok() && rank >= 0 && rank < roster_.world()) {
+    roster_.Tell(rank);
   }
   return refusal;
 }
 
 bool StepCoordinator::AwaitFailureTold(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
-  // A rank whose connection closed can be told nothing more.
-  auto told = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    for (size_t r = 0; r < registered_.size(); ++r) {
-      if (LiveLocked(r) && !closed_[r] && !told_[r]) return false;
-    }
-    return true;
-  };
+  auto told = [this]()
+                  ABSL_SHARED_LOCKS_REQUIRED(mu_) { return roster_.AllTold(); };
   return mu_.AwaitWithTimeout(absl::Condition(&told), timeout);
 }
 
@@ -137,12 +115,7 @@ std::vector<int> StepCoordinator::AwaitRanksGone(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   std::vector<int> held;
   auto gone = [this, &held]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    const absl::Time now = absl::Now();
-    const std::vector<bool> waiting = waits_.Waiting();
-    held.clear();
-    for (size_t r = 0; r < registered_.size(); ++r) {
-      if (HeldLocked(r, now, waiting)) held.push_back(static_cast<int>(r));
-    }
+    held = roster_.HeldRanks(absl::Now(), waits_.Waiting(), elastic_.lease);
     return held.empty();
   };
   // A close wakes the wait; a lease running out does not, hence the slices.
@@ -156,9 +129,8 @@ std::vector<int> StepCoordinator::AwaitRanksGone(absl::Duration timeout) const {
   }
 }
 
-void StepCoordinator::Touch(int rank) {
-  last_seen_[rank] = absl::Now();
-  if (!closed_[rank]) lost_[rank] = false;
+void StepCoordinator::RenewLeaseLocked(int rank) {
+  roster_.Renew(rank, absl::Now());
 }
 
 absl::Status StepCoordinator::CheckRank(const char* rpc, int rank) const {
@@ -190,24 +162,11 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
   const absl::Time now = absl::Now();
   const std::vector<bool> waiting = waits_.Waiting();
   if (rank == kAnyRank) {
-    const int world = static_cast<int>(registered_.size());
-    for (int r = 0; r < world && rank == kAnyRank && !worker_id.empty(); ++r) {
-      if (registered_[r] && worker_ids_[r] == worker_id) rank = r;
-    }
-    if (rank == kAnyRank && preferred >= 0 && preferred < world &&
-        !HeldLocked(preferred, now, waiting)) {
-      rank = preferred;
-    }
-    for (int r = 0; r < world && rank == kAnyRank; ++r) {
-      if (!registered_[r]) rank = r;
-    }
-    for (int r = 0; r < world && rank == kAnyRank; ++r) {
-      if (!HeldLocked(r, now, waiting)) rank = r;
-    }
-    if (rank == kAnyRank) {
+    rank = roster_.Choose(worker_id, preferred, now, waiting, elastic_.lease);
+    if (rank < 0) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "the job has its %d workers (--workers), all live: no rank is free",
-          world));
+          roster_.world()));
     }
   }
   RETURN_IF_ERROR(CheckRank("Register", rank));
@@ -225,16 +184,17 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
   // Once the job is over there is nothing to take: one standing by joins
   // at the end (and exits 0).
   const bool over = have_data_ && state_.step >= TotalStepsLocked();
-  if (!over && HeldLocked(rank, now, waiting) &&
-      worker_ids_[rank] != worker_id) {
+  if (!over && roster_.Held(rank, now, waiting[rank], elastic_.lease) &&
+      roster_.worker_id(rank) != worker_id) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "rank %d is held by a live process (%s, %s); it is free once that "
         "one is lost (its connection closes, or it makes no call for %s)",
-        rank, worker_ids_[rank].empty() ? "unnamed" : worker_ids_[rank],
-        waiting[rank]
-            ? std::string("waiting in a call")
-            : absl::StrFormat("its last call %.1f s ago",
-                              absl::ToDoubleSeconds(now - last_seen_[rank])),
+        rank,
+        roster_.worker_id(rank).empty() ? "unnamed" : roster_.worker_id(rank),
+        waiting[rank] ? std::string("waiting in a call")
+                      : absl::StrFormat("its last call %.1f s ago",
+                                        absl::ToDoubleSeconds(
+                                            now - roster_.last_seen(rank))),
         absl::FormatDuration(elastic_.lease)));
   }
   if (!have_data_) {
@@ -248,27 +208,21 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
     data_ = data;
     have_data_ = true;
   }
-  if (!registered_[rank]) {
-    Log("rank %d registered at step %d", rank, state_.step);
-  } else {
-    Log("rank %d registered again at step %d", rank, state_.step);
-  }
-  registered_[rank] = true;
-  worker_ids_[rank] = std::string(worker_id);
-  sessions_[rank] = RandomId();
-  closed_[rank] = false;  // the new session's connection is open
-  Touch(rank);
-  return Registration{config_, state_.step, rank, sessions_[rank]};
+  Log("rank %d registered %sat step %d", rank,
+      roster_.registered(rank) ? "again " : "", state_.step);
+  const uint64_t session = roster_.Register(rank, worker_id, now);
+  return Registration{config_, state_.step, rank, session};
 }
 
 absl::Status StepCoordinator::Attend(int rank, uint64_t session) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RefusalLocked());
   RETURN_IF_ERROR(CheckRank("Attend", rank));
-  if (!registered_[rank] || sessions_[rank] != session) {
+  if (!roster_.registered(rank) || roster_.session(rank) != session) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "Attend: session %016x is not rank %d's registration (%s)", session,
-        rank, registered_[rank] ? "it registered again" : "not registered"));
+        rank,
+        roster_.registered(rank) ? "it registered again" : "not registered"));
   }
   return absl::OkStatus();
 }
@@ -278,15 +232,13 @@ void StepCoordinator::ConnectionClosed(int rank, uint64_t session) {
   {
     absl::MutexLock lock(&mu_);
     if (!CheckRank("ConnectionClosed", rank).ok()) return;
-    // A registration since (the process came back): nothing happened.
-    if (!registered_[rank] || sessions_[rank] != session) return;
-    closed_[rank] = true;  // the rank is free for another process
+    if (!roster_.Close(rank, session)) return;
     // The end of the job or of this dp-ps: nobody is missing.
     if (!RefusalLocked().ok() ||
         (have_data_ && state_.step >= TotalStepsLocked())) {
       return;
     }
-    if (elastic_.lead && elastic_.reassign) lost_[rank] = true;
+    if (elastic_.lead && elastic_.reassign) roster_.MarkLost(rank);
     wakes = ReplanOrHandOutLocked();
   }
   RunWakes(wakes);
@@ -317,14 +269,14 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
               rank, *version, state_.step,
               weights_.holds_previous() ? "the one before too" : "no other"));
     }
-    Touch(rank);
+    RenewLeaseLocked(rank);
     const WeightsPublisher::Snapshot previous = weights_.Previous();
     return PulledWeights{
         *version,       Block{},
         encoding,       previous.lease,
         previous.bytes, previous.bytes.substr(local * width, length * width)};
   }
-  Touch(rank);
+  RenewLeaseLocked(rank);
   const Block block = NextWorkLocked(rank);
   const WeightsPublisher::Snapshot current = weights_.Current(state_.params);
   return PulledWeights{
@@ -345,7 +297,7 @@ absl::StatusOr<StepCoordinator::Version> StepCoordinator::WithCurrentWeights(
         absl::StrFormat("rank %d asks for version %d; the current one is %d",
                         rank, *version, state_.step));
   }
-  Touch(rank);
+  RenewLeaseLocked(rank);
   const absl::Time start = absl::Now();
   use(state_.step, state_.params);
   stats_.AddUse(absl::Now() - start);
@@ -388,7 +340,7 @@ absl::Status StepCoordinator::ReadGradientLocked(
 
 absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank, int64_t step,
                                                     const Block& block) const {
-  if (!registered_[rank]) {
+  if (!roster_.registered(rank)) {
     return absl::FailedPreconditionError(
         absl::StrFormat("rank %d has not registered", rank));
   }
@@ -412,7 +364,7 @@ absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank, int64_t step,
 StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
     int rank, const Block& block, const SumTree::Folding& folding, float loss) {
   AfterPush after;
-  Touch(rank);
+  RenewLeaseLocked(rank);
   if (sums_.empty()) first_push_ = elastic_.clock();
   sums_.Accept(block, folding, loss);
   received_[rank] = true;
@@ -462,7 +414,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     RETURN_IF_ERROR(read);
     RETURN_IF_ERROR(retry.status());
     if (*retry) {
-      Touch(rank);
+      RenewLeaseLocked(rank);
       // A copy of a block that is in, or of the step just applied (a late
       // straggler's, or a retry whose answer was lost).
       ++stats_.counts().duplicate_pushes;
@@ -537,18 +489,15 @@ void StepCoordinator::PlanLocked() {
 
 std::vector<int> StepCoordinator::TakingPartLocked() const {
   std::vector<int> part, with_stragglers;
-  for (size_t r = 0; r < registered_.size(); ++r) {
-    if (!LiveLocked(r)) continue;
-    with_stragglers.push_back(static_cast<int>(r));
-    if (!straggler_[r]) part.push_back(static_cast<int>(r));
+  for (int r = 0; r < roster_.world(); ++r) {
+    if (!roster_.Live(r)) continue;
+    with_stragglers.push_back(r);
+    if (!straggler_[r]) part.push_back(r);
   }
   // Stragglers only when nobody else is there.
   if (part.empty()) part = with_stragglers;
   // The first step waits a while for everyone.
-  const int registered = static_cast<int>(
-      std::count(registered_.begin(), registered_.end(), true));
-  if (!stats_.any_applied() &&
-      registered < static_cast<int>(registered_.size()) &&
+  if (!stats_.any_applied() && roster_.num_registered() < roster_.world() &&
       absl::Now() - started_ < elastic_.start_wait) {
     part.clear();
   }
@@ -563,9 +512,7 @@ std::vector<Block> StepCoordinator::OrphansLocked() const {
   std::vector<Block> orphans;
   if (!elastic_.lead) return orphans;
   int live = 0;
-  for (size_t r = 0; r < registered_.size(); ++r) {
-    live += LiveLocked(r) ? 1 : 0;
-  }
+  for (int r = 0; r < roster_.world(); ++r) live += roster_.Live(r) ? 1 : 0;
   if (live < std::max(1, config_.min_workers)) return orphans;
   if (!elastic_.reassign) return orphans;
   // A block a lost rank was planned or handed that is not in and that no
@@ -573,12 +520,12 @@ std::vector<Block> StepCoordinator::OrphansLocked() const {
   // an orphan again).
   auto computed = [this](const Block& b) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     for (size_t r = 0; r < work_.size(); ++r) {
-      if (LiveLocked(r) && work_[r].Contains(b)) return true;
+      if (roster_.Live(r) && work_[r].Contains(b)) return true;
     }
     return false;
   };
   for (size_t r = 0; r < plan_.size(); ++r) {
-    if (!lost_[r]) continue;
+    if (!roster_.lost(r)) continue;
     for (const Block& b : {plan_[r], work_[r]}) {
       if (b.empty() || CoveredLocked(b) || computed(b) ||
           std::find(orphans.begin(), orphans.end(), b) != orphans.end()) {
@@ -594,7 +541,7 @@ Block StepCoordinator::NextWorkLocked(int rank) {
     if (!CoveredLocked(work_[rank])) return work_[rank];
     work_[rank] = Block{};
   }
-  if (lost_[rank] || !registered_[rank]) return Block{};
+  if (!roster_.Live(rank)) return Block{};
   const std::vector<Block> orphans = OrphansLocked();
   if (orphans.empty()) return Block{};
   work_[rank] = orphans[0];
@@ -625,7 +572,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
   std::vector<Block> works;  // of the waits taken, in their order
   std::vector<WaitQueue::Taken> taken =
       waits_.TakeWhere([&](int rank, int64_t step) {
-        if (step != state_.step || lost_[rank]) return false;
+        if (step != state_.step || roster_.lost(rank)) return false;
         const Block work = NextWorkLocked(rank);
         if (work.empty()) return false;
         works.push_back(work);
@@ -645,7 +592,7 @@ absl::Time StepCoordinator::NextLateLocked() const {
     return absl::InfiniteFuture();
   }
   const bool idle = waits_.Any([&](int rank, int64_t step) {
-    return step == state_.step && !lost_[rank];
+    return step == state_.step && !roster_.lost(rank);
   });
   if (!idle) return absl::InfiniteFuture();
   const absl::Duration first = first_push_ - step_start_;
@@ -703,7 +650,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
   // To the oldest idle wait.
   std::optional<WaitQueue::Taken> idle =
       waits_.TakeFirst([&](int rank, int64_t step) {
-        return step == state_.step && !lost_[rank];
+        return step == state_.step && !roster_.lost(rank);
       });
   if (!idle.has_value()) return {};
   std::vector<Wake> wakes;
@@ -746,7 +693,7 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
     int rank, int64_t step, WaitCallback done, WaitCallback* evicted) {
   RETURN_IF_ERROR(RefusalToLocked(rank));
   RETURN_IF_ERROR(CheckRank("WaitForStep", rank));
-  if (!registered_[rank]) {
+  if (!roster_.registered(rank)) {
     return absl::FailedPreconditionError(
         absl::StrFormat("rank %d has not registered", rank));
   }
@@ -758,10 +705,10 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
         rank, step, current));
   }
   if (step < current) {
-    Touch(rank);
+    RenewLeaseLocked(rank);
     return WaitTicket{true, current, 0, Block{}};
   }
-  Touch(rank);
+  RenewLeaseLocked(rank);
   // Its own block not pushed yet, or one handed to it: that first.
   if (const Block work = NextWorkLocked(rank); !work.empty()) {
     return WaitTicket{true, current, 0, work};
@@ -787,7 +734,7 @@ absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
         "the job is at step %d (future step)",
         rank, r.step, state_.step));
   }
-  Touch(rank);
+  RenewLeaseLocked(rank);
   last_eval_ = r;
   has_eval_ = true;
   if (r.final) final_eval_ = true;
@@ -852,7 +799,7 @@ void StepCoordinator::Fail(const absl::Status& reason) {
     step = state_.step;
     const std::vector<bool> waiting = waits_.Waiting();
     for (size_t r = 0; r < waiting.size(); ++r) {
-      if (waiting[r]) told_[r] = true;
+      if (waiting[r]) roster_.Tell(r);
     }
     to_fail = TakeAllWaitersLocked();
   }
@@ -933,37 +880,10 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeases(
 
 std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeasesLocked(
     absl::Duration timeout) {
-  std::vector<LeaseEvent> events;
-  if (!elastic_.lead) return events;  // the leader's business
-  if (have_data_ && state_.step >= TotalStepsLocked()) return events;
-  const absl::Time now = absl::Now();
-  const std::vector<bool> waiting = waits_.Waiting();
-  for (size_t r = 0; r < registered_.size(); ++r) {
-    const absl::Duration silent = now - last_seen_[r];
-    const int rank = static_cast<int>(r);
-    if (!registered_[r]) {
-      if (silent > timeout && !reported_unregistered_[r]) {
-        reported_unregistered_[r] = true;
-        events.push_back({rank, LeaseEvent::kNeverRegistered, silent});
-      }
-      continue;
-    }
-    // Waiting in a call (barrier) is taking part; otherwise a rank calls at
-    // least once per block it computes. A closed connection says at once
-    // what silence says only after the timeout.
-    const bool missing = MissingLocked(r, now, waiting[r], timeout);
-    if (missing && !reported_missing_[r]) {
-      reported_missing_[r] = true;
-      if (elastic_.reassign) lost_[r] = true;
-      missing_since_[r] = last_seen_[r];
-      events.push_back({rank, LeaseEvent::kMissing, silent, closed_[r]});
-    } else if (!missing && reported_missing_[r] && silent <= timeout) {
-      reported_missing_[r] = false;
-      events.push_back(
-          {rank, LeaseEvent::kBack, last_seen_[r] - missing_since_[r]});
-    }
-  }
-  return events;
+  if (!elastic_.lead) return {};  // the leader's business
+  if (have_data_ && state_.step >= TotalStepsLocked()) return {};
+  return roster_.CheckLeases(absl::Now(), waits_.Waiting(), timeout,
+                             elastic_.reassign);
 }
 
 TrainingState StepCoordinator::Snapshot() const {
@@ -981,15 +901,15 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.step = state_.step;
   s.total_steps = TotalStepsLocked();
   for (int r = 0; r < config_.schedule.world_size; ++r) {
-    if (registered_[r]) s.registered_ranks.push_back(r);
+    if (roster_.registered(r)) s.registered_ranks.push_back(r);
     if (received_[r]) s.pushed_ranks.push_back(r);
-    if (LiveLocked(r)) s.live_ranks.push_back(r);
+    if (roster_.Live(r)) s.live_ranks.push_back(r);
   }
   const bool planned = std::any_of(plan_.begin(), plan_.end(),
                                    [](const Block& b) { return !b.empty(); });
   for (int r = 0; r < config_.schedule.world_size; ++r) {
     const bool waits = planned ? !work_[r].empty() && !CoveredLocked(work_[r])
-                               : !LiveLocked(r);
+                               : !roster_.Live(r);
     if (waits) s.waits_for.push_back(r);
   }
   s.plan = plan_;
@@ -1021,17 +941,17 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   o.training = state_;
   o.config = config_;
   if (have_data_) o.data = data_;
-  o.registered = registered_;
+  o.registered = roster_.registered_ranks();
   o.received = received_;
   o.sums = sums_.Sums();
   o.losses = sums_.Losses();
   o.plan = plan_;
   o.work = work_;
-  o.lost = lost_;
-  o.holders = worker_ids_;
-  o.sessions = sessions_;
-  o.closed = closed_;
-  o.last_seen = last_seen_;
+  o.lost = roster_.lost_ranks();
+  o.holders = roster_.worker_ids();
+  o.sessions = roster_.sessions();
+  o.closed = roster_.closed_ranks();
+  o.last_seen = roster_.leases();
   o.waiters = waits_.List();
   o.has_eval = has_eval_;
   o.final_eval = final_eval_;

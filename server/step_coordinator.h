@@ -43,6 +43,7 @@
 #include "common/parallel_for.h"
 #include "common/shard_plan.h"
 #include "server/adam.h"
+#include "server/rank_roster.h"
 #include "server/step_stats.h"
 #include "server/sum_tree.h"
 #include "server/wait_queue.h"
@@ -342,12 +343,7 @@ class StepCoordinator {
   // registered yet". A missing rank is lost: with reassign, its block goes
   // to an idle rank at once, or to the next that asks. Only the leader
   // reports. Also starts the first step once the start wait is over.
-  struct LeaseEvent {
-    int rank;
-    enum Kind { kMissing, kBack, kNeverRegistered } kind;
-    absl::Duration silent;  // how long it has been (kBack: was) silent
-    bool closed = false;    // kMissing: its connection closed
-  };
+  using LeaseEvent = ::dp::LeaseEvent;
   std::vector<LeaseEvent> CheckLeases(absl::Duration timeout);
 
   // Called with the time the average + Adam took, after every update, under
@@ -396,26 +392,6 @@ class StepCoordinator {
     Block work;
   };
   static void RunWakes(std::vector<Wake>& wakes);
-  // Registered and not lost.
-  bool LiveLocked(size_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return registered_[rank] && !lost_[rank];
-  }
-  // The rank's lease ran out at `now` (`waiting`: it waits in a call), or
-  // its connection closed: what makes it missing (CheckLeases) and frees
-  // it for another process (Register).
-  bool MissingLocked(size_t rank, absl::Time now, bool waiting,
-                     absl::Duration timeout) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return closed_[rank] || (!waiting && now - last_seen_[rank] > timeout);
-  }
-  // Its process holds it (see Register): registered, not lost, not missing
-  // by ElasticOptions::lease.
-  bool HeldLocked(size_t rank, absl::Time now,
-                  const std::vector<bool>& waiting) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return LiveLocked(rank) &&
-           !MissingLocked(rank, now, waiting[rank], elastic_.lease);
-  }
   absl::StatusOr<Registration> RegisterLocked(int rank,
                                               uint64_t model_fingerprint,
                                               const DataFingerprint& data,
@@ -426,13 +402,10 @@ class StepCoordinator {
                                                WaitCallback done,
                                                WaitCallback* evicted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records that `rank` is alive. Only an accepted call renews the lease: a
-  // rank whose every request is refused is not taking part, and must be
-  // reported missing. A rank lost to silence is live again; one whose
-  // connection closed stays lost until it registers again: a call handled
-  // after the close may be the dead process's last (a push read from shared
-  // memory), no sign of life.
-  void Touch(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Only an accepted call renews the lease (RankRoster::Renew): a rank
+  // whose every request is refused is not taking part, and must be
+  // reported missing.
+  void RenewLeaseLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRank(const char* rpc, int rank) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int K() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -508,6 +481,7 @@ class StepCoordinator {
   const ModelLayout layout_;
   const ShardSpec shard_;
   const int64_t n_;  // values of the range this coordinator owns
+  const absl::Time started_;
   mutable absl::Mutex mu_;
   WorkerPool pool_ ABSL_GUARDED_BY(mu_);  // runs the update, under mu_
   JobConfig config_ ABSL_GUARDED_BY(mu_);
@@ -515,24 +489,16 @@ class StepCoordinator {
   uint64_t generation_ ABSL_GUARDED_BY(mu_);
   bool have_data_ ABSL_GUARDED_BY(mu_) = false;
   DataFingerprint data_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> registered_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> worker_ids_ ABSL_GUARDED_BY(mu_);  // by rank
-  std::vector<bool> told_ ABSL_GUARDED_BY(mu_);  // of the failure, by rank
+  RankRoster roster_ ABSL_GUARDED_BY(mu_);
   ElasticOptions elastic_ ABSL_GUARDED_BY(mu_);
   // The step's sums that are in.
   SumTree sums_ ABSL_GUARDED_BY(mu_);
   // By rank: pushed a block this step; its planned block; the block it is
-  // to compute now (planned or handed to it); lost (silent past the lease
-  // with a block the step needed); a straggler (its planned block of the
-  // last step was completed by another's copy).
+  // to compute now (planned or handed to it); a straggler (its planned
+  // block of the last step was completed by another's copy).
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
   std::vector<Block> plan_ ABSL_GUARDED_BY(mu_);
   std::vector<Block> work_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> lost_ ABSL_GUARDED_BY(mu_);
-  // By rank: its current registration's session (Attend), and whether the
-  // connection of that registration closed.
-  std::vector<uint64_t> sessions_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> closed_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> straggler_ ABSL_GUARDED_BY(mu_);
   std::vector<Block> backed_up_ ABSL_GUARDED_BY(mu_);  // late, handed again
   int backups_this_step_ ABSL_GUARDED_BY(mu_) = 0;
@@ -553,12 +519,7 @@ class StepCoordinator {
   int64_t checkpoint_every_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(TrainingState, uint64_t)> checkpoint_hook_
       ABSL_GUARDED_BY(mu_);
-  const absl::Time started_;
   StepStats stats_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> reported_missing_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Time> missing_since_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> reported_unregistered_ ABSL_GUARDED_BY(mu_);
   std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,0 +1,92 @@
+// RankRoster alone: which rank a worker gets, whose session a close ends,
+// what renews a lease and what CheckLeases reports.
+#include "server/rank_roster.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+const absl::Time kStart = absl::FromUnixSeconds(1000000);
+const absl::Duration kLease = absl::Seconds(10);
+const std::vector<bool> kNoneWaiting(3, false);
+
+TEST(RankRosterTest, ARanklessWorkerGetsItsOwnThenThePreferredThenAFreeRank) {
+  RankRoster roster(3, kStart);
+  EXPECT_EQ(roster.Choose("a", -1, kStart, kNoneWaiting, kLease), 0);
+  roster.Register(0, "a", kStart);
+  roster.Register(2, "c", kStart);
+  EXPECT_EQ(roster.Choose("c", 1, kStart, kNoneWaiting, kLease), 2)
+      << "the rank its worker id registered";
+  EXPECT_EQ(roster.Choose("b", 1, kStart, kNoneWaiting, kLease), 1);
+  EXPECT_EQ(roster.Choose("b", 0, kStart, kNoneWaiting, kLease), 1)
+      << "0 is held: the lowest never registered";
+  roster.Register(1, "b", kStart);
+  EXPECT_EQ(roster.Choose("d", -1, kStart, kNoneWaiting, kLease), -1);
+  // Rank 1's lease runs out, rank 0's does not while it waits in a call.
+  const absl::Time later = kStart + 2 * kLease;
+  EXPECT_EQ(roster.Choose("d", -1, later, {true, false, true}, kLease), 1);
+  EXPECT_EQ(roster.HeldRanks(later, {true, false, true}, kLease),
+            (std::vector<int>{0, 2}));
+}
+
+TEST(RankRosterTest, OnlyTheCurrentSessionsCloseCounts) {
+  RankRoster roster(3, kStart);
+  const uint64_t old = roster.Register(0, "a", kStart);
+  const uint64_t now = roster.Register(0, "a", kStart);
+  EXPECT_NE(old, now);
+  EXPECT_NE(now, 0u);
+  EXPECT_FALSE(roster.Close(0, old));
+  EXPECT_FALSE(roster.closed(0));
+  EXPECT_FALSE(roster.Close(1, now)) << "not registered";
+  EXPECT_TRUE(roster.Close(0, now));
+  EXPECT_TRUE(roster.closed(0));
+  EXPECT_FALSE(roster.Held(0, kStart, false, kLease));
+  roster.Register(0, "a", kStart);
+  EXPECT_FALSE(roster.closed(0)) << "a new registration's connection";
+}
+
+TEST(RankRosterTest, ACallAfterTheCloseRevivesNoRankButOneAfterSilenceDoes) {
+  RankRoster roster(3, kStart);
+  const uint64_t s0 = roster.Register(0, "a", kStart);
+  roster.Register(1, "b", kStart);
+  roster.Close(0, s0);
+  roster.MarkLost(0);
+  const absl::Time later = kStart + 2 * kLease;
+  std::vector<LeaseEvent> events =
+      roster.CheckLeases(later, kNoneWaiting, kLease, /*reassign=*/true);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].rank, 0);
+  EXPECT_EQ(events[0].kind, LeaseEvent::kMissing);
+  EXPECT_TRUE(events[0].closed);
+  EXPECT_EQ(events[1].rank, 1);
+  EXPECT_EQ(events[1].kind, LeaseEvent::kMissing);
+  EXPECT_FALSE(events[1].closed);
+  EXPECT_EQ(events[2].kind, LeaseEvent::kNeverRegistered);
+  EXPECT_TRUE(roster.lost(1));
+  roster.Renew(0, later);
+  roster.Renew(1, later);
+  EXPECT_TRUE(roster.lost(0));
+  EXPECT_FALSE(roster.lost(1));
+  events = roster.CheckLeases(later, kNoneWaiting, kLease, true);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].rank, 1);
+  EXPECT_EQ(events[0].kind, LeaseEvent::kBack);
+  EXPECT_EQ(events[0].silent, 2 * kLease);
+}
+
+TEST(RankRosterTest, AllToldWaitsForNoClosedOrLostRank) {
+  RankRoster roster(3, kStart);
+  const uint64_t s0 = roster.Register(0, "a", kStart);
+  roster.Register(1, "b", kStart);
+  EXPECT_FALSE(roster.AllTold());
+  roster.Tell(1);
+  EXPECT_FALSE(roster.AllTold());
+  roster.Close(0, s0);
+  EXPECT_TRUE(roster.AllTold()) << "rank 0 can hear nothing more";
+}
+
+}  // namespace
+}  // namespace dp
