@@ -48,6 +48,8 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
       generation_(RandomId()),
       roster_(config_.schedule.world_size, started_),
       sums_(config_.schedule.num_micro_batches(), n_),
+      planner_(config_.schedule.num_micro_batches(), config_.min_workers,
+               &roster_, &sums_),
       weights_(n_, config_.weight_encoding, shard_.count > 1),
       waits_(config_.schedule.world_size),
       stats_(config_.schedule.world_size, started_) {
@@ -60,10 +62,6 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
   const int world = config_.schedule.world_size;
   DP_CHECK(world >= 1);
   received_.assign(world, false);
-  plan_.assign(world, Block{});
-  work_.assign(world, Block{});
-  straggler_.assign(world, false);
-  step_start_ = started_;
 }
 
 StepCoordinator::~StepCoordinator() {
@@ -74,7 +72,7 @@ StepCoordinator::~StepCoordinator() {
 void StepCoordinator::SetElastic(const ElasticOptions& options) {
   absl::MutexLock lock(&mu_);
   elastic_ = options;
-  step_start_ = elastic_.clock();
+  planner_.Configure(elastic_, elastic_.clock());
   if (elastic_.lead && elastic_.backup_blocks > 0 &&
       !straggler_thread_.joinable()) {
     straggler_thread_ = std::thread([this] { WatchStragglers(); });
@@ -277,7 +275,7 @@ absl::StatusOr<StepCoordinator::PulledWeights> StepCoordinator::Pull(
         previous.bytes, previous.bytes.substr(local * width, length * width)};
   }
   RenewLeaseLocked(rank);
-  const Block block = NextWorkLocked(rank);
+  const Block block = AssignWorkLocked(rank);
   const WeightsPublisher::Snapshot current = weights_.Current(state_.params);
   return PulledWeights{
       state_.step,   block,
@@ -301,7 +299,7 @@ absl::StatusOr<StepCoordinator::Version> StepCoordinator::WithCurrentWeights(
   const absl::Time start = absl::Now();
   use(state_.step, state_.params);
   stats_.AddUse(absl::Now() - start);
-  return Version{state_.step, NextWorkLocked(rank)};
+  return Version{state_.step, AssignWorkLocked(rank)};
 }
 
 absl::Status StepCoordinator::ReadGradientLocked(
@@ -365,13 +363,10 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
     int rank, const Block& block, const SumTree::Folding& folding, float loss) {
   AfterPush after;
   RenewLeaseLocked(rank);
-  if (sums_.empty()) first_push_ = elastic_.clock();
+  planner_.Pushed(rank, block, elastic_.clock());
   sums_.Accept(block, folding, loss);
   received_[rank] = true;
   stats_.Arrived(rank, absl::Now());
-  if (work_[rank] == block || block.Contains(work_[rank])) {
-    work_[rank] = Block{};
-  }
   if (sums_.complete()) {
     stats_.CompletedBy(rank);
     after.wakes = ApplyLocked();
@@ -418,7 +413,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
       // A copy of a block that is in, or of the step just applied (a late
       // straggler's, or a retry whose answer was lost).
       ++stats_.counts().duplicate_pushes;
-      if (step == state_.step && work_[rank] == block) work_[rank] = Block{};
+      if (step == state_.step) planner_.Computed(rank, block);
       return PushResult{state_.step, /*duplicate=*/true};
     }
     RETURN_IF_ERROR(CheckLoss(rank, step, loss));
@@ -443,19 +438,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   last_loss_ = sums_.root_loss() / static_cast<float>(k);
   ++state_.step;
   stats_.Applied(state_.step, begin, absl::Now(), received_);
-  // A rank that had a block and pushed nothing while others completed the
-  // step is a straggler: the next plan leaves it out, and it takes part
-  // again once it waits for a step in time.
-  const std::vector<bool> waiting = waits_.Waiting();
-  for (size_t r = 0; r < plan_.size(); ++r) {
-    if (!plan_[r].empty() && !received_[r] && !waiting[r]) {
-      straggler_[r] = true;
-    } else if (waiting[r] || received_[r]) {
-      straggler_[r] = false;
-    }
-  }
-  last_plan_blocks_ = 0;
-  for (const Block& b : plan_) last_plan_blocks_ += b.empty() ? 0 : 1;
+  planner_.Applied(received_, waits_.Waiting());
   NewStepLocked();
   std::vector<Wake> ready;
   for (WaitQueue::Taken& t : waits_.TakeWhere(
@@ -468,103 +451,25 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
 void StepCoordinator::NewStepLocked() {
   sums_.Clear();
   received_.assign(received_.size(), false);
-  backed_up_.clear();
-  backups_this_step_ = 0;
-  step_start_ = elastic_.clock();
-  first_push_ = absl::InfiniteFuture();
-  PlanLocked();
-}
-
-void StepCoordinator::PlanLocked() {
-  plan_.assign(plan_.size(), Block{});
-  work_.assign(work_.size(), Block{});
-  const std::vector<int> taking_part = TakingPartLocked();
-  const std::vector<Block> blocks =
-      SplitForWorkers(K(), static_cast<int>(taking_part.size()));
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    plan_[taking_part[i]] = blocks[i];
-    work_[taking_part[i]] = blocks[i];
-  }
+  planner_.StartStep(elastic_.clock(), TakingPartLocked());
 }
 
 std::vector<int> StepCoordinator::TakingPartLocked() const {
-  std::vector<int> part, with_stragglers;
-  for (int r = 0; r < roster_.world(); ++r) {
-    if (!roster_.Live(r)) continue;
-    with_stragglers.push_back(r);
-    if (!straggler_[r]) part.push_back(r);
-  }
-  // Stragglers only when nobody else is there.
-  if (part.empty()) part = with_stragglers;
   // The first step waits a while for everyone.
-  if (!stats_.any_applied() && roster_.num_registered() < roster_.world() &&
-      absl::Now() - started_ < elastic_.start_wait) {
-    part.clear();
-  }
-  // Too few: the step waits, every block unplanned until enough join.
-  if (static_cast<int>(part.size()) < std::max(1, config_.min_workers)) {
-    part.clear();
-  }
-  return part;
+  const bool hold = !stats_.any_applied() &&
+                    roster_.num_registered() < roster_.world() &&
+                    absl::Now() - started_ < elastic_.start_wait;
+  return planner_.TakingPart(hold);
 }
 
-std::vector<Block> StepCoordinator::OrphansLocked() const {
-  std::vector<Block> orphans;
-  if (!elastic_.lead) return orphans;
-  int live = 0;
-  for (int r = 0; r < roster_.world(); ++r) live += roster_.Live(r) ? 1 : 0;
-  if (live < std::max(1, config_.min_workers)) return orphans;
-  if (!elastic_.reassign) return orphans;
-  // A block a lost rank was planned or handed that is not in and that no
-  // live rank computes (a block handed on whose new rank was lost too is
-  // an orphan again).
-  auto computed = [this](const Block& b) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    for (size_t r = 0; r < work_.size(); ++r) {
-      if (roster_.Live(r) && work_[r].Contains(b)) return true;
-    }
-    return false;
-  };
-  for (size_t r = 0; r < plan_.size(); ++r) {
-    if (!roster_.lost(r)) continue;
-    for (const Block& b : {plan_[r], work_[r]}) {
-      if (b.empty() || CoveredLocked(b) || computed(b) ||
-          std::find(orphans.begin(), orphans.end(), b) != orphans.end()) {
-        continue;
-      }
-      orphans.push_back(b);
-    }
-  }
-  return orphans;
-}
-Block StepCoordinator::NextWorkLocked(int rank) {
-  if (!work_[rank].empty()) {
-    if (!CoveredLocked(work_[rank])) return work_[rank];
-    work_[rank] = Block{};
-  }
-  if (!roster_.Live(rank)) return Block{};
-  const std::vector<Block> orphans = OrphansLocked();
-  if (orphans.empty()) return Block{};
-  work_[rank] = orphans[0];
-  ++stats_.counts().blocks_reassigned;
-  return orphans[0];
+Block StepCoordinator::AssignWorkLocked(int rank) {
+  return planner_.AssignWork(rank, &stats_.counts().blocks_reassigned);
 }
 
 std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
   std::vector<Wake> wakes;
   if (state_.step >= TotalStepsLocked()) return wakes;
-  // Planned again for the ranks there now while nothing of the step is in,
-  // and an unplanned step (it waited for workers) once they are there,
-  // whatever is in. A rank that already computes its old block still
-  // pushes it: any node counts.
-  const std::vector<int> part = TakingPartLocked();
-  std::vector<int> planned;
-  for (size_t r = 0; r < plan_.size(); ++r) {
-    if (!plan_[r].empty()) planned.push_back(static_cast<int>(r));
-  }
-  if ((sums_.empty() && part != planned) ||
-      (planned.empty() && !part.empty())) {
-    PlanLocked();
-  }
+  planner_.Replan(TakingPartLocked());
   // Orphans (and, with a plan made just now, their own blocks) to the
   // ranks that wait, oldest wait first. (The other shards plan too, to say
   // whom they wait for, but hand nothing out.)
@@ -573,7 +478,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
   std::vector<WaitQueue::Taken> taken =
       waits_.TakeWhere([&](int rank, int64_t step) {
         if (step != state_.step || roster_.lost(rank)) return false;
-        const Block work = NextWorkLocked(rank);
+        const Block work = AssignWorkLocked(rank);
         if (work.empty()) return false;
         works.push_back(work);
         return true;
@@ -585,19 +490,18 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
   return wakes;
 }
 
-absl::Time StepCoordinator::NextLateLocked() const {
-  if (!elastic_.lead || backups_this_step_ >= elastic_.backup_blocks ||
-      first_push_ == absl::InfiniteFuture() ||
-      state_.step >= TotalStepsLocked()) {
-    return absl::InfiniteFuture();
-  }
-  const bool idle = waits_.Any([&](int rank, int64_t step) {
+bool StepCoordinator::IdleWaitLocked() const {
+  return waits_.Any([&](int rank, int64_t step) {
     return step == state_.step && !roster_.lost(rank);
   });
-  if (!idle) return absl::InfiniteFuture();
-  const absl::Duration first = first_push_ - step_start_;
-  return step_start_ + std::max(elastic_.straggler_min_wait,
-                                first * elastic_.straggler_factor);
+}
+
+absl::Time StepCoordinator::NextLateLocked() const {
+  if (!elastic_.lead || state_.step >= TotalStepsLocked() ||
+      !IdleWaitLocked()) {
+    return absl::InfiniteFuture();
+  }
+  return planner_.LateDue();
 }
 
 absl::Time StepCoordinator::BackUpLateBlocks() {
@@ -630,23 +534,8 @@ void StepCoordinator::WatchStragglers() {
 }
 
 std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
-  // The first late block: one a rank computes (planned or handed to it),
-  // not in, not backed up yet, its rank not waiting.
-  const std::vector<bool> waiting = waits_.Waiting();
-  Block late;
-  for (size_t r = 0; r < work_.size() && late.empty(); ++r) {
-    const Block b = work_[r];
-    if (b.empty() || waiting[r] || CoveredLocked(b)) continue;
-    if (std::find(backed_up_.begin(), backed_up_.end(), b) !=
-        backed_up_.end()) {
-      continue;
-    }
-    late = b;
-  }
-  if (late.empty()) {
-    backups_this_step_ = elastic_.backup_blocks;  // nothing to back up
-    return {};
-  }
+  const Block late = planner_.LateBlock(waits_.Waiting());
+  if (late.empty()) return {};
   // To the oldest idle wait.
   std::optional<WaitQueue::Taken> idle =
       waits_.TakeFirst([&](int rank, int64_t step) {
@@ -656,9 +545,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::BackUpLateBlockLocked() {
   std::vector<Wake> wakes;
   wakes.push_back(
       Wake{std::move(idle->done), absl::OkStatus(), state_.step, late});
-  work_[idle->rank] = late;
-  backed_up_.push_back(late);
-  ++backups_this_step_;
+  planner_.BackUp(idle->rank, late);
   ++stats_.counts().backups_handed;
   return wakes;
 }
@@ -710,7 +597,7 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
   }
   RenewLeaseLocked(rank);
   // Its own block not pushed yet, or one handed to it: that first.
-  if (const Block work = NextWorkLocked(rank); !work.empty()) {
+  if (const Block work = AssignWorkLocked(rank); !work.empty()) {
     return WaitTicket{true, current, 0, work};
   }
   const int64_t id =
@@ -905,19 +792,19 @@ CoordinatorStatus StepCoordinator::Status() const {
     if (received_[r]) s.pushed_ranks.push_back(r);
     if (roster_.Live(r)) s.live_ranks.push_back(r);
   }
-  const bool planned = std::any_of(plan_.begin(), plan_.end(),
-                                   [](const Block& b) { return !b.empty(); });
+  const bool planned = planner_.planned();
+  const std::vector<Block>& work = planner_.work();
   for (int r = 0; r < config_.schedule.world_size; ++r) {
-    const bool waits = planned ? !work_[r].empty() && !CoveredLocked(work_[r])
+    const bool waits = planned ? !work[r].empty() && !CoveredLocked(work[r])
                                : !roster_.Live(r);
     if (waits) s.waits_for.push_back(r);
   }
-  s.plan = plan_;
+  s.plan = planner_.plan();
   s.micro_batches = K();
   s.elastic = stats_.counts();
   s.last_completed_by = stats_.last_completed_by();
   s.completed_by = stats_.completed_by();
-  s.last_plan_blocks = last_plan_blocks_;
+  s.last_plan_blocks = planner_.last_plan_blocks();
   s.done = have_data_ && state_.step >= s.total_steps;
   s.failed = !failed_.ok();
   s.last_loss = last_loss_;
@@ -945,8 +832,8 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   o.received = received_;
   o.sums = sums_.Sums();
   o.losses = sums_.Losses();
-  o.plan = plan_;
-  o.work = work_;
+  o.plan = planner_.plan();
+  o.work = planner_.work();
   o.lost = roster_.lost_ranks();
   o.holders = roster_.worker_ids();
   o.sessions = roster_.sessions();

@@ -43,6 +43,7 @@
 #include "common/parallel_for.h"
 #include "common/shard_plan.h"
 #include "server/adam.h"
+#include "server/block_planner.h"
 #include "server/rank_roster.h"
 #include "server/step_stats.h"
 #include "server/sum_tree.h"
@@ -50,35 +51,6 @@
 #include "server/weights_publisher.h"
 
 namespace dp {
-
-// How the step's blocks follow the ranks (see the class comment).
-struct ElasticOptions {
-  // A rank silent for the lease timeout loses its block to the others;
-  // false: the step waits for it (--on_worker_loss=wait).
-  bool reassign = true;
-  // Hands out blocks and work. Shard 0 leads; the other shards only sum
-  // what the workers push them.
-  bool lead = true;
-  // Straggler backups: at most this many late blocks a step are handed to
-  // an idle rank as well; 0 turns straggler handling off.
-  int backup_blocks = 1;
-  // A block is late once the step has run straggler_factor times as long as
-  // its first push took, and at least straggler_min_wait.
-  double straggler_factor = 3.0;
-  absl::Duration straggler_min_wait = absl::Milliseconds(20);
-  // What the step's start, its first push and the straggler deadline are
-  // read from; a test passes a clock it advances itself (it is called
-  // under the coordinator's lock, from any thread).
-  std::function<absl::Time()> clock = absl::Now;
-  // The first step this process plans waits this long for every rank
-  // (world_size) to register, then starts with those there (at least
-  // min_workers): workers starting together start together.
-  absl::Duration start_wait = absl::Seconds(30);
-  // A rank's lease (--worker_timeout_s): a rank whose connection is open
-  // and that made a call within it, or waits in one, is held by its
-  // process, and another process's registration of it is refused.
-  absl::Duration lease = absl::Seconds(10);
-};
 
 // Counts of what elasticity did, since the start.
 struct CoordinatorStatus {
@@ -449,25 +421,18 @@ class StepCoordinator {
   std::vector<Wake> ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the current step: no sums, no pushes, no backups, then a plan.
   void NewStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Splits the current step's blocks among the ranks taking part (live,
-  // and not a straggler that has not called since), when enough are, as
-  // their work; what is in stays in (any node counts, whoever planned it).
-  void PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans again while no block of the step is in (a rank joined or was
   // lost before anyone pushed), and hands lost ranks' blocks and late ones
   // to idle ranks that wait: the waits to finish.
   std::vector<Wake> ReplanOrHandOutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The block `rank` computes now: its own or one handed to it, unless it
-  // is in; else a lost rank's block, now its own. Empty: none.
-  Block NextWorkLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The ranks a plan made now gives blocks to (none when fewer than
-  // min_workers are live).
+  // BlockPlanner::AssignWork, counted.
+  Block AssignWorkLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BlockPlanner::TakingPart, the first step held for the start wait.
   std::vector<int> TakingPartLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::vector<LeaseEvent> CheckLeasesLocked(absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The blocks of lost ranks that are not in and that no live rank
-  // computes.
-  std::vector<Block> OrphansLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A live rank waits for the current step (it could take a block).
+  bool IdleWaitLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // When the next late block is due, for the straggler thread.
   absl::Time NextLateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void WatchStragglers();
@@ -493,18 +458,10 @@ class StepCoordinator {
   ElasticOptions elastic_ ABSL_GUARDED_BY(mu_);
   // The step's sums that are in.
   SumTree sums_ ABSL_GUARDED_BY(mu_);
-  // By rank: pushed a block this step; its planned block; the block it is
-  // to compute now (planned or handed to it); a straggler (its planned
-  // block of the last step was completed by another's copy).
+  // By rank: pushed a block this step.
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
-  std::vector<Block> plan_ ABSL_GUARDED_BY(mu_);
-  std::vector<Block> work_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> straggler_ ABSL_GUARDED_BY(mu_);
-  std::vector<Block> backed_up_ ABSL_GUARDED_BY(mu_);  // late, handed again
-  int backups_this_step_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time step_start_ ABSL_GUARDED_BY(mu_);
-  absl::Time first_push_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  int last_plan_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  // Who computes which of the step's blocks.
+  BlockPlanner planner_ ABSL_GUARDED_BY(mu_);
   std::thread straggler_thread_;
   // What Pull hands out: the current version's snapshot, and sharded the
   // version before.

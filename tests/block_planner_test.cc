@@ -1,0 +1,103 @@
+// BlockPlanner alone, on a roster and sums of its own: plans among the
+// ranks taking part, stragglers left out, a lost rank's blocks handed on
+// (never below --min_workers), and late blocks backed up when due.
+#include "server/block_planner.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+const absl::Time kStart = absl::FromUnixSeconds(1000000);
+
+// A roster of `world` ranks, all registered, and an empty step of K sums.
+struct Fixture {
+  Fixture(int world, int k, int min_workers = 1)
+      : roster(world, kStart),
+        sums(k, 2),
+        planner(k, min_workers, &roster, &sums) {
+    for (int r = 0; r < world; ++r) roster.Register(r, "", kStart);
+    planner.Configure(ElasticOptions{}, kStart);
+  }
+  // Pushes `block` (zeros) as `rank` at `at`.
+  void Push(int rank, const Block& block, absl::Time at) {
+    const std::string zeros(2 * sizeof(float), '\0');
+    SumTree::Folding folding;
+    sums.Read(block, Encoding::kF32, zeros, 1e30f, nullptr, &folding);
+    planner.Pushed(rank, block, at);
+    sums.Accept(block, folding, 0.0f);
+  }
+  RankRoster roster;
+  SumTree sums;
+  BlockPlanner planner;
+};
+
+TEST(BlockPlannerTest, TheStepsBlocksGoToTheRanksTakingPart) {
+  Fixture f(3, 4);
+  f.planner.Plan(f.planner.TakingPart(/*hold=*/false));
+  // Largest node first, ties leftmost: the last rank gets the half.
+  EXPECT_EQ(f.planner.plan(), (std::vector<Block>{{0, 1}, {1, 1}, {2, 2}}));
+  EXPECT_EQ(f.planner.work(), f.planner.plan());
+  EXPECT_TRUE(f.planner.TakingPart(/*hold=*/true).empty());
+}
+
+TEST(BlockPlannerTest, AStragglerIsLeftOutOfTheNextPlanUntilItWaitsInTime) {
+  Fixture f(2, 2);
+  f.planner.Plan(f.planner.TakingPart(false));
+  // Rank 1 pushed nothing and did not wait: rank 0's copy completed it.
+  f.planner.Applied({true, false}, {false, false});
+  EXPECT_EQ(f.planner.last_plan_blocks(), 2);
+  f.planner.StartStep(kStart, f.planner.TakingPart(false));
+  EXPECT_EQ(f.planner.plan(), (std::vector<Block>{{0, 2}, {}}));
+  f.planner.Applied({true, false}, {false, true});
+  f.planner.StartStep(kStart, f.planner.TakingPart(false));
+  EXPECT_EQ(f.planner.plan(), (std::vector<Block>{{0, 1}, {1, 1}}));
+}
+
+TEST(BlockPlannerTest, ALostRanksBlockGoesOnOnlyAtOrAboveMinWorkers) {
+  for (const int min_workers : {2, 3}) {
+    SCOPED_TRACE(min_workers);
+    Fixture f(3, 3, min_workers);
+    f.planner.Plan(f.planner.TakingPart(false));
+    f.roster.MarkLost(0);
+    int64_t reassigned = 0;
+    f.Push(1, {1, 1}, kStart);
+    const Block got = f.planner.AssignWork(1, &reassigned);
+    if (min_workers == 2) {
+      EXPECT_EQ(got, (Block{0, 1}));
+      EXPECT_EQ(reassigned, 1);
+    } else {
+      EXPECT_TRUE(got.empty()) << got.ToString();
+      EXPECT_EQ(reassigned, 0);
+    }
+  }
+}
+
+TEST(BlockPlannerTest, ABlockIsLateAfterFactorTimesTheFirstPushAndTheMinimum) {
+  Fixture f(2, 2);
+  ElasticOptions elastic;
+  elastic.backup_blocks = 1;
+  elastic.straggler_factor = 3.0;
+  elastic.straggler_min_wait = absl::Milliseconds(20);
+  f.planner.Configure(elastic, kStart);
+  f.planner.StartStep(kStart, f.planner.TakingPart(false));
+  EXPECT_EQ(f.planner.LateDue(), absl::InfiniteFuture()) << "no push yet";
+  f.Push(0, {0, 1}, kStart + absl::Milliseconds(100));
+  EXPECT_EQ(f.planner.LateDue(), kStart + absl::Milliseconds(300));
+  const Block late = f.planner.LateBlock({true, false});
+  EXPECT_EQ(late, (Block{1, 1}));
+  f.planner.BackUp(0, late);
+  EXPECT_EQ(f.planner.work()[0], late);
+  EXPECT_EQ(f.planner.LateDue(), absl::InfiniteFuture()) << "used up";
+  // A fast first push: the minimum wait.
+  f.sums.Clear();
+  f.planner.StartStep(kStart, f.planner.TakingPart(false));
+  f.Push(0, {0, 1}, kStart + absl::Milliseconds(1));
+  EXPECT_EQ(f.planner.LateDue(), kStart + absl::Milliseconds(20));
+}
+
+}  // namespace
+}  // namespace dp
