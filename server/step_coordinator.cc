@@ -23,6 +23,14 @@ absl::Status Unavailable() {
   return absl::UnavailableError("dp-ps is shutting down");
 }
 
+// ABORTED for a call about another step than the job's: the worker re-syncs.
+absl::Status OtherStep(int rank, const char* does, int64_t step,
+                       int64_t current) {
+  return absl::AbortedError(absl::StrFormat(
+      "rank %d %s step %d but the job is at step %d (%s step): re-sync", rank,
+      does, step, current, step < current ? "stale" : "future"));
+}
+
 // A coordinator for the whole vector unless told otherwise.
 ShardSpec Normalized(ShardSpec shard, const ModelLayout& layout) {
   if (shard.count <= 1) {
@@ -129,6 +137,12 @@ std::vector<int> StepCoordinator::AwaitRanksGone(absl::Duration timeout) const {
 
 void StepCoordinator::RenewLeaseLocked(int rank) {
   roster_.Renew(rank, absl::Now());
+}
+
+absl::Status StepCoordinator::CheckRegisteredLocked(int rank) const {
+  if (roster_.registered(rank)) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrFormat("rank %d has not registered", rank));
 }
 
 absl::Status StepCoordinator::CheckRank(const char* rpc, int rank) const {
@@ -338,19 +352,11 @@ absl::Status StepCoordinator::ReadGradientLocked(
 
 absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank, int64_t step,
                                                     const Block& block) const {
-  if (!roster_.registered(rank)) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("rank %d has not registered", rank));
-  }
+  RETURN_IF_ERROR(CheckRegisteredLocked(rank));
   const int64_t current = state_.step;
   // The step just applied: a retry whose answer was lost, or a late copy.
   if (step == current - 1) return true;
-  if (step != current) {
-    return absl::AbortedError(absl::StrFormat(
-        "rank %d pushed step %d but the job is at step %d (%s step): "
-        "re-sync",
-        rank, step, current, step < current ? "stale" : "future"));
-  }
+  if (step != current) return OtherStep(rank, "pushed", step, current);
   if (step >= TotalStepsLocked()) {
     return absl::AbortedError(absl::StrFormat(
         "rank %d pushed step %d but the job finished at step %d", rank, step,
@@ -580,17 +586,9 @@ absl::StatusOr<StepCoordinator::WaitTicket> StepCoordinator::WaitForStepLocked(
     int rank, int64_t step, WaitCallback done, WaitCallback* evicted) {
   RETURN_IF_ERROR(RefusalToLocked(rank));
   RETURN_IF_ERROR(CheckRank("WaitForStep", rank));
-  if (!roster_.registered(rank)) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("rank %d has not registered", rank));
-  }
+  RETURN_IF_ERROR(CheckRegisteredLocked(rank));
   const int64_t current = state_.step;
-  if (step > current) {
-    return absl::AbortedError(absl::StrFormat(
-        "rank %d waits for step %d but the job is at step %d (future step): "
-        "re-sync",
-        rank, step, current));
-  }
+  if (step > current) return OtherStep(rank, "waits for", step, current);
   if (step < current) {
     RenewLeaseLocked(rank);
     return WaitTicket{true, current, 0, Block{}};
@@ -616,10 +614,7 @@ absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
   RETURN_IF_ERROR(CheckRank("ReportEval", rank));
   RETURN_IF_ERROR(CheckEvalReport(rank, r));
   if (r.step > state_.step) {
-    return absl::AbortedError(absl::StrFormat(
-        "evaluation report from rank %d is about the weights of step %d, but "
-        "the job is at step %d (future step)",
-        rank, r.step, state_.step));
+    return OtherStep(rank, "reports the evaluation of", r.step, state_.step);
   }
   RenewLeaseLocked(rank);
   last_eval_ = r;

@@ -380,6 +380,9 @@ class StepCoordinator {
   void RenewLeaseLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRank(const char* rpc, int rank) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION naming the rank unless it registered.
+  absl::Status CheckRegisteredLocked(int rank) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int K() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return config_.schedule.num_micro_batches();
   }
