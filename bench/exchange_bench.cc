@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "common/malloc_tuning.h"
 #include "common/parallel_for.h"
 #include "server/ps_service.h"

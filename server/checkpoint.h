@@ -1,4 +1,4 @@
-// dp-ps's checkpoint directory: files in common/checkpoint_format.h's format,
+// dp-ps's checkpoint directory: files in proto/checkpoint_format.h's format,
 // written atomically (temporary file, fsync, rename, fsync of the
 // directory), the newest `keep` of the job's current history kept (a
 // rollback abandons those past its step), the newest valid one loaded at
@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "common/checkpoint_format.h"
+#include "proto/checkpoint_format.h"
 #include "common/dataset.h"
 #include "common/job_config.h"
 #include "common/model_layout.h"

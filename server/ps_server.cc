@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/cpu_quota.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/safetensors.h"

@@ -7,11 +7,11 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "common/grpc_status.h"
+#include "proto/grpc_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "common/tensor_message.h"
-#include "common/wire.h"
+#include "proto/tensor_message.h"
+#include "proto/wire.h"
 
 namespace dp {
 namespace {

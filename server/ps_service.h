@@ -13,7 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
-#include "common/security.h"
+#include "proto/security.h"
 #include "proto/dp.grpc.pb.h"
 #include "server/request_validator.h"
 #include "server/server_metrics.h"

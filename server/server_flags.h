@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/endpoint_flags.h"
 #include "common/flags.h"
-#include "common/security.h"
+#include "proto/security.h"
 #include "server/ps_server.h"
 
 namespace dp {

@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
-#include "common/security.h"
+#include "proto/security.h"
 #include "server/ps_server.h"
 #include "server/server_flags.h"
 

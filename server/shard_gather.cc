@@ -7,10 +7,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/grpc_server.h"
-#include "common/grpc_status.h"
+#include "proto/grpc_server.h"
+#include "proto/grpc_status.h"
 #include "common/log.h"
-#include "common/security.h"
+#include "proto/security.h"
 #include "common/status_macros.h"
 #include "proto/dp.grpc.pb.h"
 

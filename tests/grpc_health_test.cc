@@ -3,7 +3,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "gtest/gtest.h"
 #include "server/ps_service.h"
 #include "tests/health_client.h"

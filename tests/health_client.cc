@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "absl/time/clock.h"
-#include "common/grpc_status.h"
+#include "proto/grpc_status.h"
 
 namespace dp {
 

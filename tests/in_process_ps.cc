@@ -2,7 +2,7 @@
 #include "tests/in_process_ps.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "common/status_macros.h"
 
 namespace dp {

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/grpc_status.h"
+#include "proto/grpc_status.h"
 #include "common/job_failure.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"

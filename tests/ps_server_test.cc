@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
-#include "common/grpc_server.h"
-#include "common/grpc_status.h"
+#include "proto/grpc_server.h"
+#include "proto/grpc_status.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"

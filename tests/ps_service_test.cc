@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "absl/synchronization/notification.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "gtest/gtest.h"
 #include "tests/in_process_ps.h"
 #include "tests/same_state.h"

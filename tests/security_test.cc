@@ -2,7 +2,7 @@
 // certificates made by the openssl CLI, the shared token, keepalive settings
 // that both sides accept, and the configuration errors of each. Every refused
 // call leaves the weights, Adam state, step and registered ranks unchanged.
-#include "common/security.h"
+#include "proto/security.h"
 
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "gtest/gtest.h"
 #include "server/ps_service.h"
 #include "tests/same_state.h"

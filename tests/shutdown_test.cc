@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/flags.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
 #include "server/checkpoint.h"

@@ -2,7 +2,7 @@
 // what ParseWithTensor reads from any slicing of protobuf's bytes is the
 // message, the tensor is neither copied on the way out nor kept alive longer
 // than gRPC needs it, and malformed bytes are refused, not misread.
-#include "common/tensor_message.h"
+#include "proto/tensor_message.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "common/security.h"
+#include "proto/security.h"
 #include "tests/subprocess.h"
 
 namespace dp {

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "gtest/gtest.h"
 #include "tests/exposition.h"
 #include "tests/in_process_ps.h"

@@ -40,7 +40,7 @@ struct PsClientOptions {
   // How long UNAVAILABLE is retried before giving up.
   absl::Duration retry_for = absl::Seconds(120);
   int max_message_bytes = 4 << 20;
-  // TLS or plaintext (common/security.h); null means plaintext.
+  // TLS or plaintext (proto/security.h); null means plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string tls_server_name;  // verify this name instead of the host's
   std::string auth_token;       // sent with every call when not empty

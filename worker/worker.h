@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/health_server.h"
+#include "proto/health_server.h"
 #include "common/metrics.h"
 #include "worker/backend_choice.h"
 #include "worker/ps_group.h"

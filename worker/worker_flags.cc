@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 #include "common/model_layout.h"
 #include "common/shard_plan.h"
 #include "common/status_macros.h"

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/endpoint_flags.h"
 #include "common/flags.h"
-#include "common/security.h"
+#include "proto/security.h"
 #include "worker/worker.h"
 
 namespace dp {

@@ -742,7 +742,7 @@ function driftErrors(objects, bins, target) {
     check(probe.grpc.port === healthPort,
           `dp-ps ${kind} port ${probe.grpc.port} != --health_port ${healthPort}`);
     const service = probe.grpc.service || "";
-    // common/grpc_server.h: readiness is "", liveness is "liveness".
+    // proto/grpc_server.h: readiness is "", liveness is "liveness".
     check(service === (kind === "livenessProbe" ? "liveness" : ""),
           `dp-ps ${kind} checks service '${service}'`);
   }

@@ -43,7 +43,7 @@
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/model_layout.h"
-#include "common/tensor_message.h"
+#include "proto/tensor_message.h"
 #include "google/protobuf/stubs/logging.h"
 #include "proto/dp.pb.h"
 #include "server/ps_service.h"

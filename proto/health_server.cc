@@ -1,9 +1,9 @@
 // The plaintext health port (see health_server.h).
-#include "common/health_server.h"
+#include "proto/health_server.h"
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 
 namespace dp {
 

@@ -1,5 +1,5 @@
 // gRPC server start-up and matching client channel arguments.
-#include "common/grpc_server.h"
+#include "proto/grpc_server.h"
 
 #include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>

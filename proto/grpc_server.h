@@ -3,8 +3,8 @@
 // is an error instead of two servers silently sharing it), the port actually
 // bound, the standard health service (grpc.health.v1) and server reflection.
 // Clients take their channel arguments from here too, so the two sides agree.
-#ifndef DP_COMMON_GRPC_SERVER_H_
-#define DP_COMMON_GRPC_SERVER_H_
+#ifndef DP_PROTO_GRPC_SERVER_H_
+#define DP_PROTO_GRPC_SERVER_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -100,4 +100,4 @@ int MessageBytesFor(int64_t num_floats);
 
 }  // namespace dp
 
-#endif  // DP_COMMON_GRPC_SERVER_H_
+#endif  // DP_PROTO_GRPC_SERVER_H_

@@ -1,6 +1,6 @@
 // The one place where absl::Status and grpc::Status meet: their codes map 1:1.
-#ifndef DP_COMMON_GRPC_STATUS_H_
-#define DP_COMMON_GRPC_STATUS_H_
+#ifndef DP_PROTO_GRPC_STATUS_H_
+#define DP_PROTO_GRPC_STATUS_H_
 
 #include <grpcpp/support/status.h>
 
@@ -13,4 +13,4 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace dp
 
-#endif  // DP_COMMON_GRPC_STATUS_H_
+#endif  // DP_PROTO_GRPC_STATUS_H_

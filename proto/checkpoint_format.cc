@@ -1,12 +1,12 @@
 // The checkpoint file's bytes: encoding, verification, decoding.
-#include "common/checkpoint_format.h"
+#include "proto/checkpoint_format.h"
 
 #include <zlib.h>
 
 #include <cstring>
 
 #include "absl/strings/str_format.h"
-#include "common/wire.h"
+#include "proto/wire.h"
 #include "proto/checkpoint.pb.h"
 
 namespace dp {

@@ -1,5 +1,5 @@
 // Plain types <-> dp.v1 messages.
-#include "common/wire.h"
+#include "proto/wire.h"
 
 namespace dp {
 

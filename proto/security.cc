@@ -1,6 +1,6 @@
 // TLS credentials from PEM files (checked with OpenSSL so that errors name
 // the file) and the shared bearer token.
-#include "common/security.h"
+#include "proto/security.h"
 
 #include <arpa/inet.h>
 #include <openssl/bio.h>

@@ -1,8 +1,8 @@
 // The one place the plain types of a job meet their dp.v1 messages: each
 // conversion is written once, for the service, the client, shard 0's
 // collection and the checkpoint format alike.
-#ifndef DP_COMMON_WIRE_H_
-#define DP_COMMON_WIRE_H_
+#ifndef DP_PROTO_WIRE_H_
+#define DP_PROTO_WIRE_H_
 
 #include "common/job_config.h"
 #include "common/micro_batch_tree.h"
@@ -26,4 +26,4 @@ Block FromProto(const dp::v1::Block& block);
 
 }  // namespace dp
 
-#endif  // DP_COMMON_WIRE_H_
+#endif  // DP_PROTO_WIRE_H_

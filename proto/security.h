@@ -4,8 +4,8 @@
 //
 // Errors name the flag and the file; the binaries exit with
 // kExitConfigError on them.
-#ifndef DP_COMMON_SECURITY_H_
-#define DP_COMMON_SECURITY_H_
+#ifndef DP_PROTO_SECURITY_H_
+#define DP_PROTO_SECURITY_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -111,4 +111,4 @@ void AttachToken(const std::string& token, grpc::ClientContext* context);
 
 }  // namespace dp
 
-#endif  // DP_COMMON_SECURITY_H_
+#endif  // DP_PROTO_SECURITY_H_

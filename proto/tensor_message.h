@@ -5,8 +5,8 @@
 // in it is read straight from the received slices. The bytes on the wire are
 // those protobuf writes with the tensor field last, so any dp.v1 client or
 // server, generated in any language, reads and writes them unchanged.
-#ifndef DP_COMMON_TENSOR_MESSAGE_H_
-#define DP_COMMON_TENSOR_MESSAGE_H_
+#ifndef DP_PROTO_TENSOR_MESSAGE_H_
+#define DP_PROTO_TENSOR_MESSAGE_H_
 
 #include <google/protobuf/message_lite.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -66,4 +66,4 @@ absl::Status ParseWithTensor(const grpc::ByteBuffer& buffer, int field_number,
 
 }  // namespace dp
 
-#endif  // DP_COMMON_TENSOR_MESSAGE_H_
+#endif  // DP_PROTO_TENSOR_MESSAGE_H_

@@ -1,5 +1,5 @@
 // Protobuf wire format by hand for the one field protobuf would copy.
-#include "common/tensor_message.h"
+#include "proto/tensor_message.h"
 
 #include <cstdint>
 #include <cstring>

@@ -3,8 +3,8 @@
 // certificates. dp-ps runs it beside its main port (--health_port), a
 // dp-worker as its only server. It reveals whether the process is serving,
 // nothing else, and takes no token.
-#ifndef DP_COMMON_HEALTH_SERVER_H_
-#define DP_COMMON_HEALTH_SERVER_H_
+#ifndef DP_PROTO_HEALTH_SERVER_H_
+#define DP_PROTO_HEALTH_SERVER_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -28,7 +28,7 @@ class HealthServer {
   ~HealthServer();
 
   int port() const { return port_; }
-  // Readiness of "" and of `services`, as common/grpc_server.h's SetReady.
+  // Readiness of "" and of `services`, as proto/grpc_server.h's SetReady.
   // Safe during and after Shutdown (it then changes nothing).
   void SetReady(bool ready, const std::vector<std::string>& services = {});
   // Stops serving; open Watch streams are cancelled after `grace` (a plain
@@ -44,4 +44,4 @@ class HealthServer {
 
 }  // namespace dp
 
-#endif  // DP_COMMON_HEALTH_SERVER_H_
+#endif  // DP_PROTO_HEALTH_SERVER_H_

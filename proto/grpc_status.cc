@@ -1,5 +1,5 @@
 // absl::Status <-> grpc::Status.
-#include "common/grpc_status.h"
+#include "proto/grpc_status.h"
 
 #include <string>
 

@@ -2,8 +2,8 @@
 // configuration and data fingerprint, with a checksum. Layout: 8-byte magic,
 // 8-byte little-endian payload length, 4-byte little-endian CRC-32 of the
 // payload, then the payload (a serialised dp.v1.Checkpoint).
-#ifndef DP_COMMON_CHECKPOINT_FORMAT_H_
-#define DP_COMMON_CHECKPOINT_FORMAT_H_
+#ifndef DP_PROTO_CHECKPOINT_FORMAT_H_
+#define DP_PROTO_CHECKPOINT_FORMAT_H_
 
 #include <optional>
 #include <string>
@@ -35,4 +35,4 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(const ModelLayout& layout,
 
 }  // namespace dp
 
-#endif  // DP_COMMON_CHECKPOINT_FORMAT_H_
+#endif  // DP_PROTO_CHECKPOINT_FORMAT_H_
