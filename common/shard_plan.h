@@ -36,6 +36,15 @@ struct ShardSpec {
   std::string ToString() const;  // "shard 1 of 2 [117568, 235146)"
 };
 
+// What a shard says of itself (GetStatus, Register, Rollback).
+struct ShardState {
+  ShardSpec spec;  // one dp-ps: shard 0 of 1, the whole vector
+  int64_t step = 0;
+  uint64_t generation = 0;      // new at every start and rollback of the shard
+  bool holds_previous = false;  // it can serve version step - 1 too
+  std::vector<int64_t> restorable_steps;  // 0 and its verified checkpoints
+};
+
 // The ranges of `shards` shards over `layout`, in shard order, contiguous,
 // covering the vector. Balanced by bytes: each cut is at k * n / S, moved to
 // a tensor boundary when one lies within 2% of a shard's share (a shard

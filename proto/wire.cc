@@ -1,6 +1,8 @@
 // Plain types <-> dp.v1 messages.
 #include "proto/wire.h"
 
+#include <algorithm>
+
 namespace dp {
 
 dp::v1::Encoding ToProto(Encoding encoding) {
@@ -51,6 +53,45 @@ void ToProto(const Block& block, dp::v1::Block* out) {
 
 Block FromProto(const dp::v1::Block& block) {
   return Block{block.first(), block.count()};
+}
+
+void ToProto(const ShardState& shard, dp::v1::ShardInfo* out) {
+  out->set_index(shard.spec.index);
+  out->set_count(shard.spec.count);
+  out->set_offset(shard.spec.range.offset);
+  out->set_length(shard.spec.range.length);
+  out->set_generation(shard.generation);
+  out->set_holds_previous(shard.holds_previous);
+  for (int64_t step : shard.restorable_steps) out->add_restorable_steps(step);
+}
+
+ShardState FromProto(const dp::v1::ShardInfo& info, int64_t step,
+                     int64_t num_params) {
+  ShardState s;
+  s.spec.index = info.index();
+  s.spec.count = std::max(info.count(), 1);
+  s.spec.range = info.length() > 0 ? ParamRange{info.offset(), info.length()}
+                                   : ParamRange{0, num_params};
+  s.step = step;
+  s.generation = info.generation();
+  s.holds_previous = info.holds_previous();
+  s.restorable_steps.assign(info.restorable_steps().begin(),
+                            info.restorable_steps().end());
+  return s;
+}
+
+void ToProto(const EvalReport& report, dp::v1::ReportEvalRequest* out) {
+  out->set_step(report.step);
+  out->set_epoch(report.epoch);
+  out->set_accuracy(report.accuracy);
+  out->set_loss(report.loss);
+  out->set_num_samples(report.num_samples);
+  out->set_final(report.final);
+}
+
+EvalReport FromProto(const dp::v1::ReportEvalRequest& r) {
+  return EvalReport{r.step(), r.epoch(),       r.accuracy(),
+                    r.loss(), r.num_samples(), r.final()};
 }
 
 }  // namespace dp

@@ -6,6 +6,7 @@
 
 #include "common/job_config.h"
 #include "common/micro_batch_tree.h"
+#include "common/shard_plan.h"
 #include "common/tensor_codec.h"
 #include "proto/dp.pb.h"
 
@@ -23,6 +24,16 @@ JobConfig FromProto(const dp::v1::JobConfig& config);
 // absent message).
 void ToProto(const Block& block, dp::v1::Block* out);
 Block FromProto(const dp::v1::Block& block);
+// A shard's account of itself <-> dp.v1.ShardInfo (the step travels
+// beside it). A dp-ps that says nothing of shards holds the whole vector of
+// `num_params`.
+void ToProto(const ShardState& shard, dp::v1::ShardInfo* out);
+ShardState FromProto(const dp::v1::ShardInfo& info, int64_t step,
+                     int64_t num_params);
+// An evaluation report <-> dp.v1.ReportEvalRequest (the rank travels
+// beside it).
+void ToProto(const EvalReport& report, dp::v1::ReportEvalRequest* out);
+EvalReport FromProto(const dp::v1::ReportEvalRequest& request);
 
 }  // namespace dp
 

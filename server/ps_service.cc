@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "proto/grpc_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "proto/grpc_status.h"
 #include "proto/tensor_message.h"
 #include "proto/wire.h"
 
@@ -130,7 +130,7 @@ absl::Status CheckRequest(const RequestValidator& v,
 
 absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::ReportEvalRequest& r) {
-  return v.CheckEval(r.rank(), EvalReportOf(r));
+  return v.CheckEval(r.rank(), FromProto(r));
 }
 
 absl::Status CheckRequest(const RequestValidator&,
@@ -145,11 +145,6 @@ absl::Status CheckRequest(const RequestValidator&,
         "Rollback: step %d is out of range [0, %d]", r.step(), kMaxStep));
   }
   return absl::OkStatus();
-}
-
-EvalReport EvalReportOf(const dp::v1::ReportEvalRequest& r) {
-  return EvalReport{r.step(), r.epoch(),       r.accuracy(),
-                    r.loss(), r.num_samples(), r.final()};
 }
 
 PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
@@ -174,19 +169,13 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
 
 void PsService::DescribeShard(const CoordinatorStatus& s,
                               dp::v1::ShardInfo* out) const {
-  out->set_index(s.shard.index);
-  out->set_count(s.shard.count);
-  out->set_offset(s.shard.range.offset);
-  out->set_length(s.shard.range.length);
-  out->set_generation(s.generation);
-  out->set_holds_previous(s.holds_previous);
-  std::vector<int64_t> steps = {0};
+  ShardState shard{s.shard, s.step, s.generation, s.holds_previous, {0}};
   if (restorable_steps_) {
     for (int64_t step : restorable_steps_()) {
-      if (step != 0) steps.push_back(step);
+      if (step != 0) shard.restorable_steps.push_back(step);
     }
   }
-  for (int64_t step : steps) out->add_restorable_steps(step);
+  ToProto(shard, out);
 }
 
 ServerUnaryReactor* PsService::FinishCall(CallbackServerContext* ctx,
@@ -510,7 +499,7 @@ ServerUnaryReactor* PsService::ReportEval(
   if (absl::Status s = CheckCall(ctx, *request); !s.ok())
     return FinishCall(ctx, s);
   return FinishCall(
-      ctx, coordinator_->RecordEval(request->rank(), EvalReportOf(*request)),
+      ctx, coordinator_->RecordEval(request->rank(), FromProto(*request)),
       request->rank());
 }
 

@@ -80,7 +80,6 @@ absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::GetStatusRequest& r);
 absl::Status CheckRequest(const RequestValidator& v,
                           const dp::v1::RollbackRequest& r);
-EvalReport EvalReportOf(const dp::v1::ReportEvalRequest& r);
 // Registers as the request asks: its rank, or with any_rank the one dp-ps
 // picks (the rank given is then the one preferred).
 absl::StatusOr<StepCoordinator::Registration> RegisterAsRequested(

@@ -7,26 +7,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "proto/grpc_server.h"
-#include "proto/grpc_status.h"
 #include "common/log.h"
-#include "proto/security.h"
 #include "common/status_macros.h"
-#include "proto/dp.grpc.pb.h"
+#include "proto/shard_client.h"
 
 namespace dp {
 
 namespace {
-
-absl::Status GetStatusOf(dp::v1::ParameterServer::Stub& stub,
-                         const std::string& auth_token,
-                         const dp::v1::GetStatusRequest& request,
-                         dp::v1::GetStatusResponse* response) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  AttachToken(auth_token, &ctx);
-  return FromGrpcStatus(stub.GetStatus(&ctx, request, response));
-}
 
 // One collection of the weights of `step`: which address turned out to be
 // which shard, which ranges are in, and when each address last answered.
@@ -46,9 +33,9 @@ class Collection {
               params_.begin() + ranges_[own_index].offset);
     have_[own_index] = true;
     for (const std::string& address : options.addresses) {
-      stubs_.push_back(dp::v1::ParameterServer::NewStub(
-          ClientChannel(address, MessageBytesFor(layout.num_params()),
-                        options.credentials, options.server_name)));
+      stubs_.push_back(std::make_unique<ShardClient>(
+          address, layout.num_params(), options.credentials,
+          options.server_name, options.auth_token));
     }
     answered_.assign(stubs_.size(), start_);
     shard_of_.assign(stubs_.size(), -1);
@@ -60,16 +47,15 @@ class Collection {
     waiting_.clear();
     for (size_t a = 0; a < stubs_.size(); ++a) {
       if (shard_of_[a] >= 0 && have_[shard_of_[a]]) continue;
-      dp::v1::GetStatusRequest request;
-      request.set_with_params(true);
-      dp::v1::GetStatusResponse response;
-      if (const absl::Status s = Call(a, request, &response); !s.ok()) {
-        waiting_.push_back(
-            absl::StrFormat("%s (%s)", options_.addresses[a], s.message()));
+      absl::StatusOr<ShardClient::Report> report =
+          stubs_[a]->Status(/*with_params=*/true);
+      if (!report.ok()) {
+        waiting_.push_back(absl::StrFormat("%s (%s)", options_.addresses[a],
+                                           report.status().message()));
         continue;
       }
       answered_[a] = absl::Now();
-      RETURN_IF_ERROR(Take(a, response));
+      RETURN_IF_ERROR(Take(a, *report));
     }
     return absl::OkStatus();
   }
@@ -113,38 +99,32 @@ class Collection {
   std::vector<float> TakeParams() { return std::move(params_); }
 
  private:
-  absl::Status Call(size_t a, const dp::v1::GetStatusRequest& request,
-                    dp::v1::GetStatusResponse* response) {
-    return GetStatusOf(*stubs_[a], options_.auth_token, request, response);
-  }
-
   // Address a's answer: its shard's range once that is at `step`.
-  absl::Status Take(size_t a, const dp::v1::GetStatusResponse& response) {
-    const dp::v1::ShardInfo& info = response.shard();
-    const int k = info.index();
-    if (info.count() != count_ || k < 0 || k >= count_ ||
-        info.offset() != ranges_[k].offset ||
-        info.length() != ranges_[k].length) {
+  absl::Status Take(size_t a, const ShardClient::Report& report) {
+    const ShardSpec& spec = report.shard.spec;
+    const int k = spec.index;
+    if (spec.count != count_ || k < 0 || k >= count_ ||
+        !(spec.range == ranges_[k])) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%s is shard %d of %d [%d, +%d); this job has %d shards",
-          options_.addresses[a], k, info.count(), info.offset(), info.length(),
-          count_));
+          options_.addresses[a], k, spec.count, spec.range.offset,
+          spec.range.length, count_));
     }
     shard_of_[a] = k;
     if (have_[k]) return absl::OkStatus();  // this shard, or one collected
-    if (response.step() != step_) {
+    if (report.shard.step != step_) {
       waiting_.push_back(absl::StrFormat("%s (shard %d at step %d)",
                                          options_.addresses[a], k,
-                                         response.step()));
+                                         report.shard.step));
       return absl::OkStatus();
     }
-    if (response.params().size() != ranges_[k].length * sizeof(float)) {
+    if (report.params.size() != ranges_[k].length * sizeof(float)) {
       return absl::DataLossError(absl::StrFormat(
           "%s sent %d bytes of weights for %d values", options_.addresses[a],
-          response.params().size(), ranges_[k].length));
+          report.params.size(), ranges_[k].length));
     }
-    std::memcpy(params_.data() + ranges_[k].offset, response.params().data(),
-                response.params().size());
+    std::memcpy(params_.data() + ranges_[k].offset, report.params.data(),
+                report.params.size());
     have_[k] = true;
     return absl::OkStatus();
   }
@@ -155,7 +135,7 @@ class Collection {
   const std::vector<ParamRange> ranges_;
   std::vector<float> params_;
   std::vector<bool> have_;  // by shard
-  std::vector<std::unique_ptr<dp::v1::ParameterServer::Stub>> stubs_;
+  std::vector<std::unique_ptr<ShardClient>> stubs_;
   // By address: when it last answered (start: not yet), and which shard it
   // turned out to be (-1: not known yet).
   std::vector<absl::Time> answered_;
@@ -187,16 +167,11 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
   return collection.TakeParams();
 }
 
-void ReleaseShards(const GatherOptions& options, int num_params,
-                   int64_t step) {
+void ReleaseShards(const GatherOptions& options, int num_params, int64_t step) {
   for (const std::string& address : options.addresses) {
-    auto stub = dp::v1::ParameterServer::NewStub(
-        ClientChannel(address, MessageBytesFor(num_params),
-                      options.credentials, options.server_name));
-    dp::v1::GetStatusRequest request;
-    request.set_collected(step);
-    dp::v1::GetStatusResponse response;
-    (void)GetStatusOf(*stub, options.auth_token, request, &response);
+    ShardClient shard(address, num_params, options.credentials,
+                      options.server_name, options.auth_token);
+    (void)shard.Release(step);
   }
 }
 

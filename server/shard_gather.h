@@ -5,8 +5,6 @@
 #ifndef DP_SERVER_SHARD_GATHER_H_
 #define DP_SERVER_SHARD_GATHER_H_
 
-#include <grpcpp/grpcpp.h>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -17,6 +15,10 @@
 #include "absl/time/time.h"
 #include "common/model_layout.h"
 #include "common/shard_plan.h"
+
+namespace grpc {
+class ChannelCredentials;
+}  // namespace grpc
 
 namespace dp {
 
@@ -51,8 +53,7 @@ absl::StatusOr<std::vector<float>> GatherShards(const GatherOptions& options,
 // (GetStatus collected): it may exit. Best effort: one that does not hear
 // it exits after its --final_eval_timeout_s. Not before the workers are
 // gone: a late one still pushes to and pulls from every shard.
-void ReleaseShards(const GatherOptions& options, int num_params,
-                   int64_t step);
+void ReleaseShards(const GatherOptions& options, int num_params, int64_t step);
 
 }  // namespace dp
 

@@ -12,16 +12,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "proto/grpc_server.h"
-#include "proto/grpc_status.h"
 #include "common/log.h"
 #include "common/model_layout.h"
-#include "proto/security.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "proto/dp.grpc.pb.h"
+#include "proto/grpc_server.h"
+#include "proto/grpc_status.h"
+#include "proto/security.h"
 #include "proto/tensor_message.h"
 #include "proto/wire.h"
-#include "proto/dp.grpc.pb.h"
 #include "worker/exit_code.h"
 
 namespace dp {
@@ -39,29 +39,13 @@ constexpr char kPullMethod[] = "/dp.v1.ParameterServer/Pull";
 constexpr char kPushMethod[] = "/dp.v1.ParameterServer/Push";
 constexpr char kPushPullMethod[] = "/dp.v1.ParameterServer/PushPull";
 
-ShardState ShardStateFromProto(const dp::v1::ShardInfo& info, int64_t step,
-                               int64_t num_params) {
-  ShardState s;
-  s.spec.index = info.index();
-  s.spec.count = std::max(info.count(), 1);
-  // A dp-ps that says nothing of shards holds the whole vector.
-  s.spec.range = info.length() > 0 ? ParamRange{info.offset(), info.length()}
-                                   : ParamRange{0, num_params};
-  s.step = step;
-  s.generation = info.generation();
-  s.holds_previous = info.holds_previous();
-  s.restorable_steps.assign(info.restorable_steps().begin(),
-                            info.restorable_steps().end());
-  return s;
-}
-
 JobStatus JobStatusFromProto(const dp::v1::JobConfig& config, int64_t step,
                              const dp::v1::ShardInfo& shard,
                              int64_t num_params) {
   JobStatus status;
   status.config = FromProto(config);
   status.step = step;
-  status.shard = ShardStateFromProto(shard, step, num_params);
+  status.shard = FromProto(shard, step, num_params);
   return status;
 }
 
@@ -476,7 +460,7 @@ absl::StatusOr<ShardState> PsClient::Rollback(int64_t step,
       WithRetry("Rollback", options_.call_timeout, [&](grpc::ClientContext* c) {
         return rpc_->stub->Rollback(c, request, &response);
       }));
-  return ShardStateFromProto(response.shard(), response.step(), num_params_);
+  return FromProto(response.shard(), response.step(), num_params_);
 }
 
 absl::Status PsClient::Pull(int rank, std::optional<int64_t> version,
@@ -529,12 +513,7 @@ absl::Status PsClient::PushPull(const Gradient& gradient, absl::Span<float> all,
 absl::Status PsClient::ReportEval(int rank, const EvalReport& report) {
   dp::v1::ReportEvalRequest request;
   request.set_rank(rank);
-  request.set_step(report.step);
-  request.set_epoch(report.epoch);
-  request.set_accuracy(report.accuracy);
-  request.set_loss(report.loss);
-  request.set_num_samples(report.num_samples);
-  request.set_final(report.final);
+  ToProto(report, &request);
   dp::v1::ReportEvalResponse response;
   return WithRetry("ReportEval", options_.call_timeout,
                    [&](grpc::ClientContext* c) {

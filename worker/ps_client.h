@@ -50,14 +50,6 @@ struct PsClientOptions {
 };
 
 // Where a dp-ps stands among the job's shards, as it last answered.
-struct ShardState {
-  ShardSpec spec;  // one dp-ps: shard 0 of 1, the whole vector
-  int64_t step = 0;
-  uint64_t generation = 0;      // new at every start and rollback of the shard
-  bool holds_previous = false;  // it can serve version step - 1 too
-  std::vector<int64_t> restorable_steps;  // 0 and its verified checkpoints
-};
-
 struct JobStatus {
   JobConfig config;
   int64_t step = 0;

@@ -44,6 +44,7 @@
 #include "common/log.h"
 #include "common/model_layout.h"
 #include "proto/tensor_message.h"
+#include "proto/wire.h"
 #include "google/protobuf/stubs/logging.h"
 #include "proto/dp.pb.h"
 #include "server/ps_service.h"
@@ -338,7 +339,7 @@ class Harness {
         if (!Parse(body, len, &r)) return {absl::InvalidArgumentError("parse")};
         out.status = Validate(validate, r, CheckRequest(*validator_, r), &out);
         if (!out.status.ok()) return out;
-        out.status = coordinator_->RecordEval(r.rank(), EvalReportOf(r));
+        out.status = coordinator_->RecordEval(r.rank(), FromProto(r));
         return out;
       }
       case kGetStatus: {
