@@ -5,10 +5,11 @@
 
 namespace dp {
 
-BlockPlanner::BlockPlanner(int micro_batches, int min_workers,
+BlockPlanner::BlockPlanner(int micro_batches, int min_workers, bool lead,
                            const RankRoster* roster, const SumTree* sums)
     : k_(micro_batches),
       min_workers_(std::max(1, min_workers)),
+      lead_(lead),
       roster_(*roster),
       sums_(*sums),
       plan_(roster->world()),
@@ -64,7 +65,7 @@ void BlockPlanner::Replan(const std::vector<int>& taking_part) {
 
 std::vector<Block> BlockPlanner::Orphans() const {
   std::vector<Block> orphans;
-  if (!elastic_.lead || !elastic_.reassign) return orphans;
+  if (!lead_ || !elastic_.reassign) return orphans;
   int live = 0;
   for (int r = 0; r < roster_.world(); ++r) live += roster_.Live(r) ? 1 : 0;
   if (live < min_workers_) return orphans;

@@ -22,9 +22,10 @@ namespace dp {
 class BlockPlanner {
  public:
   // `roster` and `sums` must outlive the planner. --min_workers 0 counts
-  // as 1.
-  BlockPlanner(int micro_batches, int min_workers, const RankRoster* roster,
-               const SumTree* sums);
+  // as 1. Only the `lead` (shard 0) hands lost ranks' blocks on; the other
+  // shards plan too, to say whom they wait for.
+  BlockPlanner(int micro_batches, int min_workers, bool lead,
+               const RankRoster* roster, const SumTree* sums);
 
   // The options, and the current step's start by their clock.
   void Configure(const ElasticOptions& elastic, absl::Time step_start);
@@ -86,6 +87,7 @@ class BlockPlanner {
  private:
   const int k_;
   const int min_workers_;
+  const bool lead_;
   const RankRoster& roster_;
   const SumTree& sums_;
   ElasticOptions elastic_;

@@ -16,9 +16,6 @@ struct ElasticOptions {
   // A rank silent for the lease timeout loses its block to the others;
   // false: the step waits for it (--on_worker_loss=wait).
   bool reassign = true;
-  // Hands out blocks and work. Shard 0 leads; the other shards only sum
-  // what the workers push them.
-  bool lead = true;
   // Straggler backups: at most this many late blocks a step are handed to
   // an idle rank as well; 0 turns straggler handling off.
   int backup_blocks = 1;

@@ -98,7 +98,6 @@ absl::Status PsServer::Build() {
   ASSIGN_OR_RETURN(std::optional<Checkpoint> resumed, OpenCheckpoints());
   RETURN_IF_ERROR(MakeCoordinator(std::move(resumed)));
   ElasticOptions elastic = o.elastic;
-  elastic.lead = shard_.index == 0;
   // The lease that frees a silent rank for another process is the one that
   // makes it missing.
   elastic.lease = o.worker_timeout;

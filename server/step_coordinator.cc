@@ -50,13 +50,14 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
       shard_(Normalized(shard, layout_)),
       n_(shard_.range.length),
       started_(absl::Now()),
+      lead_(shard_.index == 0),
       pool_(update_threads),
       config_(std::move(config)),
       state_(std::move(state)),
       generation_(RandomId()),
       roster_(config_.schedule.world_size, started_),
       sums_(config_.schedule.num_micro_batches(), n_),
-      planner_(config_.schedule.num_micro_batches(), config_.min_workers,
+      planner_(config_.schedule.num_micro_batches(), config_.min_workers, lead_,
                &roster_, &sums_),
       weights_(n_, config_.weight_encoding, shard_.count > 1),
       waits_(config_.schedule.world_size),
@@ -81,8 +82,7 @@ void StepCoordinator::SetElastic(const ElasticOptions& options) {
   absl::MutexLock lock(&mu_);
   elastic_ = options;
   planner_.Configure(elastic_, elastic_.clock());
-  if (elastic_.lead && elastic_.backup_blocks > 0 &&
-      !straggler_thread_.joinable()) {
+  if (lead_ && elastic_.backup_blocks > 0 && !straggler_thread_.joinable()) {
     straggler_thread_ = std::thread([this] { WatchStragglers(); });
   }
 }
@@ -250,7 +250,7 @@ void StepCoordinator::ConnectionClosed(int rank, uint64_t session) {
         (have_data_ && state_.step >= TotalStepsLocked())) {
       return;
     }
-    if (elastic_.lead && elastic_.reassign) roster_.MarkLost(rank);
+    if (lead_ && elastic_.reassign) roster_.MarkLost(rank);
     wakes = ReplanOrHandOutLocked();
   }
   RunWakes(wakes);
@@ -479,7 +479,7 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ReplanOrHandOutLocked() {
   // Orphans (and, with a plan made just now, their own blocks) to the
   // ranks that wait, oldest wait first. (The other shards plan too, to say
   // whom they wait for, but hand nothing out.)
-  if (!elastic_.lead) return wakes;
+  if (!lead_) return wakes;
   std::vector<Block> works;  // of the waits taken, in their order
   std::vector<WaitQueue::Taken> taken =
       waits_.TakeWhere([&](int rank, int64_t step) {
@@ -503,8 +503,7 @@ bool StepCoordinator::IdleWaitLocked() const {
 }
 
 absl::Time StepCoordinator::NextLateLocked() const {
-  if (!elastic_.lead || state_.step >= TotalStepsLocked() ||
-      !IdleWaitLocked()) {
+  if (!lead_ || state_.step >= TotalStepsLocked() || !IdleWaitLocked()) {
     return absl::InfiniteFuture();
   }
   return planner_.LateDue();
@@ -762,7 +761,7 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeases(
 
 std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeasesLocked(
     absl::Duration timeout) {
-  if (!elastic_.lead) return {};  // the leader's business
+  if (!lead_) return {};  // the leader's business
   if (have_data_ && state_.step >= TotalStepsLocked()) return {};
   return roster_.CheckLeases(absl::Now(), waits_.Waiting(), timeout,
                              elastic_.reassign);

@@ -450,6 +450,9 @@ class StepCoordinator {
   const ShardSpec shard_;
   const int64_t n_;  // values of the range this coordinator owns
   const absl::Time started_;
+  // Shard 0 (or the one dp-ps) leads: it hands out blocks and work, and
+  // watches leases; the other shards only sum what the workers push them.
+  const bool lead_;
   mutable absl::Mutex mu_;
   WorkerPool pool_ ABSL_GUARDED_BY(mu_);  // runs the update, under mu_
   JobConfig config_ ABSL_GUARDED_BY(mu_);

@@ -18,7 +18,7 @@ struct Fixture {
   Fixture(int world, int k, int min_workers = 1)
       : roster(world, kStart),
         sums(k, 2),
-        planner(k, min_workers, &roster, &sums) {
+        planner(k, min_workers, /*lead=*/true, &roster, &sums) {
     for (int r = 0; r < world; ++r) roster.Register(r, "", kStart);
     planner.Configure(ElasticOptions{}, kStart);
   }
