@@ -75,15 +75,31 @@ StepCoordinator::StepCoordinator(ModelLayout layout, JobConfig config,
 
 StepCoordinator::~StepCoordinator() {
   Shutdown();
-  if (straggler_thread_.joinable()) straggler_thread_.join();
+  stragglers_.reset();  // joins: Shutdown ended its watch
 }
 
 void StepCoordinator::SetElastic(const ElasticOptions& options) {
   absl::MutexLock lock(&mu_);
   elastic_ = options;
   planner_.Configure(elastic_, elastic_.clock());
-  if (lead_ && elastic_.backup_blocks > 0 && !straggler_thread_.joinable()) {
-    straggler_thread_ = std::thread([this] { WatchStragglers(); });
+  if (lead_ && elastic_.backup_blocks > 0 && stragglers_ == nullptr) {
+    // Woken only when a block falls due sooner (evaluated by whoever
+    // releases the lock), or then; a test that moves its clock past that
+    // meanwhile calls BackUpLateBlocks itself.
+    stragglers_ = std::make_unique<DueWatcher>(
+        &mu_, DueWatcher::Calls{[this] { return BackUpLateBlocks(); },
+                                [this] {
+                                  mu_.AssertReaderHeld();
+                                  return shutdown_;
+                                },
+                                [this](absl::Time due) {
+                                  mu_.AssertReaderHeld();
+                                  return NextLateLocked() < due;
+                                },
+                                [this] {
+                                  mu_.AssertReaderHeld();
+                                  return elastic_.clock();
+                                }});
   }
 }
 
@@ -519,22 +535,6 @@ absl::Time StepCoordinator::BackUpLateBlocks() {
       wakes = BackUpLateBlockLocked();
     }
     RunWakes(wakes);
-  }
-}
-
-void StepCoordinator::WatchStragglers() {
-  for (;;) {
-    const absl::Time due = BackUpLateBlocks();
-    absl::MutexLock lock(&mu_);
-    if (shutdown_) return;
-    // Woken only when a block falls due sooner than that (evaluated by
-    // whoever releases the lock: no thread switch per step), or then: in
-    // real time, for what the clock says is left (a test that moves its
-    // clock past that meanwhile calls BackUpLateBlocks itself).
-    auto sooner = [this, due]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return shutdown_ || NextLateLocked() < due;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&sooner), due - elastic_.clock());
   }
 }
 

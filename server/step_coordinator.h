@@ -44,6 +44,7 @@
 #include "common/shard_plan.h"
 #include "server/adam.h"
 #include "server/block_planner.h"
+#include "server/due_watcher.h"
 #include "server/rank_roster.h"
 #include "server/step_stats.h"
 #include "server/sum_tree.h"
@@ -438,7 +439,6 @@ class StepCoordinator {
   bool IdleWaitLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // When the next late block is due, for the straggler thread.
   absl::Time NextLateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void WatchStragglers();
   // Hands the first late block to the oldest idle wait.
   std::vector<Wake> BackUpLateBlockLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes every waiter, returning their callbacks.
@@ -468,7 +468,8 @@ class StepCoordinator {
   std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
   // Who computes which of the step's blocks.
   BlockPlanner planner_ ABSL_GUARDED_BY(mu_);
-  std::thread straggler_thread_;
+  // A leader's straggler backups (BackUpLateBlocks when they fall due).
+  std::unique_ptr<DueWatcher> stragglers_;
   // What Pull hands out: the current version's snapshot, and sharded the
   // version before.
   WeightsPublisher weights_ ABSL_GUARDED_BY(mu_);
