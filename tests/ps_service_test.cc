@@ -326,7 +326,7 @@ struct SharedMemoryJob {
     client_options.data_plane = plane;
     client = std::make_unique<PsGroup>(
         std::vector<std::string>{client_options.address}, client_options);
-    Registration registration;
+    RegistrationRequest registration;
     registration.rank = 0;
     registration.model_fingerprint = layout.Fingerprint();
     registration.data = DataFingerprint{1000, 7};

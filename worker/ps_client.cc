@@ -351,7 +351,8 @@ absl::StatusOr<JobStatus> PsClient::GetStatus() {
   return status;
 }
 
-absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
+absl::StatusOr<JobStatus> PsClient::Register(
+    const RegistrationRequest& registration) {
   // dp-ps withdraws a ticket not yet redeemed when another registration of
   // the rank comes in (another process, once dp-ps counted this one lost:
   // it was silent past its lease). This registration is then stale anyway,
@@ -370,7 +371,7 @@ absl::StatusOr<JobStatus> PsClient::Register(const Registration& registration) {
 void PsClient::EndAttendance() { attendance_.reset(); }
 
 absl::StatusOr<JobStatus> PsClient::RegisterOnce(
-    const Registration& registration, bool last_try) {
+    const RegistrationRequest& registration, bool last_try) {
   dp::v1::RegisterRequest request;
   request.set_rank(registration.rank);
   request.set_any_rank(registration.any_rank);

@@ -59,8 +59,10 @@ struct JobStatus {
   int rank = 0;  // Register: the rank this worker is
 };
 
-// Who registers: dp-ps refuses a worker whose model or data differ.
-struct Registration {
+// What a worker asks to register as (dp-ps answers with the job and its
+// rank; StepCoordinator::Registration is that answer): dp-ps refuses a
+// worker whose model or data differ.
+struct RegistrationRequest {
   int rank = 0;
   bool any_rank = false;  // dp-ps picks the rank, `rank` if it is free
   uint64_t model_fingerprint = 0;
@@ -134,7 +136,7 @@ class PsClient {
   // dp-ps stands among the shards. Takes the shared memory dp-ps offers (a
   // fresh slot every time), as data_plane says. Then attends: holds a call
   // open that tells dp-ps at once when this process goes.
-  absl::StatusOr<JobStatus> Register(const Registration& registration);
+  absl::StatusOr<JobStatus> Register(const RegistrationRequest& registration);
   // Ends the Attend call of the last registration: dp-ps counts the rank
   // gone, free for another process, as when this one's connection closes.
   void EndAttendance();
@@ -207,8 +209,8 @@ class PsClient {
 
   // One registration; a refused ticket is PERMISSION_DENIED unless
   // last_try (then it is as any other failure to take the memory).
-  absl::StatusOr<JobStatus> RegisterOnce(const Registration& registration,
-                                         bool last_try);
+  absl::StatusOr<JobStatus> RegisterOnce(
+      const RegistrationRequest& registration, bool last_try);
 
   // Maps the regions dp-ps offered in `response` (RegisterResponse).
   absl::Status TakeSharedMemory(const std::string& socket,

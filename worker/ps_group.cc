@@ -178,7 +178,7 @@ absl::StatusOr<JobStatus> PsGroup::GetStatus() {
 }
 
 absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
-    const Registration& registration, const JobStatus* leader) {
+    const RegistrationRequest& registration, const JobStatus* leader) {
   const int n = shards();
   std::vector<JobStatus> by_address(n);
   RETURN_IF_ERROR(ForEachShard([&](int a) -> absl::Status {
@@ -293,7 +293,7 @@ absl::StatusOr<JobStatus> PsGroup::StandBy(
   return answer;
 }
 
-absl::StatusOr<JobStatus> PsGroup::Register(const Registration& wanted) {
+absl::StatusOr<JobStatus> PsGroup::Register(const RegistrationRequest& wanted) {
   join_version_.reset();
   // The leading shard (before the first join: the first listed, the same
   // for every worker) decides who has which rank: it picks a rank-less
@@ -310,7 +310,7 @@ absl::StatusOr<JobStatus> PsGroup::Register(const Registration& wanted) {
   std::vector<JobStatus> all;
   auto attempt = [&]() -> absl::StatusOr<JobStatus> {
     ASSIGN_OR_RETURN(const JobStatus leader, shard(0).Register(wanted));
-    Registration registration = wanted;
+    RegistrationRequest registration = wanted;
     registration.rank = leader.rank;
     registration.any_rank = false;
     absl::StatusOr<std::vector<JobStatus>> registered =

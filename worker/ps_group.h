@@ -54,7 +54,7 @@ class PsGroup {
   // Registers with every shard, checks that they are the shards of one job
   // (same plan, ranges that tile the vector) and brings them to one step:
   // the step returned, whose weights Pull then fetches.
-  absl::StatusOr<JobStatus> Register(const Registration& registration);
+  absl::StatusOr<JobStatus> Register(const RegistrationRequest& registration);
   // Every shard's tensors go through shared memory.
   bool shared_memory() const;
   std::string why_not_shared_memory() const;
@@ -93,7 +93,8 @@ class PsGroup {
   // One round of Register: the statuses by shard index (`leader`: the
   // answer shard(0) gave already, not asked again).
   absl::StatusOr<std::vector<JobStatus>> RegisterAll(
-      const Registration& registration, const JobStatus* leader = nullptr);
+      const RegistrationRequest& registration,
+      const JobStatus* leader = nullptr);
   // attempt() until it answers other than RESOURCE_EXHAUSTED (no rank free,
   // or the rank held by another live process) or `give_up` passes, saying
   // the first such answer.

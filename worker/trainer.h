@@ -117,7 +117,7 @@ class Trainer {
   Dataset train_;
   std::optional<Dataset> test_;
   std::unique_ptr<Backend> backend_;
-  Registration registration_;
+  RegistrationRequest registration_;
 
   // As of the last join.
   Schedule schedule_;
