@@ -148,7 +148,7 @@ void AverageAndUpdate(const Coefficients& c, const float* const* grads,
       c, grads, count, begin, end, params, m, v);
 }
 
-// The operands of AddEncodedToRankSum.
+// The operands of AddEncodedToSum.
 struct EncodedSum {
   const char* bytes;
   float limit;
@@ -265,10 +265,9 @@ void AverageAndAdamStep(const AdamOptions& o, int64_t t,
   SumAndAdamStep(o, t, grads, grads.size(), n, params, m, v, pool);
 }
 
-int64_t AddEncodedToRankSum(Encoding e, const char* bytes, int64_t n,
-                            float limit, const float* sum,
-                            absl::Span<const float* const> kept, float* out,
-                            WorkerPool* pool) {
+int64_t AddEncodedToSum(Encoding e, const char* bytes, int64_t n, float limit,
+                        const float* sum, absl::Span<const float* const> kept,
+                        float* out, WorkerPool* pool) {
   static const bool avx2 = __builtin_cpu_supports("avx2");
   const auto add_range = avx2 ? AddEncodedRangeAvx2 : AddEncodedRangeBaseline;
   const EncodedSum a{bytes, limit, sum, kept, out};
@@ -287,11 +286,11 @@ int64_t AddEncodedToRankSum(Encoding e, const char* bytes, int64_t n,
   return bad < n ? bad : -1;
 }
 
-void AdamStepOnSum(const AdamOptions& o, int64_t t, const float* sum, int ranks,
+void AdamStepOnSum(const AdamOptions& o, int64_t t, const float* sum, int count,
                    int64_t n, float* params, float* m, float* v,
                    WorkerPool* pool) {
   const float* const grads[] = {sum};
-  SumAndAdamStep(o, t, grads, static_cast<size_t>(ranks), n, params, m, v,
+  SumAndAdamStep(o, t, grads, static_cast<size_t>(count), n, params, m, v,
                  pool);
 }
 

@@ -50,15 +50,14 @@ void AverageAndAdamStep(const AdamOptions& options, int64_t t,
 // same additions, in the same order, as AverageAndAdamStep's sum (decoding,
 // then adding g and each kept gradient in turn): bit-identical, with a pool
 // or not.
-int64_t AddEncodedToRankSum(Encoding e, const char* bytes, int64_t n,
-                            float limit, const float* sum,
-                            absl::Span<const float* const> kept, float* out,
-                            WorkerPool* pool = nullptr);
-// AverageAndAdamStep on the rank sum of `ranks` gradients
-// (AddEncodedToRankSum): the same bits as AverageAndAdamStep on the
-// gradients themselves.
+int64_t AddEncodedToSum(Encoding e, const char* bytes, int64_t n, float limit,
+                        const float* sum, absl::Span<const float* const> kept,
+                        float* out, WorkerPool* pool = nullptr);
+// AverageAndAdamStep on a sum of `count` gradients (AddEncodedToSum; the
+// micro-batch tree's root, of K micro-batches): the same bits as
+// AverageAndAdamStep on the gradients themselves.
 void AdamStepOnSum(const AdamOptions& options, int64_t t, const float* sum,
-                   int ranks, int64_t n, float* params, float* m, float* v,
+                   int count, int64_t n, float* params, float* m, float* v,
                    WorkerPool* pool = nullptr);
 
 }  // namespace dp

@@ -65,7 +65,7 @@ void BlockPlanner::Replan(const std::vector<int>& taking_part) {
 
 std::vector<Block> BlockPlanner::Orphans() const {
   std::vector<Block> orphans;
-  if (!lead_ || !elastic_.reassign) return orphans;
+  if (!lead_ || !elastic_.reassign()) return orphans;
   int live = 0;
   for (int r = 0; r < roster_.world(); ++r) live += roster_.Live(r) ? 1 : 0;
   if (live < min_workers_) return orphans;

@@ -31,9 +31,9 @@ std::string CheckpointFileName(int64_t step) {
   return absl::StrFormat("%s%012d%s", kPrefix, step, kSuffix);
 }
 
-absl::Status CheckResumable(const JobConfig &saved, const JobConfig &wanted) {
+absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted) {
   std::vector<std::string> diffs;
-  auto check = [&diffs](const char *flag, const auto &was, const auto &now) {
+  auto check = [&diffs](const char* flag, const auto& was, const auto& now) {
     if (!(was == now)) {
       diffs.push_back(
           absl::StrCat("--", flag, "=", now, " (saved: ", was, ")"));
@@ -92,7 +92,7 @@ absl::Status CheckpointStore::Open() {
         "checkpoint directory %s is not writable: %s", dir_, s.message()));
   }
   ::unlink(probe.c_str());
-  for (const auto &[step, path] : ListNewestFirst()) {
+  for (const auto& [step, path] : ListNewestFirst()) {
     if (Load(step).ok()) {
       absl::MutexLock lock(&mu_);
       verified_.insert(step);
@@ -130,9 +130,9 @@ absl::StatusOr<Checkpoint> CheckpointStore::Load(int64_t step) const {
 std::vector<std::pair<int64_t, std::string>> CheckpointStore::ListNewestFirst()
     const {
   std::vector<std::pair<int64_t, std::string>> files;
-  DIR *d = ::opendir(dir_.c_str());
+  DIR* d = ::opendir(dir_.c_str());
   if (d == nullptr) return files;
-  while (struct dirent *e = ::readdir(d)) {
+  while (struct dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     absl::string_view number = name;
     int64_t step;
@@ -148,7 +148,7 @@ std::vector<std::pair<int64_t, std::string>> CheckpointStore::ListNewestFirst()
 }
 
 std::optional<Checkpoint> CheckpointStore::LoadNewest() const {
-  for (const auto &[step, path] : ListNewestFirst()) {
+  for (const auto& [step, path] : ListNewestFirst()) {
     auto bytes = ReadFile(path);
     if (!bytes.ok()) {
       Log("skipping checkpoint %s: %s", path, bytes.status().message());
@@ -168,7 +168,7 @@ std::optional<Checkpoint> CheckpointStore::LoadNewest() const {
   return std::nullopt;
 }
 
-absl::Status CheckpointStore::Write(const Checkpoint &c) {
+absl::Status CheckpointStore::Write(const Checkpoint& c) {
   absl::MutexLock write_lock(&write_mu_);
   absl::Status s = WriteLocked(c);
   if (!s.ok()) {
@@ -178,7 +178,7 @@ absl::Status CheckpointStore::Write(const Checkpoint &c) {
   return s;
 }
 
-absl::Status CheckpointStore::WriteLocked(const Checkpoint &c) {
+absl::Status CheckpointStore::WriteLocked(const Checkpoint& c) {
   const std::string path = dir_ + "/" + CheckpointFileName(c.state.step);
   if (absl::Status s = WriteFileAtomic(path, EncodeCheckpoint(layout_, c));
       !s.ok()) {
@@ -203,7 +203,7 @@ absl::Status CheckpointStore::WriteLocked(const Checkpoint &c) {
 
 void CheckpointStore::RemoveAfterLocked(int64_t step) {
   std::vector<std::string> removed;
-  for (const auto &[file_step, path] : ListNewestFirst()) {
+  for (const auto& [file_step, path] : ListNewestFirst()) {
     if (file_step <= step) break;
     ::unlink(path.c_str());
     removed.push_back(absl::StrCat(file_step));

@@ -18,10 +18,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "proto/checkpoint_format.h"
 #include "common/dataset.h"
 #include "common/job_config.h"
 #include "common/model_layout.h"
+#include "proto/checkpoint_format.h"
 
 namespace dp {
 
@@ -29,7 +29,7 @@ namespace dp {
 // shapes the computation must match; epochs and max_steps may change, since
 // the data order of an epoch does not depend on them. FAILED_PRECONDITION
 // naming every differing setting otherwise.
-absl::Status CheckResumable(const JobConfig &saved, const JobConfig &wanted);
+absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted);
 
 // "ckpt-000000000123.dpckpt" for step 123: names sort by step.
 std::string CheckpointFileName(int64_t step);
@@ -64,7 +64,7 @@ class CheckpointStore {
   // store - this, and the background writer's - run one at a time: the
   // final checkpoint may write the step whose WriteAsync is still in
   // progress.
-  [[nodiscard]] absl::Status Write(const Checkpoint &c);
+  [[nodiscard]] absl::Status Write(const Checkpoint& c);
 
   // The job went back to `step` (a rollback) and is now in `history` (the
   // coordinator's generation): every checkpoint past it - on disk, being
@@ -92,11 +92,11 @@ class CheckpointStore {
   // RestorableSteps): the one a restart resumes from. 0 when there is none,
   // as a restart then begins at step 0.
   int64_t NewestStep() const;
-  const std::string &dir() const { return dir_; }
+  const std::string& dir() const { return dir_; }
 
  private:
   void WriterLoop();
-  absl::Status WriteLocked(const Checkpoint &c)
+  absl::Status WriteLocked(const Checkpoint& c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Removes the checkpoints past `step`, on disk and in verified_.
   void RemoveAfterLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);

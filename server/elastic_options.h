@@ -10,12 +10,19 @@
 
 namespace dp {
 
+// What a lost rank (silent for its lease, or its connection closed) does to
+// the job (--on_worker_loss).
+enum class OnWorkerLoss {
+  kReassign,  // its blocks go to the others
+  kWait,      // the step waits for it to come back
+  kFail,      // the job fails
+};
+
 // How the step's blocks follow the ranks (see BlockPlanner and
 // StepCoordinator).
 struct ElasticOptions {
-  // A rank silent for the lease timeout loses its block to the others;
-  // false: the step waits for it (--on_worker_loss=wait).
-  bool reassign = true;
+  OnWorkerLoss on_worker_loss = OnWorkerLoss::kReassign;
+  bool reassign() const { return on_worker_loss == OnWorkerLoss::kReassign; }
   // Straggler backups: at most this many late blocks a step are handed to
   // an idle rank as well; 0 turns straggler handling off.
   int backup_blocks = 1;

@@ -12,11 +12,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/cpu_quota.h"
-#include "proto/grpc_server.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "proto/grpc_server.h"
 #include "server/ps_service.h"
 
 namespace dp {
@@ -101,8 +101,6 @@ absl::Status PsServer::Build() {
   // The lease that frees a silent rank for another process is the one that
   // makes it missing.
   elastic.lease = o.worker_timeout;
-  // A lost rank ends the job: its block goes to no one meanwhile.
-  if (o.fail_on_worker_loss) elastic.reassign = false;
   coordinator_->SetElastic(elastic);
   StartSharedPlane();
   service_ = std::make_unique<PsService>(coordinator_.get(), metrics_.get(),
@@ -301,10 +299,11 @@ absl::Status PsServer::Watch() {
       const std::string why = e.closed
                                   ? "its connection closed"
                                   : absl::StrFormat("no call for %.1f s", secs);
-      if (options_.fail_on_worker_loss) {
+      const OnWorkerLoss policy = options_.elastic.on_worker_loss;
+      if (policy == OnWorkerLoss::kFail) {
         return JobFailedError(absl::StrFormat(
             "rank %d was lost (%s, --on_worker_loss=fail)", e.rank, why));
-      } else if (!options_.elastic.reassign) {
+      } else if (policy == OnWorkerLoss::kWait) {
         Log("rank %d is missing: %s; step %d waits for it "
             "(--on_worker_loss=wait)",
             e.rank, why, coordinator_->Status().step);
@@ -357,9 +356,8 @@ absl::Status PsServer::Finish(absl::Time start) {
   // as the other shards wait one for both.
   const absl::Time deadline = absl::Now() + options_.final_eval_timeout;
   // Rank 0 reports its evaluations to shard 0 only.
-  const bool have_eval =
-      shard_.index == 0 &&
-      coordinator_->AwaitFinalEval(options_.final_eval_timeout);
+  const bool have_eval = shard_.index == 0 && coordinator_->AwaitFinalEval(
+                                                  options_.final_eval_timeout);
   if (shard_.index == 0) AwaitWorkersGone(deadline);
   LogSummary(seconds, have_eval);
   return absl::OkStatus();

@@ -19,10 +19,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "proto/health_server.h"
 #include "common/job_config.h"
 #include "common/metrics.h"
 #include "common/model_layout.h"
+#include "proto/health_server.h"
 #include "proto/security.h"
 #include "server/checkpoint.h"
 #include "server/server_metrics.h"
@@ -67,11 +67,8 @@ struct PsServerOptions {
   int64_t checkpoint_every = 100;
   int keep_checkpoints = 3;
   absl::Duration worker_timeout = absl::Seconds(10);
-  // Ends the job when a rank is lost; elastic.reassign is then ignored.
-  bool fail_on_worker_loss = false;
-  // How blocks follow the ranks: a lost rank's go to the others
-  // (elastic.reassign; else the step waits for it), late ones are backed
-  // up. `lead` is ignored: shard 0 leads.
+  // How blocks follow the ranks: what a lost rank does to the job
+  // (elastic.on_worker_loss), late blocks backed up.
   ElasticOptions elastic;
   int update_threads = 0;      // 0: DefaultUpdateThreads
   bool exit_when_done = true;  // false: serve until Stop()

@@ -263,8 +263,10 @@ absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f) {
   o.checkpoint_every = f.checkpoint_every;
   o.keep_checkpoints = f.keep_checkpoints;
   o.worker_timeout = absl::Seconds(f.worker_timeout_s);
-  o.fail_on_worker_loss = f.on_worker_loss == "fail";
-  o.elastic.reassign = f.on_worker_loss == "reassign";
+  o.elastic.on_worker_loss = f.on_worker_loss == "fail" ? OnWorkerLoss::kFail
+                             : f.on_worker_loss == "wait"
+                                 ? OnWorkerLoss::kWait
+                                 : OnWorkerLoss::kReassign;
   o.elastic.backup_blocks = f.backup_blocks;
   o.elastic.straggler_factor = f.straggler_factor;
   o.elastic.straggler_min_wait = absl::Milliseconds(f.straggler_min_wait_ms);

@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
-#include "proto/grpc_server.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "proto/grpc_server.h"
 #include "proto/security.h"
 #include "server/ps_server.h"
 #include "server/server_flags.h"

@@ -266,7 +266,7 @@ void StepCoordinator::ConnectionClosed(int rank, uint64_t session) {
         (have_data_ && state_.step >= TotalStepsLocked())) {
       return;
     }
-    if (lead_ && elastic_.reassign) roster_.MarkLost(rank);
+    if (lead_ && elastic_.reassign()) roster_.MarkLost(rank);
     wakes = ReplanOrHandOutLocked();
   }
   RunWakes(wakes);
@@ -366,8 +366,8 @@ absl::Status StepCoordinator::ReadGradientLocked(
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> StepCoordinator::IsRetryLocked(int rank, int64_t step,
-                                                    const Block& block) const {
+absl::StatusOr<bool> StepCoordinator::IsDuplicateLocked(
+    int rank, int64_t step, const Block& block) const {
   RETURN_IF_ERROR(CheckRegisteredLocked(rank));
   const int64_t current = state_.step;
   // The step just applied: a retry whose answer was lost, or a late copy.
@@ -421,7 +421,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     // Whether it can count decides only where it is read; the values are
     // checked first, before anything that depends on the step, so that a
     // bad gradient is INVALID_ARGUMENT whatever the state.
-    const absl::StatusOr<bool> retry = IsRetryLocked(rank, step, block);
+    const absl::StatusOr<bool> retry = IsDuplicateLocked(rank, step, block);
     SumTree::Folding folding;
     const absl::Time read_start = absl::Now();
     const absl::Status read =
@@ -764,7 +764,7 @@ std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeasesLocked(
   if (!lead_) return {};  // the leader's business
   if (have_data_ && state_.step >= TotalStepsLocked()) return {};
   return roster_.CheckLeases(absl::Now(), waits_.Waiting(), timeout,
-                             elastic_.reassign);
+                             elastic_.reassign());
 }
 
 TrainingState StepCoordinator::Snapshot() const {

@@ -401,8 +401,8 @@ class StepCoordinator {
   // True for a push that does not count (a retry of the step just applied,
   // a block already in); an error for a push the step refuses (not
   // registered, stale, future, after the end). `block` is a node.
-  absl::StatusOr<bool> IsRetryLocked(int rank, int64_t step,
-                                     const Block& block) const
+  absl::StatusOr<bool> IsDuplicateLocked(int rank, int64_t step,
+                                         const Block& block) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // What an accepted push leaves to do once the lock is released.
   struct AfterPush {

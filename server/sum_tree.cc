@@ -51,8 +51,8 @@ SumTree::BadValue SumTree::Read(const Block& block, Encoding encoding,
   const float* first = folding->folded.empty()
                            ? nullptr
                            : buffers_[sums_[folding->folded[0]].buffer].data();
-  const int64_t bad = AddEncodedToRankSum(encoding, gradient.data(), n_, limit,
-                                          first, kept, copy, pool);
+  const int64_t bad = AddEncodedToSum(encoding, gradient.data(), n_, limit,
+                                      first, kept, copy, pool);
   return BadValue{bad, bad >= 0 ? copy[bad] : 0.0f};
 }
 

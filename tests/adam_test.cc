@@ -319,7 +319,7 @@ void AddInto(std::vector<float>* sum, const std::vector<float>& x) {
 }
 
 // dp-ps folds each gradient into the rank sum as it reads it
-// (AddEncodedToRankSum, rank order) and applies Adam to the sum
+// (AddEncodedToSum, rank order) and applies Adam to the sum
 // (AdamStepOnSum): the same bits as
 // AverageAndAdamStep over the gradients, params, m and v alike, for every
 // number of ranks (powers of two divide by multiplying), with a pool or not.
@@ -349,7 +349,7 @@ TEST(AdamTest, FoldingGradientsAsTheyArriveGivesTheSameBits) {
       std::vector<float> sum(n), next(n);
       for (int r = 0; r < ranks; ++r) {
         const std::string bytes = Encoded(Encoding::kF32, g[r]);
-        ASSERT_EQ(AddEncodedToRankSum(Encoding::kF32, bytes.data(), n, 1e15f,
+        ASSERT_EQ(AddEncodedToSum(Encoding::kF32, bytes.data(), n, 1e15f,
                                       r == 0 ? nullptr : sum.data(), {},
                                       next.data(), with),
                   -1);
@@ -404,7 +404,7 @@ TEST(AdamTest, AddingAnEncodedGradientGivesTheBitsOfDecodingThenAdding) {
                          << " threads " << (pool ? pool->threads() : 0));
             std::vector<float> out(n, -1.0f);
             const std::vector<float> given = sum;
-            EXPECT_EQ(AddEncodedToRankSum(e, bytes.data(), n, 1e15f,
+            EXPECT_EQ(AddEncodedToSum(e, bytes.data(), n, 1e15f,
                                           with_sum ? given.data() : nullptr,
                                           kept_now, out.data(), pool),
                       -1);
@@ -443,7 +443,7 @@ TEST(AdamTest, AnEncodedGradientsFirstBadValueIsFoundWhereverItIs) {
           std::vector<float> out(n);
           // Rank 0 with a rank kept, or a later rank with none.
           const bool first = at % 2 == 0;
-          const int64_t found = AddEncodedToRankSum(
+          const int64_t found = AddEncodedToSum(
               e, bytes.data(), n, limit, first ? nullptr : sum.data(),
               first ? absl::Span<const float* const>(one_kept)
                     : absl::Span<const float* const>(),
@@ -467,7 +467,7 @@ TEST(AdamTest, AnEncodedGradientsFirstBadValueIsFoundWhereverItIs) {
   g[n - 1] = -limit;
   std::vector<float> out(n);
   EXPECT_EQ(
-      AddEncodedToRankSum(Encoding::kF32, Encoded(Encoding::kF32, g).data(), n,
+      AddEncodedToSum(Encoding::kF32, Encoded(Encoding::kF32, g).data(), n,
                           limit, sum.data(), {}, out.data(), &pool),
       -1)
       << "the limit itself is accepted";

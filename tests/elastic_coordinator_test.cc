@@ -473,7 +473,8 @@ TEST(ElasticCoordinatorTest, ACallHandledAfterTheConnectionClosedRevivesNoOne) {
   for (const bool reassign : {true, false}) {
     SCOPED_TRACE(reassign ? "reassign" : "wait or fail");
     ElasticOptions elastic = Instant();
-    elastic.reassign = reassign;
+    elastic.on_worker_loss =
+        reassign ? OnWorkerLoss::kReassign : OnWorkerLoss::kWait;
     auto c = Make(Job(2, 2), 0, elastic);
     const uint64_t fp = Layout().Fingerprint();
     auto r0 = c->Register(0, fp, kData);
@@ -545,7 +546,8 @@ struct TwoProcesses {
     ElasticOptions elastic = Instant();
     elastic.backup_blocks = 0;
     elastic.lease = lease;
-    elastic.reassign = reassign;
+    elastic.on_worker_loss =
+        reassign ? OnWorkerLoss::kReassign : OnWorkerLoss::kWait;
     c.SetElastic(elastic);
     auto r0 = c.Register(0, Layout().Fingerprint(), kData, "host/1");
     auto r1 = c.Register(1, Layout().Fingerprint(), kData, "host/2");
@@ -694,7 +696,7 @@ TEST(ElasticCoordinatorTest, ABlockHandedToARankLostInTurnIsHandedOnAgain) {
 // With reassign off (--on_worker_loss=wait) the step waits for the rank.
 TEST(ElasticCoordinatorTest, WithoutReassignTheStepWaitsForALostRank) {
   ElasticOptions wait = Instant();
-  wait.reassign = false;
+  wait.on_worker_loss = OnWorkerLoss::kWait;
   auto c = Make(Job(2, 2), 2, wait);
   ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
   auto ticket =
