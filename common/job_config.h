@@ -38,13 +38,14 @@ struct JobConfig {
   Encoding grad_encoding = Encoding::kF32;
   // How dp-ps sends the weights; it keeps and updates them in float32.
   Encoding weight_encoding = Encoding::kF32;
-  // Steps wait while fewer workers are live (0 counts as 1).
+  // Steps wait while fewer workers are live (0 counts as 1: live_minimum).
   int min_workers = 0;
+  int live_minimum() const { return std::max(min_workers, 1); }
   bool operator==(const JobConfig& o) const {
     return schedule == o.schedule && dataset == o.dataset && adam == o.adam &&
            grad_encoding == o.grad_encoding &&
            weight_encoding == o.weight_encoding &&
-           std::max(min_workers, 1) == std::max(o.min_workers, 1);
+           live_minimum() == o.live_minimum();
   }
 };
 

@@ -8,7 +8,7 @@ namespace dp {
 BlockPlanner::BlockPlanner(int micro_batches, int min_workers, bool lead,
                            const RankRoster* roster, const SumTree* sums)
     : k_(micro_batches),
-      min_workers_(std::max(1, min_workers)),
+      min_workers_(min_workers),
       lead_(lead),
       roster_(*roster),
       sums_(*sums),

@@ -21,8 +21,8 @@ namespace dp {
 
 class BlockPlanner {
  public:
-  // `roster` and `sums` must outlive the planner. --min_workers 0 counts
-  // as 1. Only the `lead` (shard 0) hands lost ranks' blocks on; the other
+  // `roster` and `sums` must outlive the planner; `min_workers` is the
+  // job's live minimum (JobConfig::live_minimum). Only the `lead` (shard 0) hands lost ranks' blocks on; the other
   // shards plan too, to say whom they wait for.
   BlockPlanner(int micro_batches, int min_workers, bool lead,
                const RankRoster* roster, const SumTree* sums);

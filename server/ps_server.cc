@@ -310,7 +310,7 @@ absl::Status PsServer::Watch() {
       } else {
         const CoordinatorStatus s = coordinator_->Status();
         const int live = static_cast<int>(s.live_ranks.size());
-        const int min_workers = std::max(1, s.config.min_workers);
+        const int min_workers = s.config.live_minimum();
         if (live >= min_workers) {
           Log("rank %d is missing: %s; its block of step %d goes to the "
               "others (--on_worker_loss=reassign)",

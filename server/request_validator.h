@@ -1,10 +1,14 @@
 // The edge of dp-ps: every request passes RequestValidator before it may
 // touch state. It checks everything that needs no state - ranks, steps,
 // ranges, sizes, finite and bounded values, fingerprints, the length and
-// characters of every string - so that the StepCoordinator is left with the
-// decisions that depend on the step. The values of a gradient are the one
-// exception: the coordinator checks them as it decodes them, so that each
-// gradient is read once. It takes the requests' fields (PsService and the
+// characters of every string - so that a bad request is refused before
+// anything is locked or read. The StepCoordinator makes the decisions that
+// depend on the step, and repeats the six checks below that keep it safe on
+// its own (a rank, a range or a shape out of bounds would index past a
+// buffer; a fingerprint, a loss or a report out of range would be stored),
+// calling the same functions, because it is called without this validator
+// too (its tests, the fuzzer). The values of a gradient are checked only
+// there, as they are decoded, so that each gradient is read once. It takes the requests' fields (PsService and the
 // tests unpack dp.v1 messages; see ps_service.h's CheckRequest). Requests of
 // dp.v1 have no repeated fields; the size of a whole message is bounded by
 // gRPC (RESOURCE_EXHAUSTED).
