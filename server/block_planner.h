@@ -22,8 +22,9 @@ namespace dp {
 class BlockPlanner {
  public:
   // `roster` and `sums` must outlive the planner; `min_workers` is the
-  // job's live minimum (JobConfig::live_minimum). Only the `lead` (shard 0) hands lost ranks' blocks on; the other
-  // shards plan too, to say whom they wait for.
+  // job's live minimum (JobConfig::live_minimum). Only the `lead` (shard 0)
+  // hands lost ranks' blocks on; the other shards plan too, to say whom they
+  // wait for.
   BlockPlanner(int micro_batches, int min_workers, bool lead,
                const RankRoster* roster, const SumTree* sums);
 
@@ -37,6 +38,11 @@ class BlockPlanner {
   bool planned() const;
   // How many ranks the plan of the step before gave a block.
   int last_plan_blocks() const { return last_plan_blocks_; }
+  // By rank: left out of the next plan. The late blocks handed again this
+  // step, and how many backups it has left to give.
+  const std::vector<bool>& stragglers() const { return straggler_; }
+  const std::vector<Block>& backed_up() const { return backed_up_; }
+  int backups_this_step() const { return backups_this_step_; }
 
   // The ranks a plan made now gives blocks to: the live ones, stragglers
   // only when nobody else is; none while `hold` (the first step waits for

@@ -95,6 +95,14 @@ class RankRoster {
   const std::vector<std::string>& worker_ids() const { return worker_ids_; }
   const std::vector<uint64_t>& sessions() const { return sessions_; }
   const std::vector<absl::Time>& leases() const { return last_seen_; }
+  const std::vector<bool>& told() const { return told_; }
+  // What CheckLeases reported last, by rank: missing, and never registered.
+  const std::vector<bool>& reported_missing() const {
+    return reported_missing_;
+  }
+  const std::vector<bool>& reported_unregistered() const {
+    return reported_unregistered_;
+  }
 
  private:
   // All by rank.

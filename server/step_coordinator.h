@@ -103,6 +103,8 @@ struct CoordinatorStatus {
   int64_t snapshots = 0;
 };
 
+struct CoordinatorMirror;
+
 class StepCoordinator {
  public:
   // update_threads: how many threads run the average + Adam update (the
@@ -327,33 +329,9 @@ class StepCoordinator {
   TrainingState Snapshot() const;
   CoordinatorStatus Status() const;
 
-  // Everything a request can change, leases and waiters included: what
-  // "a rejected request changes nothing" is checked against.
-  struct ObservableState {
-    TrainingState training;
-    JobConfig config;
-    std::optional<DataFingerprint> data;
-    std::vector<bool> registered;
-    std::vector<bool> received;  // pushed a block this step
-    // The sums of the step's blocks that are in, by block.
-    std::vector<std::pair<Block, std::vector<float>>> sums;
-    std::vector<float> losses;  // by block, as sums
-    std::vector<Block> plan;
-    std::vector<Block> work;
-    std::vector<bool> lost;
-    // By rank: who holds it (worker_id), its registration's session, and
-    // whether that one's connection closed.
-    std::vector<std::string> holders;
-    std::vector<uint64_t> sessions;
-    std::vector<bool> closed;
-    std::vector<absl::Time> last_seen;             // the leases
-    std::vector<std::pair<int, int64_t>> waiters;  // (rank, step), oldest first
-    bool has_eval = false;
-    bool final_eval = false;
-    EvalReport last_eval;
-    bool shutdown = false;
-    absl::Status failed;
-  };
+  // For tests (server/coordinator_mirror.h): a copy of everything a
+  // request can change.
+  using ObservableState = CoordinatorMirror;
   ObservableState Observe() const;
 
  private:
@@ -486,11 +464,6 @@ class StepCoordinator {
   StepStats stats_ ABSL_GUARDED_BY(mu_);
   std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);
 };
-
-// The names of the fields of `a` and `b` that differ, comma-separated;
-// empty when they are the same (floats compared bit by bit).
-std::string ObservableDifferences(const StepCoordinator::ObservableState& a,
-                                  const StepCoordinator::ObservableState& b);
 
 }  // namespace dp
 

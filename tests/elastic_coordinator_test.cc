@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "server/coordinator_mirror.h"
 #include "server/step_coordinator.h"
 #include "tests/same_state.h"
 

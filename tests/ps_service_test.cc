@@ -10,8 +10,9 @@
 #include <limits>
 
 #include "absl/synchronization/notification.h"
-#include "proto/grpc_server.h"
 #include "gtest/gtest.h"
+#include "proto/grpc_server.h"
+#include "server/coordinator_mirror.h"
 #include "tests/in_process_ps.h"
 #include "tests/same_state.h"
 #include "worker/ps_group.h"

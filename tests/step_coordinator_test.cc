@@ -1,5 +1,6 @@
 // The step protocol of dp-ps without the network: rank-ordered averaging,
 // idempotent pushes, rejected requests leave no trace.
+#include "server/coordinator_mirror.h"
 #include "server/step_coordinator.h"
 
 #include <algorithm>
