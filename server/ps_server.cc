@@ -431,30 +431,31 @@ absl::Status PsServer::SaveModel() {
 
 void PsServer::LogSummary(double seconds, bool have_eval) const {
   const CoordinatorStatus s = coordinator_->Status();
+  const StepTimes& t = s.times;
   // The training rate, from the first update to the last.
   const double train_seconds =
-      absl::ToDoubleSeconds(s.last_apply - s.first_apply);
+      absl::ToDoubleSeconds(t.last_apply - t.first_apply);
   const double rate = train_seconds > 0
-                          ? (s.step - s.first_applied_step) *
+                          ? (s.step - t.first_applied_step) *
                                 double(s.config.schedule.global_batch()) /
                                 train_seconds
                           : 0.0;
   Log("done: %d steps in %.1f s, %.0f samples/s while training, final loss "
       "%.4f",
       s.step, seconds, rate, s.last_loss);
-  if (s.applies > 0) {
+  if (t.applies > 0) {
     std::string waits;
-    for (size_t r = 0; r < s.wait_time.size(); ++r) {
+    for (size_t r = 0; r < t.wait_time.size(); ++r) {
       absl::StrAppendFormat(
           &waits, " rank %d %.3f ms", r,
-          absl::ToDoubleMilliseconds(s.wait_time[r]) / s.applies);
+          absl::ToDoubleMilliseconds(t.wait_time[r]) / t.applies);
     }
-    const double per_step = 1.0 / s.applies;
+    const double per_step = 1.0 / t.applies;
     Log("per step: update %.3f ms, reading pushes %.3f ms, into shared "
         "memory %.3f ms; from push to published update:%s",
-        absl::ToDoubleMilliseconds(s.apply_time) * per_step,
-        absl::ToDoubleMilliseconds(s.read_time) * per_step,
-        absl::ToDoubleMilliseconds(s.use_time) * per_step, waits);
+        absl::ToDoubleMilliseconds(t.apply_time) * per_step,
+        absl::ToDoubleMilliseconds(t.read_time) * per_step,
+        absl::ToDoubleMilliseconds(t.use_time) * per_step, waits);
   }
   if (shard_.index == 0) {
     const ElasticCounts& e = s.elastic;

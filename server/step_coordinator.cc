@@ -804,14 +804,7 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.last_loss = last_loss_;
   s.has_eval = has_eval_;
   s.last_eval = last_eval_;
-  s.first_applied_step = stats_.first_applied_step();
-  s.first_apply = stats_.first_apply();
-  s.last_apply = stats_.last_apply();
-  s.applies = stats_.applies();
-  s.apply_time = stats_.apply_time();
-  s.read_time = stats_.read_time();
-  s.use_time = stats_.use_time();
-  s.wait_time = stats_.wait_time();
+  s.times = stats_.times();
   s.snapshots = weights_.snapshots_made();
   return s;
 }

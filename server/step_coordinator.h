@@ -83,21 +83,7 @@ struct CoordinatorStatus {
   float last_loss = 0.0f;  // mean of the ranks' losses of the last step
   bool has_eval = false;
   EvalReport last_eval;
-  // When the first and the latest update of this process were applied:
-  // the training rate without start-up and data loading.
-  int64_t first_applied_step = 0;
-  absl::Time first_apply = absl::InfinitePast();
-  absl::Time last_apply = absl::InfinitePast();
-  // Where a step's time goes on the server: the update itself, and per rank
-  // the time from its push to the published update (waiting for the others).
-  int64_t applies = 0;
-  absl::Duration apply_time;
-  // Reading the pushes' gradients (checked and summed as read; every push,
-  // all ranks) and what WithCurrentWeights' callers did with the weights
-  // (publishing them into shared memory).
-  absl::Duration read_time;
-  absl::Duration use_time;
-  std::vector<absl::Duration> wait_time;
+  StepTimes times;
   // How many times Pull encoded the weights into a snapshot: at most once a
   // version, and never for one that only WithCurrentWeights handed out.
   int64_t snapshots = 0;

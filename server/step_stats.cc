@@ -4,9 +4,9 @@
 namespace dp {
 
 StepStats::StepStats(int world, absl::Time start)
-    : completed_by_(world, 0),
-      arrival_(world, start),
-      wait_time_(world, absl::ZeroDuration()) {}
+    : completed_by_(world, 0), arrival_(world, start) {
+  times_.wait_time.assign(world, absl::ZeroDuration());
+}
 
 void StepStats::CompletedBy(int rank) {
   last_completed_by_ = rank;
@@ -15,15 +15,16 @@ void StepStats::CompletedBy(int rank) {
 
 void StepStats::Applied(int64_t step, absl::Time begin, absl::Time end,
                         const std::vector<bool>& pushed) {
-  last_apply_ = end;
-  apply_time_ += end - begin;
-  ++applies_;
+  StepTimes& t = times_;
+  t.last_apply = end;
+  t.apply_time += end - begin;
+  ++t.applies;
   for (size_t r = 0; r < arrival_.size(); ++r) {
-    if (pushed[r]) wait_time_[r] += end - arrival_[r];
+    if (pushed[r]) t.wait_time[r] += end - arrival_[r];
   }
-  if (first_applied_step_ < 0) {
-    first_applied_step_ = step;
-    first_apply_ = end;
+  if (t.first_applied_step < 0) {
+    t.first_applied_step = step;
+    t.first_apply = end;
   }
 }
 

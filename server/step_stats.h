@@ -20,6 +20,24 @@ struct ElasticCounts {
   int64_t duplicate_pushes = 0;   // copies that came after the first
 };
 
+// Where a step's time goes on the server, since the start.
+struct StepTimes {
+  // When the first and the latest update of this process were applied: the
+  // training rate without start-up and data loading (-1: none yet).
+  int64_t first_applied_step = -1;
+  absl::Time first_apply = absl::InfinitePast();
+  absl::Time last_apply = absl::InfinitePast();
+  int64_t applies = 0;
+  // The update itself; reading the pushes' gradients (checked and summed as
+  // read; every push, all ranks); what WithCurrentWeights' callers did with
+  // the weights (publishing them into shared memory).
+  absl::Duration apply_time;
+  absl::Duration read_time;
+  absl::Duration use_time;
+  // By rank: the time from its pushes to the updates, added up.
+  std::vector<absl::Duration> wait_time;
+};
+
 class StepStats {
  public:
   // `world` ranks; `start`: when the coordinator started (the arrival of a
@@ -30,8 +48,8 @@ class StepStats {
   void Arrived(int rank, absl::Time t) { arrival_[rank] = t; }
   // `rank`'s push completed the step (the step waited for it last).
   void CompletedBy(int rank);
-  void AddRead(absl::Duration d) { read_time_ += d; }
-  void AddUse(absl::Duration d) { use_time_ += d; }
+  void AddRead(absl::Duration d) { times_.read_time += d; }
+  void AddUse(absl::Duration d) { times_.use_time += d; }
   ElasticCounts& counts() { return counts_; }
 
   // The update into version `step` ran from `begin` to `end`; `pushed`: by
@@ -39,35 +57,20 @@ class StepStats {
   void Applied(int64_t step, absl::Time begin, absl::Time end,
                const std::vector<bool>& pushed);
   // Whether any update was applied since the start.
-  bool any_applied() const { return first_applied_step_ >= 0; }
+  bool any_applied() const { return times_.first_applied_step >= 0; }
 
   const ElasticCounts& counts() const { return counts_; }
   int last_completed_by() const { return last_completed_by_; }
   // By rank: how many applied steps its push completed.
   const std::vector<int64_t>& completed_by() const { return completed_by_; }
-  int64_t first_applied_step() const { return first_applied_step_; }
-  absl::Time first_apply() const { return first_apply_; }
-  absl::Time last_apply() const { return last_apply_; }
-  int64_t applies() const { return applies_; }
-  absl::Duration apply_time() const { return apply_time_; }
-  absl::Duration read_time() const { return read_time_; }
-  absl::Duration use_time() const { return use_time_; }
-  // By rank: the time from its pushes to the updates, added up.
-  const std::vector<absl::Duration>& wait_time() const { return wait_time_; }
+  const StepTimes& times() const { return times_; }
 
  private:
   ElasticCounts counts_;
   int last_completed_by_ = -1;
   std::vector<int64_t> completed_by_;
-  int64_t first_applied_step_ = -1;
-  absl::Time first_apply_ = absl::InfinitePast();
-  absl::Time last_apply_ = absl::InfinitePast();
-  int64_t applies_ = 0;
-  absl::Duration apply_time_;
-  absl::Duration read_time_;
-  absl::Duration use_time_;
+  StepTimes times_;
   std::vector<absl::Time> arrival_;
-  std::vector<absl::Duration> wait_time_;
 };
 
 }  // namespace dp

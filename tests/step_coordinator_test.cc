@@ -111,21 +111,21 @@ TEST(StepCoordinatorTest, PulledWeightsAreASnapshotSharedUntilTheNextUpdate) {
 TEST(StepCoordinatorTest, TheTimeOfReadingPushesAndUsingTheWeightsIsCounted) {
   const ModelLayout l = ModelLayout::Mlp({5, 7, 3});
   auto c = MakeCoordinator(l);
-  EXPECT_EQ(c->Status().read_time, absl::ZeroDuration());
-  EXPECT_EQ(c->Status().use_time, absl::ZeroDuration());
+  EXPECT_EQ(c->Status().times.read_time, absl::ZeroDuration());
+  EXPECT_EQ(c->Status().times.use_time, absl::ZeroDuration());
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(c->Push(r, 0, 0, Bytes(Gradient(l, r, 0)), 1.0f).ok());
   }
-  const absl::Duration read = c->Status().read_time;
+  const absl::Duration read = c->Status().times.read_time;
   EXPECT_GT(read, absl::ZeroDuration());
   // A refused push was read too: its time counts.
   EXPECT_FALSE(c->Push(0, 5, 0, Bytes(Gradient(l, 0, 5)), 1.0f).ok());
-  EXPECT_GT(c->Status().read_time, read);
+  EXPECT_GT(c->Status().times.read_time, read);
   const absl::Duration pause = absl::Milliseconds(2);
   ASSERT_TRUE(c->WithCurrentWeights(0, [&](int64_t, absl::Span<const float>) {
                  absl::SleepFor(pause);
                }).ok());
-  EXPECT_GE(c->Status().use_time, pause);
+  EXPECT_GE(c->Status().times.use_time, pause);
 }
 
 TEST(StepCoordinatorTest, CurrentWeightsAreHandedOutWithoutASnapshot) {

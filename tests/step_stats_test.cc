@@ -16,21 +16,21 @@ TEST(StepStatsTest, WaitsCountOnlyForRanksThatPushedFromTheirArrival) {
   stats.Applied(/*step=*/5, t0 + absl::Milliseconds(30),
                 t0 + absl::Milliseconds(40), {true, false, true});
   EXPECT_TRUE(stats.any_applied());
-  EXPECT_EQ(stats.wait_time()[0], absl::Milliseconds(30));
-  EXPECT_EQ(stats.wait_time()[1], absl::ZeroDuration());
-  EXPECT_EQ(stats.wait_time()[2], absl::Milliseconds(10));
-  EXPECT_EQ(stats.apply_time(), absl::Milliseconds(10));
+  EXPECT_EQ(stats.times().wait_time[0], absl::Milliseconds(30));
+  EXPECT_EQ(stats.times().wait_time[1], absl::ZeroDuration());
+  EXPECT_EQ(stats.times().wait_time[2], absl::Milliseconds(10));
+  EXPECT_EQ(stats.times().apply_time, absl::Milliseconds(10));
   // The second update adds up; the first applied step stays the first.
   stats.Arrived(1, t0 + absl::Milliseconds(50));
   stats.CompletedBy(1);
   stats.Applied(6, t0 + absl::Milliseconds(50), t0 + absl::Milliseconds(53),
                 {false, true, false});
-  EXPECT_EQ(stats.applies(), 2);
-  EXPECT_EQ(stats.apply_time(), absl::Milliseconds(13));
-  EXPECT_EQ(stats.wait_time()[1], absl::Milliseconds(3));
-  EXPECT_EQ(stats.first_applied_step(), 5);
-  EXPECT_EQ(stats.first_apply(), t0 + absl::Milliseconds(40));
-  EXPECT_EQ(stats.last_apply(), t0 + absl::Milliseconds(53));
+  EXPECT_EQ(stats.times().applies, 2);
+  EXPECT_EQ(stats.times().apply_time, absl::Milliseconds(13));
+  EXPECT_EQ(stats.times().wait_time[1], absl::Milliseconds(3));
+  EXPECT_EQ(stats.times().first_applied_step, 5);
+  EXPECT_EQ(stats.times().first_apply, t0 + absl::Milliseconds(40));
+  EXPECT_EQ(stats.times().last_apply, t0 + absl::Milliseconds(53));
   EXPECT_EQ(stats.last_completed_by(), 1);
   EXPECT_EQ(stats.completed_by(), (std::vector<int64_t>{0, 1, 1}));
 }
@@ -43,8 +43,8 @@ TEST(StepStatsTest, ReadAndUseTimesAndElasticCountsAddUp) {
   ++stats.counts().duplicate_pushes;
   ++stats.counts().backups_handed;
   ++stats.counts().backups_handed;
-  EXPECT_EQ(stats.read_time(), absl::Microseconds(12));
-  EXPECT_EQ(stats.use_time(), absl::Microseconds(3));
+  EXPECT_EQ(stats.times().read_time, absl::Microseconds(12));
+  EXPECT_EQ(stats.times().use_time, absl::Microseconds(3));
   const StepStats& read_only = stats;
   EXPECT_EQ(read_only.counts().duplicate_pushes, 1);
   EXPECT_EQ(read_only.counts().backups_handed, 2);
