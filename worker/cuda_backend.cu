@@ -141,6 +141,11 @@ class CudaBackendImpl final : public CudaBackend {
   // dx (B,in) = dy (B,out) W (out,in).
   absl::Status GemmInputGrad(const float* dy, const float* w, float* dx, int B,
                              int in, int out);
+  // C (m,n) = op_a(A) . op_b(B), column-major, on stream_: the one cuBLAS
+  // call of the three above, which differ only in operands and shapes.
+  absl::Status Sgemm(cublasOperation_t op_a, cublasOperation_t op_b, int m,
+                     int n, int k, const float* a, int lda, const float* b,
+                     int ldb, float* c, int ldc);
 
   const ModelLayout layout_;
   const int max_batch_;
@@ -298,14 +303,21 @@ absl::Status CudaBackendImpl::StageInputs(const float* x, const int32_t* labels,
   return absl::OkStatus();
 }
 
+absl::Status CudaBackendImpl::Sgemm(cublasOperation_t op_a,
+                                    cublasOperation_t op_b, int m, int n, int k,
+                                    const float* a, int lda, const float* b,
+                                    int ldb, float* c, int ldc) {
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, op_a, op_b, m, n, k, &one, a, lda,
+                                     b, ldb, &zero, c, ldc));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackendImpl::GemmForward(const float* x, const float* w,
                                           float* y, int B, int in, int out) {
   // Column-major: y^T (out,B) = W (out,in) . x^T (in,B); W is stored as
   // column-major (in,out), hence OP_T.
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, B,
-                                     in, &one, w, in, x, in, &zero, y, out));
-  return absl::OkStatus();
+  return Sgemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, w, in, x, in, y, out);
 }
 
 absl::Status CudaBackendImpl::GemmWeightGrad(const float* dy, const float* x,
@@ -313,19 +325,13 @@ absl::Status CudaBackendImpl::GemmWeightGrad(const float* dy, const float* x,
                                              int out) {
   // Column-major: dW^T (in,out) = x^T (in,B) . dy (B,out); dy is stored as
   // column-major (out,B), hence OP_T.
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out,
-                                     B, &one, x, in, dy, out, &zero, dw, in));
-  return absl::OkStatus();
+  return Sgemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, B, x, in, dy, out, dw, in);
 }
 
 absl::Status CudaBackendImpl::GemmInputGrad(const float* dy, const float* w,
                                             float* dx, int B, int in, int out) {
   // Column-major: dx^T (in,B) = W^T (in,out) . dy^T (out,B).
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, B,
-                                     out, &one, w, in, dy, out, &zero, dx, in));
-  return absl::OkStatus();
+  return Sgemm(CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, w, in, dy, out, dx, in);
 }
 
 absl::Status CudaBackendImpl::EnqueueForward(int B) {
