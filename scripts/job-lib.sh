@@ -2,32 +2,41 @@
 # Helpers of scripts/launch.sh and scripts/rss-soak.sh (sourced, not run):
 # their own flags, and the port of the dp-ps they start.
 
-# take_flags NAME... -- ARGS...: each --NAME VALUE or --NAME=VALUE in ARGS
-# whose NAME is listed sets the shell variable NAME to VALUE (appends, when
-# that variable is an array); every other word goes, in order, to the array
-# other_args.
+# take_flags FLAG... -- ARGS...: a script's own flags, each FLAG either
+# NAME=DEFAULT (the shell variable NAME, set to DEFAULT) or NAME[] (the
+# array NAME, empty). Each --NAME VALUE or --NAME=VALUE in ARGS then sets
+# NAME to VALUE, or appends VALUE to the array NAME; every other word goes,
+# in order, to the array other_args.
 take_flags() {
-  local names=() name value n
-  while [ "$1" != -- ]; do names+=("$1"); shift; done
+  local _names=() _arrays=" " _name _value _n
+  while [ "$1" != -- ]; do
+    case "$1" in
+      *'[]') _name=${1%'[]'}; _arrays+="$_name "; eval "$_name=()" ;;
+      *=*) _name=${1%%=*}; printf -v "$_name" '%s' "${1#*=}" ;;
+      *) echo "take_flags: $1 is neither NAME=DEFAULT nor NAME[]" >&2; return 2 ;;
+    esac
+    _names+=("$_name")
+    shift
+  done
   shift
   other_args=()
   while [ $# -gt 0 ]; do
-    name=""
-    for n in "${names[@]}"; do
+    _name=""
+    for _n in "${_names[@]}"; do
       case "$1" in
-        "--$n") name=$n; value=$2; shift 2 ;;
-        "--$n="*) name=$n; value=${1#*=}; shift ;;
+        "--$_n") _name=$_n; _value=$2; shift 2 ;;
+        "--$_n="*) _name=$_n; _value=${1#*=}; shift ;;
         *) continue ;;
       esac
       break
     done
-    if [ -z "$name" ]; then
+    if [ -z "$_name" ]; then
       other_args+=("$1")
       shift
-    elif [[ "$(declare -p "$name" 2>/dev/null)" == "declare -a"* ]]; then
-      eval "$name+=(\"\$value\")"
+    elif [[ "$_arrays" == *" $_name "* ]]; then
+      eval "$_name+=(\"\$_value\")"
     else
-      printf -v "$name" '%s' "$value"
+      printf -v "$_name" '%s' "$_value"
     fi
   done
 }

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2154  # the variables of the flags: set by take_flags
 # Runs one dp-ps and N dp-workers on this machine (loopback), shows dp-ps's
 # progress (epoch, step/total, loss, samples/s, ETA) and the test accuracy.
 # Stops everything on Ctrl-C or on the first process that fails.
@@ -24,13 +25,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/job-lib.sh
 BIN=${BIN:-build}
-workers=2
-backend=auto
-data_dir=""
-metrics_port=0
+take_flags workers=2 backend=auto data_dir= metrics_port=0 'worker_flag[]' \
+  -- "$@"
 rusage=false
-worker_flag=()
-take_flags workers backend data_dir metrics_port worker_flag -- "$@"
 ps_args=()
 for arg in "${other_args[@]}"; do
   case "$arg" in

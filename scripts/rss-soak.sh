@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2154  # the variables of the flags: set by take_flags
 # Runs one dp-ps and N dp-workers (loopback), samples every process's resident
 # memory (VmRSS, and the peak VmHWM) from /proc while they train, and reports
 # each one's RSS once the first fifth of the run is behind it (the warm-up:
@@ -19,12 +20,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/job-lib.sh
 BIN=${BIN:-build}
-workers=2
-backend=cpu
-data_dir=""
-interval=0.5
-max_growth_mb=1
-take_flags workers backend data_dir interval max_growth_mb -- "$@"
+take_flags workers=2 backend=cpu data_dir= interval=0.5 max_growth_mb=1 \
+  -- "$@"
 # Later flags win over the defaults.
 ps_args=(--dataset=synthetic --epochs=100000 --max_steps=10000 "${other_args[@]}")
 
