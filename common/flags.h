@@ -63,16 +63,21 @@ class Flags {
   std::string Usage() const;
 
  private:
-  enum class Type { kString, kInt64, kInt32, kDouble, kBool };
+  // A flag of value type T (std::string, int64_t, int, double or bool) reads
+  // and prints its value through the functions of T that Add picks.
   struct Flag {
     std::string name;
-    Type type;
     void* value;
+    bool is_bool;           // takes --name and --noname without a value
+    const char* type_name;  // "an integer": what a malformed value should be
+    bool (*parse)(const std::string& text, void* value);
+    std::string (*print)(const void* value);
     std::string help;
     std::vector<std::string> env;  // looked up in this order
     std::string default_text;
   };
-  void Add(const char* name, Type type, void* value, const char* help,
+  template <typename T>
+  void Add(const char* name, T* value, const char* help,
            std::vector<std::string> extra_env);
   absl::Status Set(const Flag& flag, const std::string& text,
                    const std::string& source);
