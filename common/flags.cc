@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -23,6 +24,15 @@ Flags::Flags(std::string program, std::string summary)
     : program_(std::move(program)), summary_(std::move(summary)) {}
 
 namespace {
+
+// "--flag must be a, b or c, got 'v'".
+absl::Status ChoiceError(const char* flag, absl::string_view value,
+                         absl::Span<const absl::string_view> choices) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--%s must be %s or %s, got '%s'", flag,
+                      absl::StrJoin(choices.first(choices.size() - 1), ", "),
+                      choices.back(), value));
+}
 
 template <typename T>
 bool ParseValue(const std::string& text, void* value) {
@@ -60,39 +70,99 @@ constexpr const char* TypeName() {
 }  // namespace
 
 template <typename T>
-void Flags::Add(const char* name, T* value, const char* help,
-                std::vector<std::string> extra_env) {
+Flags::Checks Flags::Add(const char* name, T* value, const char* help,
+                         std::vector<std::string> extra_env) {
   Flag f{name,
          value,
          std::is_same_v<T, bool>,
          TypeName<T>(),
          &ParseValue<T>,
          &PrintValue<T>,
+         nullptr,
+         nullptr,
          help,
-         {"DP_" + absl::AsciiStrToUpper(name)},
-         ""};
+         {"DP_" + absl::AsciiStrToUpper(name)}};
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    f.integer = [](const void* v) -> int64_t {
+      return *static_cast<const T*>(v);
+    };
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    f.real = [](const void* v) -> double { return *static_cast<const T*>(v); };
+  }
   for (auto& e : extra_env) f.env.push_back(std::move(e));
   f.default_text = ValueText(f);
   flags_.push_back(std::move(f));
+  return Checks(&flags_.back());
 }
 
-void Flags::AddString(const char* name, std::string* value, const char* help,
-                      std::vector<std::string> extra_env) {
-  Add(name, value, help, std::move(extra_env));
+Flags::Checks Flags::AddString(const char* name, std::string* value,
+                               const char* help,
+                               std::vector<std::string> extra_env) {
+  return Add(name, value, help, std::move(extra_env));
 }
-void Flags::AddInt(const char* name, int64_t* value, const char* help,
-                   std::vector<std::string> extra_env) {
-  Add(name, value, help, std::move(extra_env));
+Flags::Checks Flags::AddInt(const char* name, int64_t* value, const char* help,
+                            std::vector<std::string> extra_env) {
+  return Add(name, value, help, std::move(extra_env));
 }
-void Flags::AddInt(const char* name, int* value, const char* help,
-                   std::vector<std::string> extra_env) {
-  Add(name, value, help, std::move(extra_env));
+Flags::Checks Flags::AddInt(const char* name, int* value, const char* help,
+                            std::vector<std::string> extra_env) {
+  return Add(name, value, help, std::move(extra_env));
 }
-void Flags::AddDouble(const char* name, double* value, const char* help) {
-  Add(name, value, help, {});
+Flags::Checks Flags::AddDouble(const char* name, double* value,
+                               const char* help) {
+  return Add(name, value, help, {});
 }
-void Flags::AddBool(const char* name, bool* value, const char* help) {
-  Add(name, value, help, {});
+Flags::Checks Flags::AddBool(const char* name, bool* value, const char* help) {
+  return Add(name, value, help, {});
+}
+
+Flags::Checks& Flags::Checks::InRange(int64_t lo, int64_t hi,
+                                      const char* note) {
+  Flag* f = flag_;
+  return Satisfies(
+      [name = f->name, get = f->integer, value = f->value, lo, hi, note] {
+        return CheckRanges({{name.c_str(), get(value), lo, hi, note}});
+      });
+}
+
+Flags::Checks& Flags::Checks::Above(double bound) {
+  Flag* f = flag_;
+  return Satisfies([name = f->name, get = f->real, value = f->value, bound] {
+    return CheckBounds({{name.c_str(), get(value), bound}});
+  });
+}
+
+Flags::Checks& Flags::Checks::NotBelow(double bound) {
+  Flag* f = flag_;
+  return Satisfies([name = f->name, get = f->real, value = f->value, bound] {
+    return CheckBounds({{name.c_str(), get(value), bound, /*or_equal=*/true}});
+  });
+}
+
+Flags::Checks& Flags::Checks::OneOf(
+    std::initializer_list<absl::string_view> choices) {
+  Flag* f = flag_;
+  return Satisfies([name = f->name, value = f->value,
+                    options = std::vector<absl::string_view>(choices)] {
+    const std::string& v = *static_cast<const std::string*>(value);
+    for (absl::string_view c : options) {
+      if (v == c) return absl::OkStatus();
+    }
+    return ChoiceError(name.c_str(), v, options);
+  });
+}
+
+Flags::Checks& Flags::Checks::Satisfies(std::function<absl::Status()> check) {
+  flag_->checks.push_back(std::move(check));
+  return *this;
+}
+
+absl::Status Flags::Validate() const {
+  for (const Flag& f : flags_) {
+    for (const auto& check : f.checks) RETURN_IF_ERROR(check());
+  }
+  return absl::OkStatus();
 }
 
 Flags::Flag* Flags::Find(const std::string& name) {
@@ -283,15 +353,10 @@ absl::Status CheckBounds(std::initializer_list<RealBound> rows) {
 
 absl::Status CheckChoice(const char* flag, absl::string_view value,
                          std::initializer_list<absl::string_view> choices) {
-  std::vector<absl::string_view> names(choices);
-  for (absl::string_view c : names) {
+  for (absl::string_view c : choices) {
     if (value == c) return absl::OkStatus();
   }
-  const absl::string_view last = names.back();
-  names.pop_back();
-  return absl::InvalidArgumentError(
-      absl::StrFormat("--%s must be %s or %s, got '%s'", flag,
-                      absl::StrJoin(names, ", "), last, value));
+  return ChoiceError(flag, value, choices);
 }
 
 }  // namespace dp

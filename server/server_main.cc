@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
-#include "proto/grpc_server.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "proto/grpc_server.h"
 #include "proto/security.h"
 #include "server/ps_server.h"
 #include "server/server_flags.h"
@@ -61,7 +61,8 @@ int Run(int argc, char** argv) {
           ParseCommandLine(&flags, &f.dry_run, argc, argv)) {
     return *exit;
   }
-  if (absl::Status s = ValidateServerFlags(f); !s.ok()) return ConfigError(s);
+  if (absl::Status s = ValidateServerFlags(flags, f); !s.ok())
+    return ConfigError(s);
   absl::StatusOr<PsServerOptions> options = ServerOptionsFromFlags(f);
   if (!options.ok()) return ConfigError(options.status());
   if (f.dry_run) return FinishDryRun(flags);
