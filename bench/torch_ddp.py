@@ -21,6 +21,8 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+from simplenet_torch import SimpleNet
+
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
@@ -32,17 +34,6 @@ def load(split):
         y = np.frombuffer(f.read(), np.uint8, offset=8)
     x = (x.astype(np.float32) / 255.0 - 0.2860) / 0.3530
     return torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
-
-
-class SimpleNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(784, 256)
-        self.fc2 = nn.Linear(256, 128)
-        self.fc3 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
 def train(rank, world, args, port, results):

@@ -5,7 +5,6 @@
 
 #include <string>
 
-#include "absl/status/status.h"
 #include "common/flags.h"
 
 namespace dp {
@@ -17,11 +16,8 @@ struct EndpointFlags {
 };
 
 // Adds --health_port (described by `health_help`, which differs between the
-// programs), --metrics_port and --metrics_host.
+// programs), --metrics_port and --metrics_host, with their ranges.
 void AddEndpointFlags(Flags* flags, EndpointFlags* f, const char* health_help);
-
-// INVALID_ARGUMENT naming the flag out of its range, or OK.
-[[nodiscard]] absl::Status ValidateEndpointFlags(const EndpointFlags& f);
 
 }  // namespace dp
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -21,32 +23,146 @@ namespace dp {
 Flags::Flags(std::string program, std::string summary)
     : program_(std::move(program)), summary_(std::move(summary)) {}
 
-void Flags::Add(const char* name, Type type, void* value, const char* help,
-                std::vector<std::string> extra_env) {
-  Flag f{name, type, value, help, {}, ""};
-  f.env.push_back("DP_" + absl::AsciiStrToUpper(name));
+namespace {
+
+// "--flag must be a, b or c, got 'v'".
+absl::Status ChoiceError(const char* flag, absl::string_view value,
+                         absl::Span<const absl::string_view> choices) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--%s must be %s or %s, got '%s'", flag,
+                      absl::StrJoin(choices.first(choices.size() - 1), ", "),
+                      choices.back(), value));
+}
+
+template <typename T>
+bool ParseValue(const std::string& text, void* value) {
+  T* v = static_cast<T*>(value);
+  if constexpr (std::is_same_v<T, std::string>) {
+    *v = text;
+    return true;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return absl::SimpleAtob(text, v);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return absl::SimpleAtod(text, v);
+  } else {
+    return absl::SimpleAtoi(text, v);
+  }
+}
+
+template <typename T>
+std::string PrintValue(const void* value) {
+  const T& v = *static_cast<const T*>(value);
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? "true" : "false";
+  } else {
+    return absl::StrCat(v);
+  }
+}
+
+template <typename T>
+constexpr const char* TypeName() {
+  if constexpr (std::is_same_v<T, std::string>) return "a string";
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  if constexpr (std::is_floating_point_v<T>) return "a number";
+  return "an integer";
+}
+
+}  // namespace
+
+template <typename T>
+Flags::Checks Flags::Add(const char* name, T* value, const char* help,
+                         std::vector<std::string> extra_env) {
+  Flag f{name,
+         value,
+         std::is_same_v<T, bool>,
+         TypeName<T>(),
+         &ParseValue<T>,
+         &PrintValue<T>,
+         nullptr,
+         nullptr,
+         help,
+         {"DP_" + absl::AsciiStrToUpper(name)}};
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    f.integer = [](const void* v) -> int64_t {
+      return *static_cast<const T*>(v);
+    };
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    f.real = [](const void* v) -> double { return *static_cast<const T*>(v); };
+  }
   for (auto& e : extra_env) f.env.push_back(std::move(e));
   f.default_text = ValueText(f);
   flags_.push_back(std::move(f));
+  return Checks(&flags_.back());
 }
 
-void Flags::AddString(const char* name, std::string* value, const char* help,
-                      std::vector<std::string> extra_env) {
-  Add(name, Type::kString, value, help, std::move(extra_env));
+Flags::Checks Flags::AddString(const char* name, std::string* value,
+                               const char* help,
+                               std::vector<std::string> extra_env) {
+  return Add(name, value, help, std::move(extra_env));
 }
-void Flags::AddInt(const char* name, int64_t* value, const char* help,
-                   std::vector<std::string> extra_env) {
-  Add(name, Type::kInt64, value, help, std::move(extra_env));
+Flags::Checks Flags::AddInt(const char* name, int64_t* value, const char* help,
+                            std::vector<std::string> extra_env) {
+  return Add(name, value, help, std::move(extra_env));
 }
-void Flags::AddInt(const char* name, int* value, const char* help,
-                   std::vector<std::string> extra_env) {
-  Add(name, Type::kInt32, value, help, std::move(extra_env));
+Flags::Checks Flags::AddInt(const char* name, int* value, const char* help,
+                            std::vector<std::string> extra_env) {
+  return Add(name, value, help, std::move(extra_env));
 }
-void Flags::AddDouble(const char* name, double* value, const char* help) {
-  Add(name, Type::kDouble, value, help, {});
+Flags::Checks Flags::AddDouble(const char* name, double* value,
+                               const char* help) {
+  return Add(name, value, help, {});
 }
-void Flags::AddBool(const char* name, bool* value, const char* help) {
-  Add(name, Type::kBool, value, help, {});
+Flags::Checks Flags::AddBool(const char* name, bool* value, const char* help) {
+  return Add(name, value, help, {});
+}
+
+Flags::Checks& Flags::Checks::InRange(int64_t lo, int64_t hi,
+                                      const char* note) {
+  Flag* f = flag_;
+  return Satisfies(
+      [name = f->name, get = f->integer, value = f->value, lo, hi, note] {
+        return CheckRanges({{name.c_str(), get(value), lo, hi, note}});
+      });
+}
+
+Flags::Checks& Flags::Checks::Above(double bound) {
+  Flag* f = flag_;
+  return Satisfies([name = f->name, get = f->real, value = f->value, bound] {
+    return CheckBounds({{name.c_str(), get(value), bound}});
+  });
+}
+
+Flags::Checks& Flags::Checks::NotBelow(double bound) {
+  Flag* f = flag_;
+  return Satisfies([name = f->name, get = f->real, value = f->value, bound] {
+    return CheckBounds({{name.c_str(), get(value), bound, /*or_equal=*/true}});
+  });
+}
+
+Flags::Checks& Flags::Checks::OneOf(
+    std::initializer_list<absl::string_view> choices) {
+  Flag* f = flag_;
+  return Satisfies([name = f->name, value = f->value,
+                    options = std::vector<absl::string_view>(choices)] {
+    const std::string& v = *static_cast<const std::string*>(value);
+    for (absl::string_view c : options) {
+      if (v == c) return absl::OkStatus();
+    }
+    return ChoiceError(name.c_str(), v, options);
+  });
+}
+
+Flags::Checks& Flags::Checks::Satisfies(std::function<absl::Status()> check) {
+  flag_->checks.push_back(std::move(check));
+  return *this;
+}
+
+absl::Status Flags::Validate() const {
+  for (const Flag& f : flags_) {
+    for (const auto& check : f.checks) RETURN_IF_ERROR(check());
+  }
+  return absl::OkStatus();
 }
 
 Flags::Flag* Flags::Find(const std::string& name) {
@@ -58,49 +174,15 @@ Flags::Flag* Flags::Find(const std::string& name) {
 
 absl::Status Flags::Set(const Flag& flag, const std::string& text,
                         const std::string& source) {
-  bool ok = true;
-  switch (flag.type) {
-    case Type::kString:
-      *static_cast<std::string*>(flag.value) = text;
-      break;
-    case Type::kInt64:
-      ok = absl::SimpleAtoi(text, static_cast<int64_t*>(flag.value));
-      break;
-    case Type::kInt32:
-      ok = absl::SimpleAtoi(text, static_cast<int*>(flag.value));
-      break;
-    case Type::kDouble:
-      ok = absl::SimpleAtod(text, static_cast<double*>(flag.value));
-      break;
-    case Type::kBool:
-      ok = absl::SimpleAtob(text, static_cast<bool*>(flag.value));
-      break;
-  }
-  if (!ok) {
-    static constexpr const char* kTypeNames[] = {
-        "a string", "an integer", "an integer", "a number", "true or false"};
+  if (!flag.parse(text, flag.value)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: invalid value '%s' for %s (expected %s)", program_,
-                        text, source, kTypeNames[static_cast<int>(flag.type)]));
+                        text, source, flag.type_name));
   }
   return absl::OkStatus();
 }
 
-std::string Flags::ValueText(const Flag& f) const {
-  switch (f.type) {
-    case Type::kString:
-      return *static_cast<const std::string*>(f.value);
-    case Type::kInt64:
-      return absl::StrCat(*static_cast<const int64_t*>(f.value));
-    case Type::kInt32:
-      return absl::StrCat(*static_cast<const int*>(f.value));
-    case Type::kDouble:
-      return absl::StrCat(*static_cast<const double*>(f.value));
-    case Type::kBool:
-      return *static_cast<const bool*>(f.value) ? "true" : "false";
-  }
-  return "";
-}
+std::string Flags::ValueText(const Flag& f) const { return f.print(f.value); }
 
 absl::StatusOr<Flags::Action> Flags::Parse(int argc, char** argv) {
   // The environment first, so that flags parsed afterwards win.
@@ -139,7 +221,7 @@ absl::StatusOr<Flags::Action> Flags::Parse(int argc, char** argv) {
     Flag* f = Find(name);
     if (f == nullptr && !has_value && absl::StartsWith(name, "no")) {
       Flag* negated = Find(name.substr(2));
-      if (negated != nullptr && negated->type == Type::kBool) {
+      if (negated != nullptr && negated->is_bool) {
         *static_cast<bool*>(negated->value) = false;
         continue;
       }
@@ -149,7 +231,7 @@ absl::StatusOr<Flags::Action> Flags::Parse(int argc, char** argv) {
           "%s: unknown flag --%s (see --help)", program_, name));
     }
     if (!has_value) {
-      if (f->type == Type::kBool) {
+      if (f->is_bool) {
         value = "true";
       } else if (i + 1 < argc) {
         value = argv[++i];
@@ -271,15 +353,10 @@ absl::Status CheckBounds(std::initializer_list<RealBound> rows) {
 
 absl::Status CheckChoice(const char* flag, absl::string_view value,
                          std::initializer_list<absl::string_view> choices) {
-  std::vector<absl::string_view> names(choices);
-  for (absl::string_view c : names) {
+  for (absl::string_view c : choices) {
     if (value == c) return absl::OkStatus();
   }
-  const absl::string_view last = names.back();
-  names.pop_back();
-  return absl::InvalidArgumentError(
-      absl::StrFormat("--%s must be %s or %s, got '%s'", flag,
-                      absl::StrJoin(names, ", "), last, value));
+  return ChoiceError(flag, value, choices);
 }
 
 }  // namespace dp

@@ -8,12 +8,14 @@
 #define DP_COMMON_FLAGS_H_
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -34,18 +36,50 @@ inline constexpr int kExitPsUnreachable = 4;
 // too old, no GPU visible, no kernel image for its GPU); another node may.
 inline constexpr int kExitCannotRunHere = 5;
 
+inline constexpr int64_t kNoUpperBound = std::numeric_limits<int64_t>::max();
+
 class Flags {
+  struct Flag;
+
  public:
   Flags(std::string program, std::string summary);
 
-  void AddString(const char* name, std::string* value, const char* help,
-                 std::vector<std::string> extra_env = {});
-  void AddInt(const char* name, int64_t* value, const char* help,
-              std::vector<std::string> extra_env = {});
-  void AddInt(const char* name, int* value, const char* help,
-              std::vector<std::string> extra_env = {});
-  void AddDouble(const char* name, double* value, const char* help);
-  void AddBool(const char* name, bool* value, const char* help);
+  // What Add* return: the flag just added, to state the values it takes
+  // beside its definition. Validate checks them, in the order the flags
+  // were added. Use it at once: a later Add* may move the flag.
+  class Checks {
+   public:
+    explicit Checks(Flag* flag) : flag_(flag) {}
+    // An integer flag: "--name must be in lo..hi (note), got v", or
+    // "must be >= lo" when hi is kNoUpperBound (CheckRanges).
+    Checks& InRange(int64_t lo, int64_t hi, const char* note = nullptr);
+    Checks& AtLeast(int64_t lo) { return InRange(lo, kNoUpperBound); }
+    // A floating-point flag: finite and > bound (Above) or >= bound
+    // (NotBelow): "--name must be a number > bound, got v" (CheckBounds).
+    Checks& Above(double bound);
+    Checks& NotBelow(double bound);
+    // A string flag: one of `choices` (CheckChoice).
+    Checks& OneOf(std::initializer_list<absl::string_view> choices);
+    // Any other check of the flag's value: OK, or INVALID_ARGUMENT naming
+    // the flag.
+    Checks& Satisfies(std::function<absl::Status()> check);
+
+   private:
+    Flag* flag_;
+  };
+
+  Checks AddString(const char* name, std::string* value, const char* help,
+                   std::vector<std::string> extra_env = {});
+  Checks AddInt(const char* name, int64_t* value, const char* help,
+                std::vector<std::string> extra_env = {});
+  Checks AddInt(const char* name, int* value, const char* help,
+                std::vector<std::string> extra_env = {});
+  Checks AddDouble(const char* name, double* value, const char* help);
+  Checks AddBool(const char* name, bool* value, const char* help);
+
+  // The first flag, in the order they were added, whose value fails the
+  // checks given with it: INVALID_ARGUMENT naming it; or OK.
+  [[nodiscard]] absl::Status Validate() const;
 
   enum class Action { kRun, kExit };
   // Applies the environment, then argv. Returns kExit after printing --help
@@ -63,17 +97,25 @@ class Flags {
   std::string Usage() const;
 
  private:
-  enum class Type { kString, kInt64, kInt32, kDouble, kBool };
+  // A flag of value type T (std::string, int64_t, int, double or bool) reads
+  // and prints its value through the functions of T that Add picks.
   struct Flag {
     std::string name;
-    Type type;
     void* value;
+    bool is_bool;           // takes --name and --noname without a value
+    const char* type_name;  // "an integer": what a malformed value should be
+    bool (*parse)(const std::string& text, void* value);
+    std::string (*print)(const void* value);
+    int64_t (*integer)(const void* value);  // integer flags only
+    double (*real)(const void* value);      // floating-point flags only
     std::string help;
     std::vector<std::string> env;  // looked up in this order
     std::string default_text;
+    std::vector<std::function<absl::Status()>> checks;  // Validate's
   };
-  void Add(const char* name, Type type, void* value, const char* help,
-           std::vector<std::string> extra_env);
+  template <typename T>
+  Checks Add(const char* name, T* value, const char* help,
+             std::vector<std::string> extra_env);
   absl::Status Set(const Flag& flag, const std::string& text,
                    const std::string& source);
   std::string ValueText(const Flag& flag) const;
@@ -104,7 +146,6 @@ void WarnUnknownEnvironment(const Flags& flags);
 // INVALID_ARGUMENT naming the first flag out of bounds, its bounds and its
 // value, or OK.
 
-inline constexpr int64_t kNoUpperBound = std::numeric_limits<int64_t>::max();
 // An integer flag and the range it must lie in.
 struct IntRange {
   const char* flag;  // without the dashes

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2154  # the variables of the flags: set by take_flags
 # Runs one dp-ps and N dp-workers on this machine (loopback), shows dp-ps's
 # progress (epoch, step/total, loss, samples/s, ETA) and the test accuracy.
 # Stops everything on Ctrl-C or on the first process that fails.
@@ -22,28 +23,16 @@
 # shutdown), and a zombie's /proc no longer has VmHWM.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/job-lib.sh
 BIN=${BIN:-build}
-workers=2
-backend=auto
-data_dir=""
-metrics_port=0
+take_flags workers=2 backend=auto data_dir= metrics_port=0 'worker_flag[]' \
+  -- "$@"
 rusage=false
-worker_flags=()
 ps_args=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --workers) workers=$2; shift 2 ;;
-    --workers=*) workers=${1#*=}; shift ;;
-    --backend) backend=$2; shift 2 ;;
-    --backend=*) backend=${1#*=}; shift ;;
-    --data_dir) data_dir=$2; shift 2 ;;
-    --data_dir=*) data_dir=${1#*=}; shift ;;
-    --metrics_port) metrics_port=$2; shift 2 ;;
-    --metrics_port=*) metrics_port=${1#*=}; shift ;;
-    --worker_flag) worker_flags+=("$2"); shift 2 ;;
-    --worker_flag=*) worker_flags+=("${1#*=}"); shift ;;
-    --rusage) rusage=true; shift ;;
-    *) ps_args+=("$1"); shift ;;
+for arg in "${other_args[@]}"; do
+  case "$arg" in
+    --rusage) rusage=true ;;
+    *) ps_args+=("$arg") ;;
   esac
 done
 
@@ -97,13 +86,7 @@ ps_pid=$!
 pids+=("$ps_pid")
 
 # dp-ps picks a free port and says which.
-port=""
-for _ in $(seq 300); do
-  port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$run_dir/dp-ps.log" | head -1)
-  [ -n "$port" ] && break
-  kill -0 "$ps_pid" 2>/dev/null || break
-  sleep 0.1
-done
+port=$(ps_port "$run_dir/dp-ps.log" "$ps_pid")
 if [ -z "$port" ]; then
   echo "launch: dp-ps did not start (log: $run_dir/dp-ps.log)" >&2
   stop_all
@@ -124,7 +107,7 @@ for ((r = 0; r < workers; r++)); do
   measured "worker-$r" "$BIN/worker/dp-worker" --ps="127.0.0.1:$port" \
     --rank="$r" --backend="$backend" $(device_flag "$r") \
     ${data_dir:+--data_dir="$data_dir"} \
-    $(metrics_flags $((r + 1))) "${worker_flags[@]}" \
+    $(metrics_flags $((r + 1))) "${worker_flag[@]}" \
     > "$run_dir/worker-$r.log" 2>&1 &
   pids+=("$!")
   name_of[$!]="worker $r"

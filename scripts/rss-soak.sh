@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2154  # the variables of the flags: set by take_flags
 # Runs one dp-ps and N dp-workers (loopback), samples every process's resident
 # memory (VmRSS, and the peak VmHWM) from /proc while they train, and reports
 # each one's RSS once the first fifth of the run is behind it (the warm-up:
@@ -17,28 +18,12 @@
 #   scripts/rss-soak.sh --dataset=fashion-mnist --epochs=1 --max_steps=0
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/job-lib.sh
 BIN=${BIN:-build}
-workers=2
-backend=cpu
-data_dir=""
-interval=0.5
-max_growth_mb=1
-ps_args=(--dataset=synthetic --epochs=100000 --max_steps=10000)
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --workers) workers=$2; shift 2 ;;
-    --workers=*) workers=${1#*=}; shift ;;
-    --backend) backend=$2; shift 2 ;;
-    --backend=*) backend=${1#*=}; shift ;;
-    --data_dir) data_dir=$2; shift 2 ;;
-    --data_dir=*) data_dir=${1#*=}; shift ;;
-    --interval) interval=$2; shift 2 ;;
-    --interval=*) interval=${1#*=}; shift ;;
-    --max_growth_mb) max_growth_mb=$2; shift 2 ;;
-    --max_growth_mb=*) max_growth_mb=${1#*=}; shift ;;
-    *) ps_args+=("$1"); shift ;;  # later flags win over the defaults
-  esac
-done
+take_flags workers=2 backend=cpu data_dir= interval=0.5 max_growth_mb=1 \
+  -- "$@"
+# Later flags win over the defaults.
+ps_args=(--dataset=synthetic --epochs=100000 --max_steps=10000 "${other_args[@]}")
 
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/dp-soak-XXXXXX")
 pids=()
@@ -52,13 +37,7 @@ trap 'echo "rss-soak: interrupted"; stop_all; exit 130' INT TERM
   "${ps_args[@]}" >"$run_dir/dp-ps.log" 2>&1 &
 pids+=("$!")
 names=(dp-ps)
-port=""
-for _ in $(seq 300); do
-  port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$run_dir/dp-ps.log" | head -1)
-  [ -n "$port" ] && break
-  kill -0 "${pids[0]}" 2>/dev/null || break
-  sleep 0.1
-done
+port=$(ps_port "$run_dir/dp-ps.log" "${pids[0]}")
 if [ -z "$port" ]; then
   echo "rss-soak: dp-ps did not start (log: $run_dir/dp-ps.log)" >&2
   stop_all

@@ -74,28 +74,46 @@ absl::Status ValidateStep(const ServerFlags& f) {
                        "the micro-batches a step"}});
 }
 
+// "--flag: why", unless `value` names an encoding.
+absl::Status CheckEncoding(const char* flag, const std::string& value) {
+  if (auto e = ParseEncoding(value); !e.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", e.status().message()));
+  }
+  return absl::OkStatus();
+}
+
 // The flags of the job itself: what a checkpoint pins and workers adopt.
 void AddJobFlags(Flags* flags, ServerFlags* f) {
-  flags->AddInt("workers", &f->workers,
-                "the most workers at once (ranks 0..N-1)");
-  flags->AddInt("batch_size", &f->batch_size,
-                "batch size per worker: the default --micro_batch");
+  flags
+      ->AddInt("workers", &f->workers,
+               "the most workers at once (ranks 0..N-1)")
+      .InRange(1, 1024);
+  flags
+      ->AddInt("batch_size", &f->batch_size,
+               "batch size per worker: the default --micro_batch")
+      .InRange(1, 65536);
   flags->AddInt("global_batch", &f->global_batch,
                 "samples a step, a multiple of --micro_batch; the model "
                 "depends on it, not on how many workers compute it (0 = "
                 "--batch_size x --workers)");
-  flags->AddInt("micro_batch", &f->micro_batch,
-                "samples a micro-batch, the unit of work handed to a worker "
-                "(0 = --batch_size)");
+  flags
+      ->AddInt("micro_batch", &f->micro_batch,
+               "samples a micro-batch, the unit of work handed to a worker "
+               "(0 = --batch_size)")
+      .InRange(0, 65536, "0 = --batch_size");
   flags->AddInt("min_workers", &f->min_workers,
                 "steps wait while fewer workers are live (1..--workers)");
-  flags->AddInt("epochs", &f->epochs, "epochs to train");
-  flags->AddDouble("lr", &f->lr, "Adam learning rate");
+  flags->AddInt("epochs", &f->epochs, "epochs to train").AtLeast(1);
+  flags->AddDouble("lr", &f->lr, "Adam learning rate").Above(0.0);
   flags->AddInt("seed", &f->seed, "seed of initialisation and data order");
   flags->AddBool("shuffle", &f->shuffle, "shuffle the data every epoch");
-  flags->AddString("dataset", &f->dataset, "fashion-mnist | mnist | synthetic");
-  flags->AddInt("max_steps", &f->max_steps,
-                "stop after this many steps (0 = all epochs)");
+  flags->AddString("dataset", &f->dataset, "fashion-mnist | mnist | synthetic")
+      .OneOf({"fashion-mnist", "mnist", "synthetic"});
+  flags
+      ->AddInt("max_steps", &f->max_steps,
+               "stop after this many steps (0 = all epochs)")
+      .AtLeast(0);
   flags->AddString("init_model", &f->init_model,
                    "start from these weights (safetensors) instead of --seed");
   flags->AddString("save_model", &f->save_model,
@@ -105,57 +123,81 @@ void AddJobFlags(Flags* flags, ServerFlags* f) {
                 "also how long shard 0 waits for a shard that does not answer "
                 "while it collects the model, and how long another shard "
                 "waits for shard 0 to collect its weights");
-  flags->AddString("grad_encoding", &f->grad_encoding,
-                   "how workers send gradients: f32 | bf16 (half the bytes; "
-                   "dp-ps averages in float32)");
-  flags->AddString("weight_encoding", &f->weight_encoding,
-                   "how dp-ps sends the weights: f32 | bf16 (half the bytes; "
-                   "workers compute on rounded weights, dp-ps keeps and "
-                   "updates them in float32)");
-  flags->AddInt("update_threads", &f->update_threads,
-                "threads for the average + Adam update (0 = one per 1Mi "
-                "parameters: SimpleNet gets one; at most one per usable core "
-                "(the cgroup's CPU limit counts) and 4; the result is the "
-                "same for any number)");
+  flags
+      ->AddString("grad_encoding", &f->grad_encoding,
+                  "how workers send gradients: f32 | bf16 (half the bytes; "
+                  "dp-ps averages in float32)")
+      .Satisfies(
+          [f] { return CheckEncoding("grad_encoding", f->grad_encoding); });
+  flags
+      ->AddString("weight_encoding", &f->weight_encoding,
+                  "how dp-ps sends the weights: f32 | bf16 (half the bytes; "
+                  "workers compute on rounded weights, dp-ps keeps and "
+                  "updates them in float32)")
+      .Satisfies(
+          [f] { return CheckEncoding("weight_encoding", f->weight_encoding); });
+  flags
+      ->AddInt("update_threads", &f->update_threads,
+               "threads for the average + Adam update (0 = one per 1Mi "
+               "parameters: SimpleNet gets one; at most one per usable core "
+               "(the cgroup's CPU limit counts) and 4; the result is the "
+               "same for any number)")
+      .InRange(0, 256);
 }
 
 void AddCheckpointFlags(Flags* flags, ServerFlags* f) {
   flags->AddString("checkpoint_dir", &f->checkpoint_dir,
                    "write checkpoints here and resume from the newest valid "
                    "one at start (empty = no checkpoints)");
-  flags->AddInt("checkpoint_every", &f->checkpoint_every,
-                "steps between checkpoints (0 = only at shutdown and the end)");
-  flags->AddInt("keep_checkpoints", &f->keep_checkpoints,
-                "how many checkpoints to keep");
+  flags
+      ->AddInt("checkpoint_every", &f->checkpoint_every,
+               "steps between checkpoints (0 = only at shutdown and the end)")
+      .AtLeast(0);
+  flags
+      ->AddInt("keep_checkpoints", &f->keep_checkpoints,
+               "how many checkpoints to keep")
+      .AtLeast(1);
 }
 
 // What happens when workers leave, join or lag (docs/elastic.md).
 void AddElasticFlags(Flags* flags, ServerFlags* f) {
-  flags->AddDouble("worker_timeout_s", &f->worker_timeout_s,
-                   "a worker the step needs that has not called for this "
-                   "long is reported missing");
-  flags->AddString("on_worker_loss", &f->on_worker_loss,
-                   "reassign (a lost worker's micro-batches go to the others) "
-                   "| wait (keep the step open until the rank comes back) | "
-                   "fail (end the job with an error)");
+  flags
+      ->AddDouble("worker_timeout_s", &f->worker_timeout_s,
+                  "a worker the step needs that has not called for this "
+                  "long is reported missing")
+      .Above(0.0);
+  flags
+      ->AddString("on_worker_loss", &f->on_worker_loss,
+                  "reassign (a lost worker's micro-batches go to the others) "
+                  "| wait (keep the step open until the rank comes back) | "
+                  "fail (end the job with an error)")
+      .OneOf({"reassign", "wait", "fail"});
   flags->AddInt("backup_blocks", &f->backup_blocks,
                 "late blocks a step also handed to an idle worker; the first "
                 "copy counts (0 = no straggler backups)");
-  flags->AddDouble("straggler_factor", &f->straggler_factor,
-                   "a block is late once the step has run this many times as "
-                   "long as the step's first push took (> 1)");
-  flags->AddInt("straggler_min_wait_ms", &f->straggler_min_wait_ms,
-                "a block is never late sooner than this into the step");
-  flags->AddDouble("start_wait_s", &f->start_wait_s,
-                   "the first step waits this long for all --workers to "
-                   "register, then starts with those there (at least "
-                   "--min_workers)");
+  flags
+      ->AddDouble("straggler_factor", &f->straggler_factor,
+                  "a block is late once the step has run this many times as "
+                  "long as the step's first push took (> 1)")
+      .Above(1.0);
+  flags
+      ->AddInt("straggler_min_wait_ms", &f->straggler_min_wait_ms,
+               "a block is never late sooner than this into the step")
+      .AtLeast(0);
+  flags
+      ->AddDouble("start_wait_s", &f->start_wait_s,
+                  "the first step waits this long for all --workers to "
+                  "register, then starts with those there (at least "
+                  "--min_workers)")
+      .NotBelow(0.0);
 }
 
 void AddShardFlags(Flags* flags, ServerFlags* f) {
-  flags->AddInt("shards", &f->shards,
-                "how many dp-ps processes share the parameters; each owns a "
-                "range of them (1 = this dp-ps holds all)");
+  flags
+      ->AddInt("shards", &f->shards,
+               "how many dp-ps processes share the parameters; each owns a "
+               "range of them (1 = this dp-ps holds all)")
+      .InRange(1, kMaxShards);
   flags->AddInt("shard", &f->shard,
                 "which of the --shards this dp-ps is (-1 = the ordinal at "
                 "the end of the host name, as in a StatefulSet)");
@@ -169,7 +211,8 @@ void AddShardFlags(Flags* flags, ServerFlags* f) {
 
 void AddServerFlags(Flags* flags, ServerFlags* f) {
   flags->AddString("host", &f->host, "address to listen on");
-  flags->AddInt("port", &f->port, "gRPC port (0 picks a free one)");
+  flags->AddInt("port", &f->port, "gRPC port (0 picks a free one)")
+      .InRange(0, 65535);
   AddEndpointFlags(flags, &f->endpoints,
                    "plaintext port serving only grpc.health.v1, for probes "
                    "that speak no TLS (-1 = off, 0 = any free port)");
@@ -187,44 +230,11 @@ void AddServerFlags(Flags* flags, ServerFlags* f) {
   AddSecurityFlags(flags, &f->security, Side::kServer);
 }
 
-absl::Status ValidateServerFlags(const ServerFlags& f) {
-  RETURN_IF_ERROR(CheckRanges({{"port", f.port, 0, 65535}}));
-  RETURN_IF_ERROR(ValidateEndpointFlags(f.endpoints));
-  RETURN_IF_ERROR(CheckRanges({
-      {"workers", f.workers, 1, 1024},
-      {"batch_size", f.batch_size, 1, 65536},
-      {"micro_batch", f.micro_batch, 0, 65536, "0 = --batch_size"},
-  }));
+absl::Status ValidateServerFlags(const Flags& flags, const ServerFlags& f) {
+  RETURN_IF_ERROR(flags.Validate());
   RETURN_IF_ERROR(ValidateStep(f));
-  RETURN_IF_ERROR(CheckRanges({
-      {"epochs", f.epochs, 1, kNoUpperBound},
-      {"max_steps", f.max_steps, 0, kNoUpperBound},
-      {"checkpoint_every", f.checkpoint_every, 0, kNoUpperBound},
-      {"keep_checkpoints", f.keep_checkpoints, 1, kNoUpperBound},
-      {"update_threads", f.update_threads, 0, 256},
-      {"shards", f.shards, 1, kMaxShards},
-      {"shard", f.shard, -1, f.shards - 1, "-1 = from the host name"},
-      {"straggler_min_wait_ms", f.straggler_min_wait_ms, 0, kNoUpperBound},
-  }));
-  RETURN_IF_ERROR(CheckBounds({
-      {"lr", f.lr, 0.0},
-      {"worker_timeout_s", f.worker_timeout_s, 0.0},
-      {"straggler_factor", f.straggler_factor, 1.0},
-      {"start_wait_s", f.start_wait_s, 0.0, /*or_equal=*/true},
-  }));
-  RETURN_IF_ERROR(CheckChoice("dataset", f.dataset,
-                              {"fashion-mnist", "mnist", "synthetic"}));
-  RETURN_IF_ERROR(CheckChoice("on_worker_loss", f.on_worker_loss,
-                              {"reassign", "wait", "fail"}));
-  for (const auto& [flag, value] :
-       {std::pair{"grad_encoding", f.grad_encoding},
-        std::pair{"weight_encoding", f.weight_encoding}}) {
-    if (auto e = ParseEncoding(value); !e.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": ", e.status().message()));
-    }
-  }
-  return absl::OkStatus();
+  return CheckRanges(
+      {{"shard", f.shard, -1, f.shards - 1, "-1 = from the host name"}});
 }
 
 absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f) {

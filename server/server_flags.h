@@ -57,8 +57,10 @@ struct ServerFlags {
 // Adds every flag of dp-ps but --dry_run (ParseCommandLine's) to `flags`.
 void AddServerFlags(Flags* flags, ServerFlags* f);
 
-// INVALID_ARGUMENT naming the first flag out of its range, or OK.
-[[nodiscard]] absl::Status ValidateServerFlags(const ServerFlags& f);
+// INVALID_ARGUMENT naming the first flag out of its range, or OK: the
+// checks `flags` (AddServerFlags') hold, then those that relate flags.
+[[nodiscard]] absl::Status ValidateServerFlags(const Flags& flags,
+                                               const ServerFlags& f);
 
 // The options the flags give, all but the security (which starts gRPC's
 // threads, so main loads it once the signal mask is set). INVALID_ARGUMENT

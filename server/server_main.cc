@@ -61,7 +61,8 @@ int Run(int argc, char** argv) {
           ParseCommandLine(&flags, &f.dry_run, argc, argv)) {
     return *exit;
   }
-  if (absl::Status s = ValidateServerFlags(f); !s.ok()) return ConfigError(s);
+  if (absl::Status s = ValidateServerFlags(flags, f); !s.ok())
+    return ConfigError(s);
   absl::StatusOr<PsServerOptions> options = ServerOptionsFromFlags(f);
   if (!options.ok()) return ConfigError(options.status());
   if (f.dry_run) return FinishDryRun(flags);

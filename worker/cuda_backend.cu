@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -56,18 +57,17 @@ absl::Status CublasErrorStatus(cublasStatus_t status, const char* expr,
     }                                                                         \
   } while (0)
 
-template <typename T>
-absl::Status AllocDevice(int64_t n, DevicePtr<T>* out) {
+// *out owns a fresh buffer of max(n, 1) T: device memory for a DevicePtr,
+// pinned host memory for a PinnedPtr.
+template <typename T, typename Free>
+absl::Status Alloc(int64_t n, std::unique_ptr<T, Free>* out) {
   void* p = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)));
-  out->reset(static_cast<T*>(p));
-  return absl::OkStatus();
-}
-
-template <typename T>
-absl::Status AllocPinned(int64_t n, PinnedPtr<T>* out) {
-  void* p = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, std::max<int64_t>(n, 1) * sizeof(T)));
+  const size_t bytes = std::max<int64_t>(n, 1) * sizeof(T);
+  if constexpr (std::is_same_v<Free, CudaFreeHost>) {
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, bytes));
+  } else {
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+  }
   out->reset(static_cast<T*>(p));
   return absl::OkStatus();
 }
@@ -141,6 +141,11 @@ class CudaBackendImpl final : public CudaBackend {
   // dx (B,in) = dy (B,out) W (out,in).
   absl::Status GemmInputGrad(const float* dy, const float* w, float* dx, int B,
                              int in, int out);
+  // C (m,n) = op_a(A) . op_b(B), column-major, on stream_: the one cuBLAS
+  // call of the three above, which differ only in operands and shapes.
+  absl::Status Sgemm(cublasOperation_t op_a, cublasOperation_t op_b, int m,
+                     int n, int k, const float* a, int lda, const float* b,
+                     int ldb, float* c, int ldc);
 
   const ModelLayout layout_;
   const int max_batch_;
@@ -212,7 +217,7 @@ absl::Status CudaBackendImpl::Init() {
       cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   CUBLAS_RETURN_IF_ERROR(
       cublasSetAtomicsMode(cublas_, CUBLAS_ATOMICS_NOT_ALLOWED));
-  RETURN_IF_ERROR(AllocDevice(kCublasWorkspaceBytes, &workspace_));
+  RETURN_IF_ERROR(Alloc(kCublasWorkspaceBytes, &workspace_));
   CUBLAS_RETURN_IF_ERROR(
       cublasSetWorkspace(cublas_, workspace_.get(), kCublasWorkspaceBytes));
 
@@ -226,27 +231,26 @@ absl::Status CudaBackendImpl::Init() {
     max_out = std::max(max_out, d[l + 1]);
     if (l + 1 < L) max_hidden = std::max(max_hidden, d[l + 1]);
   }
-  RETURN_IF_ERROR(AllocDevice(P, &params_));
-  RETURN_IF_ERROR(AllocDevice(P + B, &grad_));
-  RETURN_IF_ERROR(AllocDevice(B * layout_.input_dim(), &x_));
-  RETURN_IF_ERROR(AllocDevice(B, &labels_));
+  RETURN_IF_ERROR(Alloc(P, &params_));
+  RETURN_IF_ERROR(Alloc(P + B, &grad_));
+  RETURN_IF_ERROR(Alloc(B * layout_.input_dim(), &x_));
+  RETURN_IF_ERROR(Alloc(B, &labels_));
   act_.resize(L);
-  for (int l = 0; l < L; ++l)
-    RETURN_IF_ERROR(AllocDevice(B * d[l + 1], &act_[l]));
+  for (int l = 0; l < L; ++l) RETURN_IF_ERROR(Alloc(B * d[l + 1], &act_[l]));
   for (DevicePtr<float>& buf : dbuf_) {
-    RETURN_IF_ERROR(AllocDevice(B * max_hidden, &buf));
+    RETURN_IF_ERROR(Alloc(B * max_hidden, &buf));
   }
-  RETURN_IF_ERROR(AllocDevice(B * layout_.num_classes(), &dlogits_));
-  RETURN_IF_ERROR(AllocDevice(B, &correct_));
-  RETURN_IF_ERROR(AllocDevice(
+  RETURN_IF_ERROR(Alloc(B * layout_.num_classes(), &dlogits_));
+  RETURN_IF_ERROR(Alloc(B, &correct_));
+  RETURN_IF_ERROR(Alloc(
       static_cast<int64_t>(ColumnSumChunks(max_batch_)) * max_out, &partials_));
-  RETURN_IF_ERROR(AllocDevice(ColumnSumTiles(max_out), &counters_));
+  RETURN_IF_ERROR(Alloc(ColumnSumTiles(max_out), &counters_));
 
-  RETURN_IF_ERROR(AllocPinned(P, &h_params_));
-  RETURN_IF_ERROR(AllocPinned(P + B, &h_grad_));
-  RETURN_IF_ERROR(AllocPinned(B * layout_.input_dim(), &h_x_));
-  RETURN_IF_ERROR(AllocPinned(B, &h_labels_));
-  RETURN_IF_ERROR(AllocPinned(B, &h_correct_));
+  RETURN_IF_ERROR(Alloc(P, &h_params_));
+  RETURN_IF_ERROR(Alloc(P + B, &h_grad_));
+  RETURN_IF_ERROR(Alloc(B * layout_.input_dim(), &h_x_));
+  RETURN_IF_ERROR(Alloc(B, &h_labels_));
+  RETURN_IF_ERROR(Alloc(B, &h_correct_));
   return Sync();
 }
 
@@ -298,14 +302,21 @@ absl::Status CudaBackendImpl::StageInputs(const float* x, const int32_t* labels,
   return absl::OkStatus();
 }
 
+absl::Status CudaBackendImpl::Sgemm(cublasOperation_t op_a,
+                                    cublasOperation_t op_b, int m, int n, int k,
+                                    const float* a, int lda, const float* b,
+                                    int ldb, float* c, int ldc) {
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, op_a, op_b, m, n, k, &one, a, lda,
+                                     b, ldb, &zero, c, ldc));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackendImpl::GemmForward(const float* x, const float* w,
                                           float* y, int B, int in, int out) {
   // Column-major: y^T (out,B) = W (out,in) . x^T (in,B); W is stored as
   // column-major (in,out), hence OP_T.
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, B,
-                                     in, &one, w, in, x, in, &zero, y, out));
-  return absl::OkStatus();
+  return Sgemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, w, in, x, in, y, out);
 }
 
 absl::Status CudaBackendImpl::GemmWeightGrad(const float* dy, const float* x,
@@ -313,19 +324,13 @@ absl::Status CudaBackendImpl::GemmWeightGrad(const float* dy, const float* x,
                                              int out) {
   // Column-major: dW^T (in,out) = x^T (in,B) . dy (B,out); dy is stored as
   // column-major (out,B), hence OP_T.
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out,
-                                     B, &one, x, in, dy, out, &zero, dw, in));
-  return absl::OkStatus();
+  return Sgemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, B, x, in, dy, out, dw, in);
 }
 
 absl::Status CudaBackendImpl::GemmInputGrad(const float* dy, const float* w,
                                             float* dx, int B, int in, int out) {
   // Column-major: dx^T (in,B) = W^T (in,out) . dy^T (out,B).
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, B,
-                                     out, &one, w, in, dy, out, &zero, dx, in));
-  return absl::OkStatus();
+  return Sgemm(CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, w, in, dy, out, dx, in);
 }
 
 absl::Status CudaBackendImpl::EnqueueForward(int B) {

@@ -72,15 +72,22 @@ __device__ __forceinline__ float MaxLikeStd(float a, float b) {
   return a < b ? b : a;
 }
 
+// The grid-stride loop of the elementwise kernels: thread t of the grid takes
+// elements t, t + GridThreads(), t + 2 GridThreads(), ...
+__device__ __forceinline__ int64_t GridThread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridThreads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
 // ---------------------------------------------------------------------------
 // Bias + ReLU forward. y is (B,out); element i has column i % out.
 template <bool kRelu>
 __global__ void BiasReluKernel(float* __restrict__ y,
                                const float* __restrict__ bias, int64_t n,
                                int out) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
+  for (int64_t i = GridThread(); i < n; i += GridThreads()) {
     const float v = y[i] + bias[i % out];
     y[i] = kRelu ? Relu(v) : v;
   }
@@ -92,9 +99,7 @@ template <bool kRelu>
 __global__ void BiasReluKernel4(float4* __restrict__ y,
                                 const float4* __restrict__ bias, int64_t n4,
                                 int out4) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n4; i += stride) {
+  for (int64_t i = GridThread(); i < n4; i += GridThreads()) {
     float4 v = y[i];
     const float4 b = bias[i % out4];
     v.x += b.x;

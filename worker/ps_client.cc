@@ -335,13 +335,21 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
   }
 }
 
+template <typename Method, typename Request, typename Response>
+absl::Status PsClient::StubCall(const char* what, absl::Duration timeout,
+                                Method method, const Request& request,
+                                Response* response) {
+  return WithRetry(what, timeout, [&](grpc::ClientContext* c) {
+    return (rpc_->stub.get()->*method)(c, request, response);
+  });
+}
+
 absl::StatusOr<JobStatus> PsClient::GetStatus() {
   dp::v1::GetStatusResponse response;
   dp::v1::GetStatusRequest request;
-  RETURN_IF_ERROR(WithRetry(
-      "GetStatus", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return rpc_->stub->GetStatus(c, request, &response);
-      }));
+  RETURN_IF_ERROR(StubCall("GetStatus", options_.call_timeout,
+                           &dp::v1::ParameterServer::Stub::GetStatus, request,
+                           &response));
   JobStatus status = JobStatusFromProto(response.config(), response.step(),
                                         response.shard(), num_params_);
   status.pushed_ranks.assign(response.pushed_ranks().begin(),
@@ -381,10 +389,9 @@ absl::StatusOr<JobStatus> PsClient::RegisterOnce(
   request.set_worker_id(registration.worker_id);
   request.set_shared_memory(options_.data_plane != DataPlane::kGrpc);
   dp::v1::RegisterResponse response;
-  RETURN_IF_ERROR(
-      WithRetry("Register", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return rpc_->stub->Register(c, request, &response);
-      }));
+  RETURN_IF_ERROR(StubCall("Register", options_.call_timeout,
+                           &dp::v1::ParameterServer::Stub::Register, request,
+                           &response));
   num_params_ = response.num_params();
   JobStatus status = JobStatusFromProto(response.config(), response.step(),
                                         response.shard(), num_params_);
@@ -457,10 +464,9 @@ absl::StatusOr<ShardState> PsClient::Rollback(int64_t step,
   request.set_step(step);
   request.set_generation(generation);
   dp::v1::RollbackResponse response;
-  RETURN_IF_ERROR(
-      WithRetry("Rollback", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return rpc_->stub->Rollback(c, request, &response);
-      }));
+  RETURN_IF_ERROR(StubCall("Rollback", options_.call_timeout,
+                           &dp::v1::ParameterServer::Stub::Rollback, request,
+                           &response));
   return FromProto(response.shard(), response.step(), num_params_);
 }
 
@@ -492,10 +498,9 @@ absl::Status PsClient::Barrier(int rank, int64_t step, Block* work) {
   request.set_rank(rank);
   request.set_step(step);
   dp::v1::BarrierResponse response;
-  RETURN_IF_ERROR(
-      WithRetry("Barrier", options_.wait_timeout, [&](grpc::ClientContext* c) {
-        return rpc_->stub->Barrier(c, request, &response);
-      }));
+  RETURN_IF_ERROR(StubCall("Barrier", options_.wait_timeout,
+                           &dp::v1::ParameterServer::Stub::Barrier, request,
+                           &response));
   *work = FromProto(response.block());
   return absl::OkStatus();
 }
@@ -516,10 +521,9 @@ absl::Status PsClient::ReportEval(int rank, const EvalReport& report) {
   request.set_rank(rank);
   ToProto(report, &request);
   dp::v1::ReportEvalResponse response;
-  return WithRetry("ReportEval", options_.call_timeout,
-                   [&](grpc::ClientContext* c) {
-                     return rpc_->stub->ReportEval(c, request, &response);
-                   });
+  return StubCall("ReportEval", options_.call_timeout,
+                  &dp::v1::ParameterServer::Stub::ReportEval, request,
+                  &response);
 }
 
 }  // namespace dp

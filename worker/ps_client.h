@@ -178,6 +178,11 @@ class PsClient {
   // or retry_for has passed.
   template <typename Call>
   absl::Status WithRetry(const char* what, absl::Duration timeout, Call call);
+  // WithRetry of a call of the generated stub: (stub->*method)(context,
+  // request, response).
+  template <typename Method, typename Request, typename Response>
+  absl::Status StubCall(const char* what, absl::Duration timeout, Method method,
+                        const Request& request, Response* response);
 
   // A call whose messages are raw bytes (Pull, Push, PushPull), so that
   // tensors skip protobuf's copies: the blocking call generated stubs make,

@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "proto/grpc_server.h"
 #include "common/model_layout.h"
 #include "common/shard_plan.h"
 #include "common/status_macros.h"
+#include "proto/grpc_server.h"
 #include "worker/backend_choice.h"
 #include "worker/ps_group.h"
 
@@ -27,26 +27,15 @@ bool IsHostPort(const std::string& address) {
          port <= 65535;
 }
 
-absl::Status ValidateWorkerFlags(const WorkerFlags& f) {
-  if (f.rank < -1) {
+// -1 is no rank yet: dp-ps picks one.
+absl::Status CheckRank(int rank) {
+  if (rank < -1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--rank must be 0..N-1, or -1 for dp-ps to pick one (or DP_RANK, "
         "RANK, JOB_COMPLETION_INDEX), got %d",
-        f.rank));
+        rank));
   }
-  RETURN_IF_ERROR(
-      CheckChoice("data_plane", f.data_plane, {"auto", "grpc", "shm"}));
-  RETURN_IF_ERROR(CheckChoice("protocol", f.protocol, {"fused", "plain"}));
-  RETURN_IF_ERROR(CheckRanges({
-      {"threads", f.threads, 1, kNoUpperBound},
-      {"wait_timeout_s", f.wait_timeout_s, 1, kNoUpperBound},
-      {"retry_for_s", f.retry_for_s, 0, kNoUpperBound},
-      {"stop_timeout_s", f.stop_timeout_s, 1, kNoUpperBound},
-  }));
-  // The name only: the manifests name the GPU backend, and their dry run
-  // runs where there is no GPU.
-  RETURN_IF_ERROR(CheckBackendName(f.backend));
-  return ValidateEndpointFlags(f.endpoints);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -60,16 +49,22 @@ void AddWorkerFlags(Flags* flags, WorkerFlags* f) {
   flags->AddInt("shards", &f->shards,
                 "how many dp-ps shards an entry of --ps with {shard} names "
                 "(0 = none has it)");
-  flags->AddInt("rank", &f->rank,
-                "this worker's rank, 0..N-1 (-1: dp-ps picks one when it "
-                "joins)",
-                {"RANK", "JOB_COMPLETION_INDEX"});
+  flags
+      ->AddInt("rank", &f->rank,
+               "this worker's rank, 0..N-1 (-1: dp-ps picks one when it "
+               "joins)",
+               {"RANK", "JOB_COMPLETION_INDEX"})
+      .Satisfies([f] { return CheckRank(f->rank); });
   flags->AddString(
       "data_dir", &f->data_dir,
       "directory of the IDX files (empty: the data set's default)");
-  flags->AddString("backend", &f->backend,
-                   "auto | cpu | cuda (auto: cuda when the CUDA module is "
-                   "installed and finds a GPU it has code for, else cpu)");
+  flags
+      ->AddString("backend", &f->backend,
+                  "auto | cpu | cuda (auto: cuda when the CUDA module is "
+                  "installed and finds a GPU it has code for, else cpu)")
+      // The name only: the manifests name the GPU backend, and their dry run
+      // runs where there is no GPU.
+      .Satisfies([f] { return CheckBackendName(f->backend); });
   flags->AddInt("device", &f->device,
                 "CUDA device ordinal (-1: rank modulo the visible GPUs)",
                 {"LOCAL_RANK"});
@@ -79,30 +74,42 @@ void AddWorkerFlags(Flags* flags, WorkerFlags* f) {
   AddEndpointFlags(flags, &f->endpoints,
                    "port of the grpc.health.v1 service: SERVING once joined "
                    "(-1 = off, 0 = any free port)");
-  flags->AddInt("threads", &f->threads, "BLAS threads of the CPU backend");
+  flags->AddInt("threads", &f->threads, "BLAS threads of the CPU backend")
+      .AtLeast(1);
   flags->AddBool("tf32", &f->tf32,
                  "CUDA backend: allow TF32 tensor-core matrix products (off: "
                  "exact float32)");
-  flags->AddString("data_plane", &f->data_plane,
-                   "auto | grpc | shm: how the step's tensors travel (auto: "
-                   "shared memory when dp-ps is on this host and offers it, "
-                   "else gRPC; shm: that or an error)");
-  flags->AddString("protocol", &f->protocol,
-                   "fused (PushPull, one round trip) | plain (Push, Barrier, "
-                   "Pull)");
-  flags->AddInt("wait_timeout_s", &f->wait_timeout_s,
-                "deadline of one barrier wait; on expiry the worker says whom "
-                "it waits for and waits again");
-  flags->AddInt("retry_for_s", &f->retry_for_s,
-                "how long to retry while dp-ps is unavailable");
-  flags->AddInt("stop_timeout_s", &f->stop_timeout_s,
-                "on SIGTERM the worker stops after its current step; if that "
-                "takes longer than this, it exits anyway");
+  flags
+      ->AddString("data_plane", &f->data_plane,
+                  "auto | grpc | shm: how the step's tensors travel (auto: "
+                  "shared memory when dp-ps is on this host and offers it, "
+                  "else gRPC; shm: that or an error)")
+      .OneOf({"auto", "grpc", "shm"});
+  flags
+      ->AddString("protocol", &f->protocol,
+                  "fused (PushPull, one round trip) | plain (Push, Barrier, "
+                  "Pull)")
+      .OneOf({"fused", "plain"});
+  flags
+      ->AddInt("wait_timeout_s", &f->wait_timeout_s,
+               "deadline of one barrier wait; on expiry the worker says whom "
+               "it waits for and waits again")
+      .AtLeast(1);
+  flags
+      ->AddInt("retry_for_s", &f->retry_for_s,
+               "how long to retry while dp-ps is unavailable")
+      .AtLeast(0);
+  flags
+      ->AddInt("stop_timeout_s", &f->stop_timeout_s,
+               "on SIGTERM the worker stops after its current step; if that "
+               "takes longer than this, it exits anyway")
+      .AtLeast(1);
   AddSecurityFlags(flags, &f->security, Side::kClient);
 }
 
-absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(const WorkerFlags& f) {
-  RETURN_IF_ERROR(ValidateWorkerFlags(f));
+absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(const Flags& flags,
+                                                     const WorkerFlags& f) {
+  RETURN_IF_ERROR(flags.Validate());
   absl::StatusOr<std::vector<std::string>> entries =
       ExpandShardTemplate(f.ps, f.shards);
   if (!entries.ok()) {

@@ -39,8 +39,9 @@ void AddWorkerFlags(Flags* flags, WorkerFlags* f);
 
 // The options the flags give, all but the security (main loads it after the
 // dry run, which checks no files); INVALID_ARGUMENT naming the first flag
-// out of its range.
-absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(const WorkerFlags& f);
+// out of its range (the checks `flags`, AddWorkerFlags', hold; then --ps).
+absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(const Flags& flags,
+                                                     const WorkerFlags& f);
 
 }  // namespace dp
 

@@ -15,10 +15,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/flags.h"
-#include "proto/grpc_server.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "proto/grpc_server.h"
 #include "proto/security.h"
 #include "worker/exit_code.h"
 #include "worker/worker.h"
@@ -51,7 +51,7 @@ std::optional<int> Configure(int argc, char** argv, WorkerOptions* o,
   }
   SetLogTag(f.rank >= 0 ? absl::StrFormat("worker %d", f.rank)
                         : absl::StrFormat("worker %d", getpid()));
-  absl::StatusOr<WorkerOptions> options = WorkerOptionsFromFlags(f);
+  absl::StatusOr<WorkerOptions> options = WorkerOptionsFromFlags(flags, f);
   if (!options.ok()) {
     Log("configuration error: %s", options.status().message());
     return kExitConfigError;
