@@ -25,6 +25,7 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   o.closed = roster_.closed_ranks();
   o.last_seen = roster_.leases();
   o.told = roster_.told();
+  o.attending = roster_.attending();
   o.reported_missing = roster_.reported_missing();
   o.reported_unregistered = roster_.reported_unregistered();
   o.stragglers = planner_.stragglers();
@@ -72,7 +73,8 @@ std::string ObservableDifferences(const CoordinatorMirror& a,
   check(a.lost == b.lost, "lost ranks");
   check(a.holders == b.holders && a.sessions == b.sessions,
         "holders of the ranks");
-  check(a.closed == b.closed, "closed connections");
+  check(a.attending == b.attending && a.closed == b.closed,
+        "attendance and closed connections");
   check(a.last_seen == b.last_seen, "leases");
   check(a.told == b.told, "told of the failure");
   check(a.reported_missing == b.reported_missing &&

@@ -36,6 +36,7 @@ struct CoordinatorMirror {
   // whether that one's connection closed.
   std::vector<std::string> holders;
   std::vector<uint64_t> sessions;
+  std::vector<bool> attending;  // its Attend call came
   std::vector<bool> closed;
   std::vector<absl::Time> last_seen;  // the leases
   std::vector<bool> told;             // of the failure

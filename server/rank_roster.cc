@@ -16,6 +16,7 @@ RankRoster::RankRoster(int world, absl::Time start)
     : registered_(world, false),
       worker_ids_(world),
       sessions_(world, 0),
+      attending_(world, false),
       closed_(world, false),
       lost_(world, false),
       last_seen_(world, start),
@@ -29,12 +30,12 @@ int RankRoster::num_registered() const {
       std::count(registered_.begin(), registered_.end(), true));
 }
 
-std::vector<int> RankRoster::HeldRanks(absl::Time now,
-                                       const std::vector<bool>& waiting,
-                                       absl::Duration lease) const {
+std::vector<int> RankRoster::AttendingRanks(absl::Time now,
+                                            const std::vector<bool>& waiting,
+                                            absl::Duration lease) const {
   std::vector<int> held;
   for (int r = 0; r < world(); ++r) {
-    if (Held(r, now, waiting[r], lease)) held.push_back(r);
+    if (attending_[r] && Held(r, now, waiting[r], lease)) held.push_back(r);
   }
   return held;
 }
@@ -63,7 +64,8 @@ uint64_t RankRoster::Register(int rank, absl::string_view worker_id,
   registered_[rank] = true;
   worker_ids_[rank] = std::string(worker_id);
   sessions_[rank] = RandomId();
-  closed_[rank] = false;  // the new session's connection is open
+  attending_[rank] = false;  // until its Attend call comes
+  closed_[rank] = false;     // the new session's connection is open
   Renew(rank, now);
   return sessions_[rank];
 }

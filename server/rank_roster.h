@@ -53,9 +53,13 @@ class RankRoster {
             absl::Duration lease) const {
     return Live(rank) && !Missing(rank, now, waiting, lease);
   }
-  // The ranks held now, by rank.
-  std::vector<int> HeldRanks(absl::Time now, const std::vector<bool>& waiting,
-                             absl::Duration lease) const;
+  // The ranks held now whose process attends (its Attend call is open, so
+  // its going will be seen), by rank. A process killed between its
+  // registration and its Attend holds its rank until the lease runs out,
+  // unseen: it is not among them.
+  std::vector<int> AttendingRanks(absl::Time now,
+                                  const std::vector<bool>& waiting,
+                                  absl::Duration lease) const;
 
   // The rank a worker that asked for none gets: the one its worker id
   // registered before, else `preferred` if free, else the lowest never
@@ -66,6 +70,8 @@ class RankRoster {
   // A registration of `rank` by `worker_id`: a new session (returned), its
   // connection open, its lease renewed at `now`.
   uint64_t Register(int rank, absl::string_view worker_id, absl::Time now);
+  // The registration's Attend call of `rank` is open.
+  void Attending(int rank) { attending_[rank] = true; }
   // The connection of `rank`'s registration `session` closed: false, and
   // nothing changes, when that is no longer the rank's registration.
   bool Close(int rank, uint64_t session);
@@ -96,6 +102,7 @@ class RankRoster {
   const std::vector<uint64_t>& sessions() const { return sessions_; }
   const std::vector<absl::Time>& leases() const { return last_seen_; }
   const std::vector<bool>& told() const { return told_; }
+  const std::vector<bool>& attending() const { return attending_; }
   // What CheckLeases reported last, by rank: missing, and never registered.
   const std::vector<bool>& reported_missing() const {
     return reported_missing_;
@@ -111,6 +118,7 @@ class RankRoster {
   // Its current registration's session (Attend), and whether that one's
   // connection closed.
   std::vector<uint64_t> sessions_;
+  std::vector<bool> attending_;
   std::vector<bool> closed_;
   // Lost: missing with a block the step needed (its blocks go to others).
   std::vector<bool> lost_;

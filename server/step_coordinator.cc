@@ -137,7 +137,8 @@ std::vector<int> StepCoordinator::AwaitRanksGone(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   std::vector<int> held;
   auto gone = [this, &held]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    held = roster_.HeldRanks(absl::Now(), waits_.Waiting(), elastic_.lease);
+    held =
+        roster_.AttendingRanks(absl::Now(), waits_.Waiting(), elastic_.lease);
     return held.empty();
   };
   // A close wakes the wait; a lease running out does not, hence the slices.
@@ -252,6 +253,7 @@ absl::Status StepCoordinator::Attend(int rank, uint64_t session) {
         rank,
         roster_.registered(rank) ? "it registered again" : "not registered"));
   }
+  roster_.Attending(rank);
   return absl::OkStatus();
 }
 

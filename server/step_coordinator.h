@@ -269,9 +269,10 @@ class StepCoordinator {
   // A worker may be computing when the job fails: serving the failure a
   // little longer tells it, where a closed port would have it retry.
   bool AwaitFailureTold(absl::Duration timeout) const;
-  // After the end: blocks until no process holds a rank any more (each one's
-  // connection closed, or its lease ran out while it waited in no call) or
-  // `timeout` passes; the ranks still held. A worker late with its last
+  // After the end: blocks until no attending process holds a rank any more
+  // (each one's connection closed, or its lease ran out while it waited in
+  // no call) or `timeout` passes; the ranks still held (see
+  // RankRoster::AttendingRanks). A worker late with its last
   // block still calls every shard before it exits: serving it a little
   // longer spares it a closed port that it would retry.
   std::vector<int> AwaitRanksGone(absl::Duration timeout) const;

@@ -1,6 +1,7 @@
 // Failures with real processes and real signals: a job that loses any
 // process and gets it back finishes with exactly the weights it would have
 // had without the failure, and nothing hangs.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cstdint>
@@ -13,9 +14,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/dataset.h"
 #include "common/file_util.h"
 #include "common/flags.h"
+#include "common/model_layout.h"
 #include "gtest/gtest.h"
+#include "proto/dp.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "tests/job_runner.h"
 
@@ -265,6 +269,37 @@ TEST(FaultTest, KilledWorkerEndsAFailPolicyJobAtOnce) {
 // A worker waiting for a step when dp-ps dies (-9, never to come back) gives
 // up after --retry_for_s with exit 4 (dp-ps unreachable), whatever its
 // --wait_timeout_s: waiting for a connection is not waiting for a step.
+// A process killed between its registration and its Attend call (here a
+// registration over a raw stub, which never attends nor calls again) holds
+// its rank unseen until its lease runs out: the job goes on without it (its
+// late block backed up, then left out of the plan). At the end dp-ps does
+// not wait for it to go, since its going could never be seen: it exits
+// once the worker that attended is gone.
+TEST(FaultTest, ARankThatNeverAttendedIsNotWaitedForAtTheEnd) {
+  int port = 0;
+  auto ps = StartServer(
+      {"--dataset=synthetic", "--workers=2", "--max_steps=20", "--batch_size=8",
+       "--worker_timeout_s=600", "--final_eval_timeout_s=30"},
+      &port);
+  ASSERT_GT(port, 0) << ps->output();
+  auto stub = dp::v1::ParameterServer::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  const DataFingerprint data = MakeSynthetic(0, Split::kTrain).fingerprint;
+  dp::v1::RegisterRequest request;
+  request.set_rank(1);
+  request.set_model_fingerprint(ModelLayout::SimpleNet().Fingerprint());
+  request.mutable_data()->set_num_samples(data.num_samples);
+  request.mutable_data()->set_hash(data.hash);
+  dp::v1::RegisterResponse response;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->Register(&ctx, request, &response).ok());
+  auto w0 = StartWorker(port, 0);
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();
+  EXPECT_EQ(ps->output().find("still connected"), std::string::npos)
+      << ps->output();
+}
+
 TEST(FaultTest, AWorkerWaitingWhenDpPsDiesExitsUnreachableAfterRetryFor) {
   int port = 0;
   auto ps = StartServer(
