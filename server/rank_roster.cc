@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <random>
 
+#include "absl/strings/str_format.h"
+
 namespace dp {
 
 uint64_t RandomId() {
@@ -57,6 +59,22 @@ int RankRoster::Choose(absl::string_view worker_id, int preferred,
     if (!Held(r, now, waiting[r], lease)) return r;
   }
   return -1;
+}
+
+absl::Status RankRoster::CheckFree(int rank, absl::string_view worker_id,
+                                   absl::Time now, bool waiting,
+                                   absl::Duration lease) const {
+  if (!Held(rank, now, waiting, lease) || worker_ids_[rank] == worker_id) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "rank %d is held by a live process (%s, %s); it is free once that one "
+      "is lost (its connection closes, or it makes no call for %s)",
+      rank, worker_ids_[rank].empty() ? "unnamed" : worker_ids_[rank],
+      waiting ? std::string("waiting in a call")
+              : absl::StrFormat("its last call %.1f s ago",
+                                absl::ToDoubleSeconds(now - last_seen_[rank])),
+      absl::FormatDuration(lease)));
 }
 
 uint64_t RankRoster::Register(int rank, absl::string_view worker_id,

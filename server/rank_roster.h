@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -67,6 +68,11 @@ class RankRoster {
   int Choose(absl::string_view worker_id, int preferred, absl::Time now,
              const std::vector<bool>& waiting, absl::Duration lease) const;
 
+  // RESOURCE_EXHAUSTED, naming the holder, when another process than
+  // `worker_id`'s holds `rank` (only the holder may register a held rank
+  // again).
+  absl::Status CheckFree(int rank, absl::string_view worker_id, absl::Time now,
+                         bool waiting, absl::Duration lease) const;
   // A registration of `rank` by `worker_id`: a new session (returned), its
   // connection open, its lease renewed at `now`.
   uint64_t Register(int rank, absl::string_view worker_id, absl::Time now);

@@ -213,18 +213,9 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
   // Once the job is over there is nothing to take: one standing by joins
   // at the end (and exits 0).
   const bool over = have_data_ && state_.step >= TotalStepsLocked();
-  if (!over && roster_.Held(rank, now, waiting[rank], elastic_.lease) &&
-      roster_.worker_id(rank) != worker_id) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "rank %d is held by a live process (%s, %s); it is free once that "
-        "one is lost (its connection closes, or it makes no call for %s)",
-        rank,
-        roster_.worker_id(rank).empty() ? "unnamed" : roster_.worker_id(rank),
-        waiting[rank] ? std::string("waiting in a call")
-                      : absl::StrFormat("its last call %.1f s ago",
-                                        absl::ToDoubleSeconds(
-                                            now - roster_.last_seen(rank))),
-        absl::FormatDuration(elastic_.lease)));
+  if (!over) {
+    RETURN_IF_ERROR(
+        roster_.CheckFree(rank, worker_id, now, waiting[rank], elastic_.lease));
   }
   if (!have_data_) {
     Schedule schedule = config_.schedule;

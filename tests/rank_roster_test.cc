@@ -2,6 +2,7 @@
 // what renews a lease and what CheckLeases reports.
 #include "server/rank_roster.h"
 
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -35,6 +36,21 @@ TEST(RankRosterTest, ARanklessWorkerGetsItsOwnThenThePreferredThenAFreeRank) {
   roster.Register(2, "c", later);
   EXPECT_EQ(roster.AttendingRanks(later, {true, false, true}, kLease),
             (std::vector<int>{0}));
+}
+
+TEST(RankRosterTest, OnlyItsHolderMayRegisterAHeldRankAgain) {
+  RankRoster roster(3, kStart);
+  roster.Register(0, "host/1", kStart);
+  const absl::Status taken =
+      roster.CheckFree(0, "host/2", kStart, /*waiting=*/false, kLease);
+  EXPECT_EQ(taken.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(taken.message().find("host/1"), std::string::npos) << taken;
+  EXPECT_TRUE(roster.CheckFree(0, "host/1", kStart, false, kLease).ok());
+  EXPECT_TRUE(roster.CheckFree(1, "host/2", kStart, false, kLease).ok());
+  // Its lease ran out: free, unless it waits in a call.
+  const absl::Time later = kStart + 2 * kLease;
+  EXPECT_TRUE(roster.CheckFree(0, "host/2", later, false, kLease).ok());
+  EXPECT_FALSE(roster.CheckFree(0, "host/2", later, true, kLease).ok());
 }
 
 TEST(RankRosterTest, OnlyTheCurrentSessionsCloseCounts) {
