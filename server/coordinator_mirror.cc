@@ -25,7 +25,7 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   o.closed = roster_.closed_ranks();
   o.last_seen = roster_.leases();
   o.told = roster_.told();
-  o.attending = roster_.attending();
+  o.attended = roster_.attended();
   o.reported_missing = roster_.reported_missing();
   o.reported_unregistered = roster_.reported_unregistered();
   o.stragglers = planner_.stragglers();
@@ -73,7 +73,7 @@ std::string ObservableDifferences(const CoordinatorMirror& a,
   check(a.lost == b.lost, "lost ranks");
   check(a.holders == b.holders && a.sessions == b.sessions,
         "holders of the ranks");
-  check(a.attending == b.attending && a.closed == b.closed,
+  check(a.attended == b.attended && a.closed == b.closed,
         "attendance and closed connections");
   check(a.last_seen == b.last_seen, "leases");
   check(a.told == b.told, "told of the failure");

@@ -36,7 +36,7 @@ struct CoordinatorMirror {
   // whether that one's connection closed.
   std::vector<std::string> holders;
   std::vector<uint64_t> sessions;
-  std::vector<bool> attending;  // its Attend call came
+  std::vector<bool> attended;  // an Attend call of the rank came
   std::vector<bool> closed;
   std::vector<absl::Time> last_seen;  // the leases
   std::vector<bool> told;             // of the failure

@@ -18,7 +18,7 @@ RankRoster::RankRoster(int world, absl::Time start)
     : registered_(world, false),
       worker_ids_(world),
       sessions_(world, 0),
-      attending_(world, false),
+      attended_(world, false),
       closed_(world, false),
       lost_(world, false),
       last_seen_(world, start),
@@ -37,7 +37,7 @@ std::vector<int> RankRoster::AttendingRanks(absl::Time now,
                                             absl::Duration lease) const {
   std::vector<int> held;
   for (int r = 0; r < world(); ++r) {
-    if (attending_[r] && Held(r, now, waiting[r], lease)) held.push_back(r);
+    if (attended_[r] && Held(r, now, waiting[r], lease)) held.push_back(r);
   }
   return held;
 }
@@ -82,8 +82,7 @@ uint64_t RankRoster::Register(int rank, absl::string_view worker_id,
   registered_[rank] = true;
   worker_ids_[rank] = std::string(worker_id);
   sessions_[rank] = RandomId();
-  attending_[rank] = false;  // until its Attend call comes
-  closed_[rank] = false;     // the new session's connection is open
+  closed_[rank] = false;  // the new session's connection is open
   Renew(rank, now);
   return sessions_[rank];
 }

@@ -54,10 +54,11 @@ class RankRoster {
             absl::Duration lease) const {
     return Live(rank) && !Missing(rank, now, waiting, lease);
   }
-  // The ranks held now whose process attends (its Attend call is open, so
-  // its going will be seen), by rank. A process killed between its
-  // registration and its Attend holds its rank until the lease runs out,
-  // unseen: it is not among them.
+  // The ranks held now that have attended (an Attend call came, in this
+  // registration or an earlier one of the rank: a worker that registers
+  // again attends again at once), by rank: those whose going will be seen.
+  // A rank whose process was killed between its first registration and its
+  // Attend holds it unseen until the lease runs out: it is not among them.
   std::vector<int> AttendingRanks(absl::Time now,
                                   const std::vector<bool>& waiting,
                                   absl::Duration lease) const;
@@ -76,8 +77,8 @@ class RankRoster {
   // A registration of `rank` by `worker_id`: a new session (returned), its
   // connection open, its lease renewed at `now`.
   uint64_t Register(int rank, absl::string_view worker_id, absl::Time now);
-  // The registration's Attend call of `rank` is open.
-  void Attending(int rank) { attending_[rank] = true; }
+  // An Attend call of `rank`'s registration came.
+  void Attended(int rank) { attended_[rank] = true; }
   // The connection of `rank`'s registration `session` closed: false, and
   // nothing changes, when that is no longer the rank's registration.
   bool Close(int rank, uint64_t session);
@@ -108,7 +109,7 @@ class RankRoster {
   const std::vector<uint64_t>& sessions() const { return sessions_; }
   const std::vector<absl::Time>& leases() const { return last_seen_; }
   const std::vector<bool>& told() const { return told_; }
-  const std::vector<bool>& attending() const { return attending_; }
+  const std::vector<bool>& attended() const { return attended_; }
   // What CheckLeases reported last, by rank: missing, and never registered.
   const std::vector<bool>& reported_missing() const {
     return reported_missing_;
@@ -124,7 +125,7 @@ class RankRoster {
   // Its current registration's session (Attend), and whether that one's
   // connection closed.
   std::vector<uint64_t> sessions_;
-  std::vector<bool> attending_;
+  std::vector<bool> attended_;  // in any of its registrations
   std::vector<bool> closed_;
   // Lost: missing with a block the step needed (its blocks go to others).
   std::vector<bool> lost_;

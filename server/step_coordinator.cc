@@ -244,7 +244,7 @@ absl::Status StepCoordinator::Attend(int rank, uint64_t session) {
         rank,
         roster_.registered(rank) ? "it registered again" : "not registered"));
   }
-  roster_.Attending(rank);
+  roster_.Attended(rank);
   return absl::OkStatus();
 }
 
