@@ -1,7 +1,6 @@
 // Failures with real processes and real signals: a job that loses any
 // process and gets it back finishes with exactly the weights it would have
 // had without the failure, and nothing hangs.
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cstdint>
@@ -22,6 +21,7 @@
 #include "proto/dp.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "tests/job_runner.h"
+#include "tests/raw_client.h"
 
 namespace dp {
 namespace {
@@ -282,17 +282,12 @@ TEST(FaultTest, ARankThatNeverAttendedIsNotWaitedForAtTheEnd) {
        "--worker_timeout_s=600", "--final_eval_timeout_s=30"},
       &port);
   ASSERT_GT(port, 0) << ps->output();
-  auto stub = dp::v1::ParameterServer::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-  const DataFingerprint data = MakeSynthetic(0, Split::kTrain).fingerprint;
-  dp::v1::RegisterRequest request;
-  request.set_rank(1);
-  request.set_model_fingerprint(ModelLayout::SimpleNet().Fingerprint());
-  request.mutable_data()->set_num_samples(data.num_samples);
-  request.mutable_data()->set_hash(data.hash);
-  dp::v1::RegisterResponse response;
-  grpc::ClientContext ctx;
-  ASSERT_TRUE(stub->Register(&ctx, request, &response).ok());
+  auto stub = ConnectRaw(port);
+  ASSERT_TRUE(
+      RawRegister(*stub, RawRegisterRequest(
+                             1, ModelLayout::SimpleNet().Fingerprint(),
+                             MakeSynthetic(0, Split::kTrain).fingerprint))
+          .ok());
   auto w0 = StartWorker(port, 0);
   EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
   EXPECT_EQ(ps->Wait(kJobTimeout), 0) << ps->output();

@@ -18,6 +18,7 @@
 #include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
+#include "tests/raw_client.h"
 
 namespace dp {
 
@@ -142,8 +143,7 @@ std::optional<dp::v1::GetStatusResponse> StatusAt(int port) {
       new std::map<int, std::unique_ptr<dp::v1::ParameterServer::Stub>>();
   auto& stub = (*stubs)[port];
   if (stub == nullptr) {
-    stub = dp::v1::ParameterServer::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    stub = ConnectRaw(port);
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));

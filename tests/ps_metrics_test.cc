@@ -11,15 +11,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "proto/grpc_status.h"
 #include "common/job_failure.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
+#include "proto/grpc_status.h"
 #include "server/ps_service.h"
 #include "server/server_metrics.h"
 #include "server/step_coordinator.h"
 #include "tests/exposition.h"
 #include "tests/in_process_ps.h"
+#include "tests/raw_client.h"
 
 namespace dp {
 namespace {
@@ -41,27 +42,15 @@ class PsMetricsTest : public ::testing::Test {
   }
 
   grpc::Status Register(int rank) {
-    dp::v1::RegisterRequest req;
-    req.set_rank(rank);
-    req.set_model_fingerprint(layout_.Fingerprint());
-    req.mutable_data()->set_num_samples(1000);
-    req.mutable_data()->set_hash(77);
-    dp::v1::RegisterResponse resp;
-    grpc::ClientContext ctx;
-    return stub_->Register(&ctx, req, &resp);
+    return RawRegister(*stub_, RawRegisterRequest(rank, layout_.Fingerprint(),
+                                                  DataFingerprint{1000, 77}));
   }
 
   dp::v1::PushRequest PushRequest(int rank, int64_t step) const {
     std::vector<float> g(layout_.num_params());
     for (size_t i = 0; i < g.size(); ++i)
       g[i] = 0.01f * std::sin(0.1f * i + rank);
-    dp::v1::PushRequest req;
-    req.set_rank(rank);
-    req.set_step(step);
-    req.set_loss(1.0f);
-    req.set_gradient(std::string(reinterpret_cast<const char*>(g.data()),
-                                 g.size() * sizeof(float)));
-    return req;
+    return RawPushRequest(rank, step, g);
   }
 
   // rank's push of `block` (its own micro-batch when empty).
@@ -73,9 +62,7 @@ class PsMetricsTest : public ::testing::Test {
   }
 
   grpc::Status Push(const dp::v1::PushRequest& req) {
-    dp::v1::PushResponse resp;
-    grpc::ClientContext ctx;
-    return stub_->Push(&ctx, req, &resp);
+    return RawPush(*stub_, req);
   }
 
   grpc::Status Barrier(int rank, int64_t step, absl::Duration timeout) {

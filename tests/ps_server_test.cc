@@ -12,13 +12,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
-#include "proto/grpc_server.h"
-#include "proto/grpc_status.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
+#include "proto/grpc_server.h"
+#include "proto/grpc_status.h"
 #include "server/shard_gather.h"
 #include "tests/job_runner.h"
+#include "tests/raw_client.h"
 #include "tests/subprocess.h"
 #include "worker/ps_group.h"
 #include "worker/trainer.h"
@@ -216,10 +217,7 @@ TEST(PsServerTest, ACheckpointOfAnotherShardIsRefusedNamingBoth) {
 // Rollback over gRPC, as PsGroup::Register calls it.
 class ShardRollback {
  public:
-  explicit ShardRollback(int port)
-      : stub_(dp::v1::ParameterServer::NewStub(
-            grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                grpc::InsecureChannelCredentials()))) {}
+  explicit ShardRollback(int port) : stub_(ConnectRaw(port)) {}
   absl::Status Rollback(int64_t step, uint64_t generation,
                         dp::v1::RollbackResponse* response = nullptr) {
     grpc::ClientContext ctx;

@@ -14,6 +14,7 @@
 #include "proto/grpc_server.h"
 #include "server/coordinator_mirror.h"
 #include "tests/in_process_ps.h"
+#include "tests/raw_client.h"
 #include "tests/same_state.h"
 #include "worker/ps_group.h"
 
@@ -38,14 +39,10 @@ class PsServiceTest : public ::testing::Test {
   grpc::Status Register(int rank, uint64_t model_fp, int64_t samples,
                         uint64_t hash,
                         dp::v1::RegisterResponse* resp = nullptr) {
-    dp::v1::RegisterRequest req;
-    req.set_rank(rank);
-    req.set_model_fingerprint(model_fp);
-    req.mutable_data()->set_num_samples(samples);
-    req.mutable_data()->set_hash(hash);
-    dp::v1::RegisterResponse local;
-    grpc::ClientContext ctx;
-    return stub_->Register(&ctx, req, resp ? resp : &local);
+    return RawRegister(
+        *stub_,
+        RawRegisterRequest(rank, model_fp, DataFingerprint{samples, hash}),
+        resp);
   }
   grpc::Status RegisterOk(int rank, dp::v1::RegisterResponse* resp = nullptr) {
     return Register(rank, layout_.Fingerprint(), 1000, 77, resp);
@@ -63,16 +60,9 @@ class PsServiceTest : public ::testing::Test {
       int rank, int64_t step, const std::vector<float>& g,
       dp::v1::PushResponse* resp = nullptr, float loss = 1.0f,
       const std::function<void(dp::v1::PushRequest*)>& edit = nullptr) {
-    dp::v1::PushRequest req;
-    req.set_rank(rank);
-    req.set_step(step);
-    req.set_loss(loss);
-    req.set_gradient(std::string(reinterpret_cast<const char*>(g.data()),
-                                 g.size() * sizeof(float)));
+    dp::v1::PushRequest req = RawPushRequest(rank, step, g, loss);
     if (edit) edit(&req);
-    dp::v1::PushResponse local;
-    grpc::ClientContext ctx;
-    return stub_->Push(&ctx, req, resp ? resp : &local);
+    return RawPush(*stub_, req, resp);
   }
 
   grpc::Status Barrier(int rank, int64_t step, absl::Duration timeout,

@@ -22,12 +22,13 @@
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/flags.h"
-#include "proto/grpc_server.h"
 #include "common/model_layout.h"
-#include "proto/security.h"
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
+#include "proto/grpc_server.h"
+#include "proto/security.h"
 #include "tests/job_runner.h"
+#include "tests/raw_client.h"
 #include "tests/test_certs.h"
 
 namespace dp {
@@ -339,10 +340,8 @@ class HostileClients {
           Count("rank out of range", stub->Push(&ctx, push, &push_response));
           break;
         case 6: {
-          dp::v1::RegisterRequest r;
-          r.set_rank(0);
-          r.set_model_fingerprint(rng());
-          r.mutable_data()->set_num_samples(1000);
+          const dp::v1::RegisterRequest r =
+              RawRegisterRequest(0, rng(), DataFingerprint{1000, 0});
           dp::v1::RegisterResponse response;
           Count("wrong model", stub->Register(&ctx, r, &response));
           break;
@@ -373,10 +372,8 @@ class HostileClients {
         case 10: {
           // Valid but for the id: a validator that let it through would
           // let this request define the job's data set.
-          dp::v1::RegisterRequest r;
-          r.set_rank(1);
-          r.set_model_fingerprint(layout.Fingerprint());
-          r.mutable_data()->set_num_samples(1000);
+          dp::v1::RegisterRequest r = RawRegisterRequest(
+              1, layout.Fingerprint(), DataFingerprint{1000, 0});
           r.set_worker_id(std::string(4000, 'w'));
           dp::v1::RegisterResponse response;
           Count("long worker id", stub->Register(&ctx, r, &response));

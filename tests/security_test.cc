@@ -13,9 +13,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "proto/grpc_server.h"
 #include "gtest/gtest.h"
+#include "proto/grpc_server.h"
 #include "server/ps_service.h"
+#include "tests/raw_client.h"
 #include "tests/same_state.h"
 #include "tests/test_certs.h"
 
@@ -103,24 +104,14 @@ std::unique_ptr<Stub> Connect(int port, const SecurityFlags& flags,
       absl::StrCat("127.0.0.1:", port), security->credentials, args));
 }
 
-dp::v1::RegisterRequest RegisterRequest(int rank) {
-  dp::v1::RegisterRequest r;
-  r.set_rank(rank);
-  r.set_model_fingerprint(Layout().Fingerprint());
-  r.mutable_data()->set_num_samples(100);
-  r.mutable_data()->set_hash(5);
-  return r;
-}
-
 // Register with a deadline, and `metadata` entries ("key", "value").
 grpc::Status Register(
     Stub* stub, int rank,
     std::vector<std::pair<std::string, std::string>> metadata = {}) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  for (const auto& [k, v] : metadata) ctx.AddMetadata(k, v);
-  dp::v1::RegisterResponse response;
-  return stub->Register(&ctx, RegisterRequest(rank), &response);
+  return RawRegister(
+      *stub,
+      RawRegisterRequest(rank, Layout().Fingerprint(), DataFingerprint{100, 5}),
+      nullptr, RawCall{absl::Seconds(10), std::move(metadata)});
 }
 
 class SecurityTest : public ::testing::Test {
@@ -296,12 +287,11 @@ TEST_F(SecurityTest, KeepaliveOfBothSidesKeepsASilentWaitAlive) {
     side.stub = Connect(side.server->port(), certs_->Client("client"), k);
     ASSERT_TRUE(Register(side.stub.get(), 0).ok());
     ASSERT_TRUE(Register(side.stub.get(), 1).ok());
-    dp::v1::PushRequest push;
-    push.set_rank(0);
-    push.set_gradient(std::string(Layout().num_params() * 4, '\0'));
-    dp::v1::PushResponse pushed;
-    grpc::ClientContext push_ctx;
-    ASSERT_TRUE(side.stub->Push(&push_ctx, push, &pushed).ok());
+    ASSERT_TRUE(
+        RawPush(*side.stub,
+                RawPushRequest(0, 0, std::vector<float>(Layout().num_params()),
+                               /*loss=*/0.0f))
+            .ok());
     // Rank 1 never pushes: the wait stays silent.
     side.ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
   };

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
 #include "tests/job_runner.h"
+#include "tests/raw_client.h"
 
 namespace dp {
 namespace {
@@ -30,11 +31,7 @@ namespace {
 // A worker speaking dp.v1 by hand, with the memory dp-ps handed it.
 class Intruder {
  public:
-  Intruder(int port, int rank)
-      : rank_(rank),
-        stub_(dp::v1::ParameterServer::NewStub(
-            grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                grpc::InsecureChannelCredentials()))) {}
+  Intruder(int port, int rank) : rank_(rank), stub_(ConnectRaw(port)) {}
   ~Intruder() {
     for (int fd : fds_) close(fd);
     if (slot_ != nullptr) munmap(slot_, length_ * sizeof(float));
@@ -42,14 +39,11 @@ class Intruder {
 
   // Register asking for shared memory; the answer's ticket and slot id.
   grpc::Status Register(dp::v1::RegisterResponse* response) {
-    dp::v1::RegisterRequest request;
-    request.set_rank(rank_);
-    request.set_model_fingerprint(ModelLayout::SimpleNet().Fingerprint());
-    request.mutable_data()->set_num_samples(1000);
-    request.mutable_data()->set_hash(7);
+    dp::v1::RegisterRequest request =
+        RawRegisterRequest(rank_, ModelLayout::SimpleNet().Fingerprint(),
+                           DataFingerprint{1000, 7});
     request.set_shared_memory(true);
-    grpc::ClientContext ctx;
-    return stub_->Register(&ctx, request, response);
+    return RawRegister(*stub_, request, response);
   }
 
   // Registers and takes the memory: fds_[0] the weights (read-only),
@@ -92,9 +86,7 @@ class Intruder {
     request.set_gradient_in_shm(true);
     request.set_shm_slot(slot_id.value_or(slot_id_));
     request.set_weights_in_shm(weights_in_shm);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    return stub_->PushPull(&ctx, request, response);
+    return RawPushPull(*stub_, request, response, RawCall{absl::Seconds(30)});
   }
 
   absl::StatusOr<dp::v1::PullResponse> PullOverGrpc() {
