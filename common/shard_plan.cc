@@ -13,6 +13,11 @@
 
 namespace dp {
 
+ShardSpec ShardSpec::OrWhole(int64_t num_params) const {
+  if (count > 1) return *this;
+  return ShardSpec{0, 1, ParamRange{0, num_params}};
+}
+
 std::string ShardSpec::ToString() const {
   return absl::StrFormat("shard %d of %d [%d, %d)", index, count, range.offset,
                          range.end());

@@ -34,6 +34,8 @@ struct ShardSpec {
   int count = 1;
   ParamRange range;
   std::string ToString() const;  // "shard 1 of 2 [117568, 235146)"
+  // This shard, or (count <= 1) shard 0 of 1 holding all `num_params`.
+  ShardSpec OrWhole(int64_t num_params) const;
 };
 
 // What a shard says of itself (GetStatus, Register, Rollback).

@@ -14,7 +14,8 @@ BlockPlanner::BlockPlanner(int micro_batches, int min_workers, bool lead,
       sums_(*sums),
       plan_(roster->world()),
       work_(roster->world()),
-      straggler_(roster->world(), false) {}
+      straggler_(roster->world(), false),
+      pushed_(roster->world(), false) {}
 
 void BlockPlanner::Configure(const ElasticOptions& elastic,
                              absl::Time step_start) {
@@ -106,6 +107,7 @@ Block BlockPlanner::AssignWork(int rank, int64_t* reassigned) {
 
 void BlockPlanner::Pushed(int rank, const Block& block, absl::Time at) {
   if (sums_.empty()) first_push_ = at;
+  pushed_[rank] = true;
   Computed(rank, block);
 }
 
@@ -113,8 +115,8 @@ void BlockPlanner::Computed(int rank, const Block& block) {
   if (block.Contains(work_[rank])) work_[rank] = Block{};
 }
 
-void BlockPlanner::Applied(const std::vector<bool>& received,
-                           const std::vector<bool>& waiting) {
+void BlockPlanner::Applied(const std::vector<bool>& waiting) {
+  const std::vector<bool>& received = pushed_;
   for (size_t r = 0; r < plan_.size(); ++r) {
     if (!plan_[r].empty() && !received[r] && !waiting[r]) {
       straggler_[r] = true;
@@ -130,6 +132,7 @@ void BlockPlanner::StartStep(absl::Time start,
                              const std::vector<int>& taking_part) {
   backed_up_.clear();
   backups_this_step_ = 0;
+  pushed_.assign(pushed_.size(), false);
   step_start_ = start;
   first_push_ = absl::InfiniteFuture();
   Plan(taking_part);
@@ -163,6 +166,16 @@ void BlockPlanner::BackUp(int rank, const Block& late) {
   work_[rank] = late;
   backed_up_.push_back(late);
   ++backups_this_step_;
+}
+
+std::vector<int> BlockPlanner::WaitsFor() const {
+  std::vector<int> ranks;
+  for (int r = 0; r < static_cast<int>(work_.size()); ++r) {
+    const bool waits = planned() ? !work_[r].empty() && !sums_.Covered(work_[r])
+                                 : !roster_.Live(r);
+    if (waits) ranks.push_back(r);
+  }
+  return ranks;
 }
 
 }  // namespace dp

@@ -43,6 +43,11 @@ class BlockPlanner {
   const std::vector<bool>& stragglers() const { return straggler_; }
   const std::vector<Block>& backed_up() const { return backed_up_; }
   int backups_this_step() const { return backups_this_step_; }
+  // By rank: it pushed a block this step.
+  const std::vector<bool>& pushed() const { return pushed_; }
+  // The ranks the step waits for: those whose work is not in; before a
+  // plan (the step waits for workers), those not live.
+  std::vector<int> WaitsFor() const;
 
   // The ranks a plan made now gives blocks to: the live ones, stragglers
   // only when nobody else is; none while `hold` (the first step waits for
@@ -70,12 +75,10 @@ class BlockPlanner {
   void Pushed(int rank, const Block& block, absl::Time at);
   // `rank` computed `block` (a copy of one that is in): its work is done.
   void Computed(int rank, const Block& block);
-  // The step was applied with these ranks' blocks `received`, while these
-  // were `waiting`: a rank that had a block, pushed nothing and did not
-  // wait is a straggler (the next plan leaves it out); one that pushed or
-  // waits in time takes part again.
-  void Applied(const std::vector<bool>& received,
-               const std::vector<bool>& waiting);
+  // The step was applied while these ranks were `waiting`: a rank that
+  // had a block, pushed nothing and did not wait is a straggler (the next
+  // plan leaves it out); one that pushed or waits in time takes part again.
+  void Applied(const std::vector<bool>& waiting);
   // The next step starts at `start`: no backups yet, planned for
   // `taking_part`.
   void StartStep(absl::Time start, const std::vector<int>& taking_part);
@@ -104,6 +107,7 @@ class BlockPlanner {
   std::vector<Block> work_;
   std::vector<bool> straggler_;
   std::vector<Block> backed_up_;  // late, handed again
+  std::vector<bool> pushed_;      // by rank, this step
   int backups_this_step_ = 0;
   absl::Time step_start_;
   absl::Time first_push_ = absl::InfiniteFuture();

@@ -12,9 +12,9 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   ObservableState o;
   o.training = state_;
   o.config = config_;
-  if (have_data_) o.data = data_;
+  if (data_.known()) o.data = data_.fingerprint();
   o.registered = roster_.registered_ranks();
-  o.received = received_;
+  o.received = planner_.pushed();
   o.sums = sums_.Sums();
   o.losses = sums_.Losses();
   o.plan = planner_.plan();

@@ -42,6 +42,22 @@ std::vector<int> RankRoster::AttendingRanks(absl::Time now,
   return held;
 }
 
+absl::Status RankRoster::CheckRegistered(int rank) const {
+  if (registered_[rank]) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrFormat("rank %d has not registered", rank));
+}
+
+absl::Status RankRoster::Attend(int rank, uint64_t session) {
+  if (!registered_[rank] || sessions_[rank] != session) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "Attend: session %016x is not rank %d's registration (%s)", session,
+        rank, registered_[rank] ? "it registered again" : "not registered"));
+  }
+  Attended(rank);
+  return absl::OkStatus();
+}
+
 int RankRoster::Choose(absl::string_view worker_id, int preferred,
                        absl::Time now, const std::vector<bool>& waiting,
                        absl::Duration lease) const {

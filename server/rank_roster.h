@@ -77,8 +77,13 @@ class RankRoster {
   // A registration of `rank` by `worker_id`: a new session (returned), its
   // connection open, its lease renewed at `now`.
   uint64_t Register(int rank, absl::string_view worker_id, absl::Time now);
+  // FAILED_PRECONDITION unless `rank` has registered.
+  absl::Status CheckRegistered(int rank) const;
   // An Attend call of `rank`'s registration came.
   void Attended(int rank) { attended_[rank] = true; }
+  // An Attend call naming `session` came: Attended when that is the rank's
+  // registration, else FAILED_PRECONDITION saying why it is not.
+  absl::Status Attend(int rank, uint64_t session);
   // The connection of `rank`'s registration `session` closed: false, and
   // nothing changes, when that is no longer the rank's registration.
   bool Close(int rank, uint64_t session);

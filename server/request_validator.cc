@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "server/adam.h"
 
 namespace dp {
 namespace {
@@ -85,6 +86,24 @@ absl::Status CheckEvalReport(int rank, const EvalReport& r) {
   return absl::OkStatus();
 }
 
+absl::Status CheckRollback(const ShardSpec& shard, uint64_t generation,
+                           uint64_t current, const TrainingState& state) {
+  if (generation != current) {
+    return absl::AbortedError(absl::StrFormat(
+        "rollback refused: %s changed since it was decided (generation "
+        "%016x, now %016x); re-sync",
+        shard.ToString(), generation, current));
+  }
+  const int64_t n = shard.range.length;
+  if (static_cast<int64_t>(state.params.size()) != n ||
+      static_cast<int64_t>(state.m.size()) != n ||
+      static_cast<int64_t>(state.v.size()) != n) {
+    return Invalid("rollback state has %d values; %s has %d",
+                   state.params.size(), shard.ToString(), n);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckLoss(int rank, int64_t step, float loss) {
   if (!std::isfinite(loss) || std::fabs(loss) > kMaxAbsLoss) {
     return Invalid(
@@ -92,6 +111,29 @@ absl::Status CheckLoss(int rank, int64_t step, float loss) {
         rank, step, loss);
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckGradientEncoding(int rank, Encoding encoding,
+                                   Encoding expected) {
+  if (encoding == expected) return absl::OkStatus();
+  return Invalid("gradient from rank %d is encoded as %s; this job uses %s",
+                 rank, EncodingName(encoding), EncodingName(expected));
+}
+
+absl::Status CheckPushedBlock(int rank, int micro_batches, const Block& block) {
+  if (IsNode(micro_batches, block)) return absl::OkStatus();
+  return Invalid(
+      "rank %d pushed micro-batches %s, which is not a block of the step's "
+      "%d micro-batches",
+      rank, block.ToString(), micro_batches);
+}
+
+absl::Status BadGradientValue(int rank, int64_t step, int64_t index,
+                              float value) {
+  return Invalid(
+      "gradient from rank %d for step %d has a non-finite or out-of-range "
+      "value (%g, limit %g) at index %d",
+      rank, step, value, kMaxAbsGradient, index);
 }
 
 absl::Status RequestValidator::CheckStep(const char* rpc, int rank,

@@ -8,10 +8,10 @@
 // buffer; a fingerprint, a loss or a report out of range would be stored),
 // calling the same functions, because it is called without this validator
 // too (its tests, the fuzzer). The values of a gradient are checked only
-// there, as they are decoded, so that each gradient is read once. It takes the requests' fields (PsService and the
-// tests unpack dp.v1 messages; see ps_service.h's CheckRequest). Requests of
-// dp.v1 have no repeated fields; the size of a whole message is bounded by
-// gRPC (RESOURCE_EXHAUSTED).
+// there, as they are decoded, so that each gradient is read once. It takes the
+// requests' fields (PsService and the tests unpack dp.v1 messages; see
+// ps_service.h's CheckRequest). Requests of dp.v1 have no repeated fields; the
+// size of a whole message is bounded by gRPC (RESOURCE_EXHAUSTED).
 //
 // Codes follow docs/protocol.md: INVALID_ARGUMENT for malformed values,
 // FAILED_PRECONDITION for a different model.
@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "common/dataset.h"
 #include "common/job_config.h"
+#include "common/micro_batch_tree.h"
 #include "common/model_layout.h"
 #include "common/shard_plan.h"
 
@@ -52,6 +53,20 @@ absl::Status CheckPullRange(int rank, int64_t offset, int64_t length,
 // `encoding` covers exactly the range `owned` of the vector.
 absl::Status CheckGradientShape(int rank, Encoding encoding, int64_t offset,
                                 size_t bytes, ParamRange owned);
+// INVALID_ARGUMENT unless a gradient comes in the job's encoding.
+absl::Status CheckGradientEncoding(int rank, Encoding encoding,
+                                   Encoding expected);
+// INVALID_ARGUMENT unless `block` is a node of the step's micro-batch tree.
+absl::Status CheckPushedBlock(int rank, int micro_batches, const Block& block);
+// The INVALID_ARGUMENT of a gradient whose value at `index` of the vector
+// is not finite or beyond kMaxAbsGradient (found as it is read).
+absl::Status BadGradientValue(int rank, int64_t step, int64_t index,
+                              float value);
+// A rollback of `shard` to `state`, decided at `generation`: ABORTED when
+// the shard changed since (now at `current`), INVALID_ARGUMENT unless the
+// state has the shard's size.
+absl::Status CheckRollback(const ShardSpec& shard, uint64_t generation,
+                           uint64_t current, const TrainingState& state);
 // INVALID_ARGUMENT unless the loss is finite and within kMaxAbsLoss.
 absl::Status CheckLoss(int rank, int64_t step, float loss);
 // INVALID_ARGUMENT unless every field of the report is in range.

@@ -44,50 +44,17 @@
 #include "common/shard_plan.h"
 #include "server/adam.h"
 #include "server/block_planner.h"
+#include "server/coordinator_status.h"
 #include "server/due_watcher.h"
+#include "server/job_data.h"
 #include "server/rank_roster.h"
 #include "server/step_stats.h"
+#include "server/straggler_backups.h"
 #include "server/sum_tree.h"
 #include "server/wait_queue.h"
 #include "server/weights_publisher.h"
 
 namespace dp {
-
-// Counts of what elasticity did, since the start.
-struct CoordinatorStatus {
-  JobConfig config;
-  ShardSpec shard;
-  uint64_t generation = 0;
-  bool holds_previous = false;
-  int64_t step = 0;
-  int64_t total_steps = 0;  // 0 until the data set size is known
-  std::vector<int> registered_ranks;
-  std::vector<int> pushed_ranks;  // ranks that pushed a block this step
-  std::vector<int> live_ranks;    // registered and not lost
-  // Whom the step waits for: the ranks whose block (planned or handed to
-  // them) is not in; before a plan, the ranks not live.
-  std::vector<int> waits_for;
-  // The current step's plan: the block of every rank (empty: none).
-  std::vector<Block> plan;
-  int micro_batches = 0;  // per step
-  ElasticCounts elastic;
-  // The rank whose push completed the last step (-1: none yet), and the
-  // blocks the last applied step was planned in.
-  int last_completed_by = -1;
-  int last_plan_blocks = 0;
-  // By rank: how many applied steps its push completed, i.e. how often the
-  // step waited for that rank last (since the start; for the metrics).
-  std::vector<int64_t> completed_by;
-  bool done = false;
-  bool failed = false;     // Fail was called: the job is over
-  float last_loss = 0.0f;  // mean of the ranks' losses of the last step
-  bool has_eval = false;
-  EvalReport last_eval;
-  StepTimes times;
-  // How many times Pull encoded the weights into a snapshot: at most once a
-  // version, and never for one that only WithCurrentWeights handed out.
-  int64_t snapshots = 0;
-};
 
 struct CoordinatorMirror;
 
@@ -323,13 +290,7 @@ class StepCoordinator {
 
  private:
   // A wait to finish once the lock is released.
-  struct Wake {
-    WaitCallback done;
-    absl::Status status;
-    int64_t step = 0;
-    Block work;
-  };
-  static void RunWakes(std::vector<Wake>& wakes);
+  using Wake = WaitQueue::Wake;
   absl::StatusOr<Registration> RegisterLocked(int rank,
                                               uint64_t model_fingerprint,
                                               const DataFingerprint& data,
@@ -338,22 +299,13 @@ class StepCoordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<WaitTicket> WaitForStepLocked(int rank, int64_t step,
                                                WaitCallback done,
-                                               WaitCallback* evicted)
+                                               std::vector<Wake>* evicted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Only an accepted call renews the lease (RankRoster::Renew): a rank
-  // whose every request is refused is not taking part, and must be
-  // reported missing.
-  void RenewLeaseLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRank(const char* rpc, int rank) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // FAILED_PRECONDITION naming the rank unless it registered.
-  absl::Status CheckRegisteredLocked(int rank) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int K() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return config_.schedule.num_micro_batches();
   }
-  // `b` or a block around it is in.
-  bool CoveredLocked(const Block& b) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The steps of Push. Checks the gradient's encoding, shape and values,
   // reading them once into private memory: for a push that can count, into
   // the tree's spare buffer, folded as read with the sums that are in
@@ -398,18 +350,12 @@ class StepCoordinator {
   Block AssignWorkLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // BlockPlanner::TakingPart, the first step held for the start wait.
   std::vector<int> TakingPartLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  std::vector<LeaseEvent> CheckLeasesLocked(absl::Duration timeout)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A live rank waits for the current step (it could take a block).
-  bool IdleWaitLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // When the next late block is due, for the straggler thread.
   absl::Time NextLateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Hands the first late block to the oldest idle wait.
-  std::vector<Wake> BackUpLateBlockLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes every waiter, returning their callbacks.
-  std::vector<WaitCallback> TakeAllWaitersLocked()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t TotalStepsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The data is known and every step done.
+  bool OverLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const ModelLayout layout_;
   const ShardSpec shard_;
@@ -423,14 +369,15 @@ class StepCoordinator {
   JobConfig config_ ABSL_GUARDED_BY(mu_);
   TrainingState state_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_);
-  bool have_data_ ABSL_GUARDED_BY(mu_) = false;
-  DataFingerprint data_ ABSL_GUARDED_BY(mu_);
+  JobData data_ ABSL_GUARDED_BY(mu_);
+  // Only an accepted call renews a rank's lease (roster_.Renew): a rank
+  // whose every request is refused is not taking part, and must be
+  // reported missing.
   RankRoster roster_ ABSL_GUARDED_BY(mu_);
   ElasticOptions elastic_ ABSL_GUARDED_BY(mu_);
   // The step's sums that are in.
   SumTree sums_ ABSL_GUARDED_BY(mu_);
   // By rank: pushed a block this step.
-  std::vector<bool> received_ ABSL_GUARDED_BY(mu_);
   // Who computes which of the step's blocks.
   BlockPlanner planner_ ABSL_GUARDED_BY(mu_);
   // A leader's straggler backups (BackUpLateBlocks when they fall due).
@@ -449,6 +396,7 @@ class StepCoordinator {
   std::function<void(TrainingState, uint64_t)> checkpoint_hook_
       ABSL_GUARDED_BY(mu_);
   StepStats stats_ ABSL_GUARDED_BY(mu_);
+  StragglerBackups backups_ ABSL_GUARDED_BY(mu_);
   std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);
 };
 

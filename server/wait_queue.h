@@ -30,13 +30,22 @@ class WaitQueue {
     Callback done;
   };
 
+  // How a wait taken out ends; run once the caller's lock is released.
+  struct Wake {
+    Callback done;
+    absl::Status status;
+    int64_t step = 0;
+    Block work;
+  };
+  static void Run(std::vector<Wake>& wakes);
+
   explicit WaitQueue(int world) : of_rank_(world, 0) {}
 
   // Adds a wait of `rank` for `step` and returns its id (ids grow with
   // time). A rank with `max_per_rank` waits already loses its oldest, whose
-  // callback goes to *evicted.
+  // wake (ABORTED) is added to *evicted.
   int64_t Add(int rank, int64_t step, Callback done, int max_per_rank,
-              Callback* evicted);
+              std::vector<Wake>* evicted);
   // Takes the wait `id` out without ending it; false if it is not there.
   bool Cancel(int64_t id);
 
@@ -48,6 +57,15 @@ class WaitQueue {
       absl::FunctionRef<bool(int rank, int64_t step)> take);
   // Takes out every wait.
   std::vector<Taken> TakeAll();
+
+  // The waits for steps before `step` (just applied), to end OK at it.
+  std::vector<Wake> WakeApplied(int64_t step);
+  // The waits for `step` of ranks that `work` gives a block (called once
+  // for each, oldest first), to end with that block.
+  std::vector<Wake> WakeWithWork(int64_t step,
+                                 absl::FunctionRef<Block(int rank)> work);
+  // Every wait, to end with `status` at `step`.
+  std::vector<Wake> WakeAll(const absl::Status& status, int64_t step);
 
   // Whether some wait has take(rank, step) true.
   bool Any(absl::FunctionRef<bool(int rank, int64_t step)> which) const;

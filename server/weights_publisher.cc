@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "absl/strings/str_format.h"
+
 namespace dp {
 
 WeightsPublisher::WeightsPublisher(int64_t n, Encoding encoding,
@@ -43,6 +45,21 @@ void WeightsPublisher::BeforeUpdate(const std::vector<float>& params) {
 void WeightsPublisher::Reset() {
   holds_previous_ = false;
   published_ = nullptr;
+}
+
+absl::StatusOr<WeightsPublisher::Snapshot> WeightsPublisher::Serve(
+    int rank, std::optional<int64_t> version, int64_t step,
+    const std::vector<float>& params) {
+  if (!version.has_value() || *version == step) return Current(params);
+  if (*version == step - 1 && holds_previous_) return Previous();
+  const bool moved_on = *version >= 0 && *version < step;
+  return absl::Status(
+      moved_on ? absl::StatusCode::kAborted
+               : absl::StatusCode::kFailedPrecondition,
+      absl::StrFormat("rank %d asks for the weights of version %d; this "
+                      "dp-ps is at version %d and holds %s",
+                      rank, *version, step,
+                      holds_previous_ ? "the one before too" : "no other"));
 }
 
 }  // namespace dp

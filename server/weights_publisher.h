@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/lent_buffer.h"
 #include "common/tensor_codec.h"
@@ -35,6 +37,14 @@ class WeightsPublisher {
   // The version before the current one, in a buffer of its own (rare: a
   // join while the shards are a step apart). Requires holds_previous().
   Snapshot Previous() const;
+
+  // The snapshot of the version `rank` asks for (none: the current one,
+  // `step`, from `params`): the current or the one before. Any other is
+  // ABORTED when the job moved on since the caller looked (it looks again),
+  // FAILED_PRECONDITION when it is no version of this job.
+  absl::StatusOr<Snapshot> Serve(int rank, std::optional<int64_t> version,
+                                 int64_t step,
+                                 const std::vector<float>& params);
 
   // `params` are about to be updated: kept as the version before
   // (keep_previous), and the snapshot is out of date.

@@ -48,11 +48,14 @@ TEST(BlockPlannerTest, AStragglerIsLeftOutOfTheNextPlanUntilItWaitsInTime) {
   Fixture f(2, 2);
   f.planner.Plan(f.planner.TakingPart(false));
   // Rank 1 pushed nothing and did not wait: rank 0's copy completed it.
-  f.planner.Applied({true, false}, {false, false});
+  f.Push(0, {0, 2}, kStart);
+  f.planner.Applied({false, false});
   EXPECT_EQ(f.planner.last_plan_blocks(), 2);
   f.planner.StartStep(kStart, f.planner.TakingPart(false));
   EXPECT_EQ(f.planner.plan(), (std::vector<Block>{{0, 2}, {}}));
-  f.planner.Applied({true, false}, {false, true});
+  f.sums.Clear();
+  f.Push(0, {0, 2}, kStart);
+  f.planner.Applied({false, true});
   f.planner.StartStep(kStart, f.planner.TakingPart(false));
   EXPECT_EQ(f.planner.plan(), (std::vector<Block>{{0, 1}, {1, 1}}));
 }

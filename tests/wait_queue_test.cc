@@ -21,7 +21,7 @@ WaitQueue::Callback Named(std::vector<std::string>* ran, std::string name) {
 TEST(WaitQueueTest, WaitsAreTakenOutOldestFirstByWhatTheyWaitFor) {
   std::vector<std::string> ran;
   WaitQueue q(3);
-  WaitQueue::Callback none;
+  std::vector<WaitQueue::Wake> none;
   q.Add(2, 5, Named(&ran, "2@5"), 4, &none);
   q.Add(0, 4, Named(&ran, "0@4"), 4, &none);
   q.Add(1, 5, Named(&ran, "1@5"), 4, &none);
@@ -47,15 +47,16 @@ TEST(WaitQueueTest, WaitsAreTakenOutOldestFirstByWhatTheyWaitFor) {
 TEST(WaitQueueTest, ARanksOldestWaitGivesWayAndACancelledOneIsGone) {
   std::vector<std::string> ran;
   WaitQueue q(2);
-  WaitQueue::Callback evicted;
+  std::vector<WaitQueue::Wake> evicted;
   const int64_t a = q.Add(1, 7, Named(&ran, "a"), 2, &evicted);
   q.Add(0, 7, Named(&ran, "other rank"), 2, &evicted);
   const int64_t b = q.Add(1, 7, Named(&ran, "b"), 2, &evicted);
-  EXPECT_FALSE(evicted);
+  EXPECT_TRUE(evicted.empty());
   EXPECT_LT(a, b);
   q.Add(1, 7, Named(&ran, "c"), 2, &evicted);
-  ASSERT_TRUE(evicted);  // rank 1 had 2: its oldest, a, goes
-  evicted(absl::AbortedError("evicted"), 7, Block{});
+  ASSERT_EQ(evicted.size(), 1u);  // rank 1 had 2: its oldest, a, goes
+  EXPECT_EQ(evicted[0].status.code(), absl::StatusCode::kAborted);
+  WaitQueue::Run(evicted);
   EXPECT_EQ(ran, (std::vector<std::string>{"a"}));
   EXPECT_FALSE(q.Cancel(a));
   EXPECT_TRUE(q.Cancel(b));
