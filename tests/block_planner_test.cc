@@ -1,12 +1,14 @@
 // BlockPlanner alone, on a roster and sums of its own: plans among the
 // ranks taking part, stragglers left out, a lost rank's blocks handed on
-// (never below --min_workers), and late blocks backed up when due.
+// (never below --min_workers), and late blocks backed up when due; then
+// StragglerBackups handing a late block to an idle wait.
 #include "server/block_planner.h"
 
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/straggler_backups.h"
 
 namespace dp {
 namespace {
@@ -103,4 +105,45 @@ TEST(BlockPlannerTest, ABlockIsLateAfterFactorTimesTheFirstPushAndTheMinimum) {
 }
 
 }  // namespace
+// StragglerBackups on a planner: a late block goes to the oldest idle wait
+// of a live rank at the step, once it is due.
+TEST(StragglerBackupsTest, ALateBlockGoesToTheOldestIdleLiveWaitWhenDue) {
+  Fixture f(3, 3);
+  ElasticOptions elastic;
+  elastic.backup_blocks = 1;
+  elastic.straggler_factor = 2.0;
+  elastic.straggler_min_wait = absl::Milliseconds(1);
+  f.planner.Configure(elastic, kStart);
+  f.planner.StartStep(kStart, f.planner.TakingPart(false));
+  WaitQueue waits(3);
+  StepStats stats(3, kStart);
+  StragglerBackups backups(&f.planner, &waits, &f.roster, &stats);
+  f.Push(0, {0, 1}, kStart + absl::Milliseconds(10));
+  f.Push(1, {1, 1}, kStart + absl::Milliseconds(20));
+  EXPECT_EQ(backups.NextDue(7), absl::InfiniteFuture()) << "nobody idle";
+  std::vector<WaitQueue::Wake> none;
+  std::vector<int> woken;
+  auto record = [&](int rank) {
+    return [&woken, rank](const absl::Status&, int64_t, Block) {
+      woken.push_back(rank);
+    };
+  };
+  waits.Add(1, 6, record(1), 4, &none);  // an old step's wait: not idle
+  f.roster.MarkLost(0);
+  waits.Add(0, 7, record(0), 4, &none);  // lost: not idle
+  EXPECT_EQ(backups.NextDue(7), absl::InfiniteFuture());
+  waits.Add(1, 7, record(1), 4, &none);
+  EXPECT_EQ(backups.NextDue(7), kStart + absl::Milliseconds(20));
+  std::vector<WaitQueue::Wake> wakes = backups.BackUpOne(7);
+  ASSERT_EQ(wakes.size(), 1u);
+  EXPECT_EQ(wakes[0].work, (Block{2, 1})) << "rank 2's block is late";
+  EXPECT_EQ(wakes[0].step, 7);
+  EXPECT_EQ(f.planner.work()[1], (Block{2, 1}));
+  EXPECT_EQ(stats.counts().backups_handed, 1);
+  WaitQueue::Run(wakes);
+  EXPECT_EQ(woken, (std::vector<int>{1}));
+  EXPECT_EQ(backups.NextDue(7), absl::InfiniteFuture()) << "used up";
+  EXPECT_TRUE(backups.BackUpOne(7).empty());
+}
+
 }  // namespace dp

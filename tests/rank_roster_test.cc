@@ -113,4 +113,22 @@ TEST(RankRosterTest, AllToldWaitsForNoClosedOrLostRank) {
 }
 
 }  // namespace
+TEST(RankRosterTest, OnlyTheRegistrationsOwnSessionAttends) {
+  RankRoster roster(2, kStart);
+  EXPECT_EQ(roster.CheckRegistered(1).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(roster.Attend(1, 7).code(), absl::StatusCode::kFailedPrecondition);
+  const uint64_t first = roster.Register(1, "w", kStart);
+  EXPECT_TRUE(roster.CheckRegistered(1).ok());
+  const uint64_t second = roster.Register(1, "w", kStart);
+  ASSERT_NE(first, second);
+  const absl::Status stale = roster.Attend(1, first);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.message().find("registered again"), absl::string_view::npos)
+      << stale;
+  EXPECT_FALSE(roster.attended()[1]);
+  EXPECT_TRUE(roster.Attend(1, second).ok());
+  EXPECT_TRUE(roster.attended()[1]);
+}
+
 }  // namespace dp

@@ -69,4 +69,35 @@ TEST(WaitQueueTest, ARanksOldestWaitGivesWayAndACancelledOneIsGone) {
 }
 
 }  // namespace
+TEST(WaitQueueTest, WakesEndTheWaitsTheyTakeWithTheirStatusAndWork) {
+  std::vector<std::string> ran;
+  WaitQueue q(3);
+  std::vector<WaitQueue::Wake> none;
+  q.Add(0, 4, Named(&ran, "0@4"), 4, &none);
+  q.Add(1, 5, Named(&ran, "1@5"), 4, &none);
+  q.Add(2, 5, Named(&ran, "2@5"), 4, &none);
+  // Step 4 applied (the job is at 5): only the wait for 4 ends, OK at 5.
+  std::vector<WaitQueue::Wake> applied = q.WakeApplied(5);
+  ASSERT_EQ(applied.size(), 1u);
+  EXPECT_TRUE(applied[0].status.ok());
+  EXPECT_EQ(applied[0].step, 5);
+  WaitQueue::Run(applied);
+  EXPECT_EQ(ran, (std::vector<std::string>{"0@4"}));
+  // Work for rank 2 only: rank 1's wait stays, asked once.
+  std::vector<int> asked;
+  std::vector<WaitQueue::Wake> work = q.WakeWithWork(5, [&](int rank) {
+    asked.push_back(rank);
+    return rank == 2 ? Block{1, 1} : Block{};
+  });
+  EXPECT_EQ(asked, (std::vector<int>{1, 2}));
+  ASSERT_EQ(work.size(), 1u);
+  EXPECT_EQ(work[0].work, (Block{1, 1}));
+  EXPECT_EQ(q.List(), (std::vector<std::pair<int, int64_t>>{{1, 5}}));
+  std::vector<WaitQueue::Wake> all =
+      q.WakeAll(absl::UnavailableError("stop"), 5);
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(q.List().empty());
+}
+
 }  // namespace dp

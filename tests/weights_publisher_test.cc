@@ -51,4 +51,35 @@ TEST(WeightsPublisherTest, ShardedItHoldsTheVersionBeforeUntilAReset) {
 }
 
 }  // namespace
+TEST(WeightsPublisherTest, AVersionIsServedIfItIsTheCurrentOrTheOneKept) {
+  WeightsPublisher w(2, Encoding::kF32, /*keep_previous=*/true);
+  std::vector<float> params = {1, 2};
+  w.BeforeUpdate(params);
+  params = {3, 4};
+  // At version 5, holding 4: none asked and 5 are the current weights.
+  for (std::optional<int64_t> asked : {std::optional<int64_t>(), {5}}) {
+    absl::StatusOr<WeightsPublisher::Snapshot> got =
+        w.Serve(0, asked, 5, params);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(Decoded(got->bytes), (std::vector<float>{3, 4}));
+  }
+  absl::StatusOr<WeightsPublisher::Snapshot> before = w.Serve(0, 4, 5, params);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(Decoded(before->bytes), (std::vector<float>{1, 2}));
+  // Older: the job moved on (the caller looks again); later or negative:
+  // no version of this job.
+  EXPECT_EQ(w.Serve(1, 3, 5, params).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(w.Serve(1, 6, 5, params).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.Serve(1, -1, 5, params).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(w.Serve(1, 6, 5, params).status().message().find("rank 1"),
+            absl::string_view::npos);
+  // Without the one before (a rollback reset it), 4 is refused too.
+  w.Reset();
+  EXPECT_EQ(w.Serve(0, 4, 5, params).status().code(),
+            absl::StatusCode::kAborted);
+}
+
 }  // namespace dp
