@@ -26,26 +26,22 @@ bool Schedule::ends_epoch(int64_t step) const {
 }
 
 absl::Status ValidateSchedule(const Schedule& s) {
-  if (s.world_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("workers must be >= 1, got %d", s.world_size));
-  }
-  if (s.batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("batch_size must be >= 1, got %d", s.batch_size));
-  }
-  if (s.micro_batches < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "micro_batches must be >= 0 (0: one per worker), got %d",
-        s.micro_batches));
-  }
-  if (s.epochs < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("epochs must be >= 1, got %d", s.epochs));
-  }
-  if (s.max_steps < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("max_steps must be >= 0, got %d", s.max_steps));
+  // The fields with a lower bound, each named as its flag is.
+  const struct {
+    const char* name;
+    int64_t value;
+    int64_t min;
+    const char* note;
+  } bounded[] = {{"workers", s.world_size, 1, ""},
+                 {"batch_size", s.batch_size, 1, ""},
+                 {"micro_batches", s.micro_batches, 0, " (0: one per worker)"},
+                 {"epochs", s.epochs, 1, ""},
+                 {"max_steps", s.max_steps, 0, ""}};
+  for (const auto& f : bounded) {
+    if (f.value < f.min) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s must be >= %d%s, got %d", f.name, f.min, f.note, f.value));
+    }
   }
   // Sample indices are int32 (EpochOrder).
   if (s.num_samples > std::numeric_limits<int32_t>::max()) {

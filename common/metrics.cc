@@ -40,34 +40,28 @@ const Histogram::BucketBoundaries& SecondsBucketBoundaries() {
   return *buckets;
 }
 
+// The family `builder` (prometheus::BuildGauge() and the like) makes,
+// registered in `r` under `name` with the process's labels.
+template <typename Builder>
+auto& Registered(Builder builder, Registry& r, const Labels& labels,
+                 const std::string& name, const std::string& help) {
+  return builder.Name(name).Help(help).Labels(labels).Register(r);
+}
+
 Gauge& AddGauge(Registry& r, const Labels& labels, const std::string& name,
                 const std::string& help) {
-  return prometheus::BuildGauge()
-      .Name(name)
-      .Help(help)
-      .Labels(labels)
-      .Register(r)
-      .Add({});
+  return Registered(prometheus::BuildGauge(), r, labels, name, help).Add({});
 }
 
 Counter& AddCounter(Registry& r, const Labels& labels, const std::string& name,
                     const std::string& help) {
-  return prometheus::BuildCounter()
-      .Name(name)
-      .Help(help)
-      .Labels(labels)
-      .Register(r)
-      .Add({});
+  return Registered(prometheus::BuildCounter(), r, labels, name, help).Add({});
 }
 
 prometheus::Family<Histogram>& SecondsFamily(Registry& r, const Labels& labels,
                                              const std::string& name,
                                              const std::string& help) {
-  return prometheus::BuildHistogram()
-      .Name(name)
-      .Help(help)
-      .Labels(labels)
-      .Register(r);
+  return Registered(prometheus::BuildHistogram(), r, labels, name, help);
 }
 
 Histogram& AddSeconds(Registry& r, const Labels& labels,
@@ -79,13 +73,10 @@ Histogram& AddSeconds(Registry& r, const Labels& labels,
 // Both roles export the loss under one name; role tells them apart. The
 // series appears with the first value: a 0 before that would read as a loss.
 prometheus::Family<Gauge>& LossFamily(Registry& r, const Labels& labels) {
-  return prometheus::BuildGauge()
-      .Name("dp_training_loss")
-      .Help(
-          "Training loss (mean cross-entropy) of the last step: the mean "
-          "over the ranks on dp-ps, the local batch's on a worker.")
-      .Labels(labels)
-      .Register(r);
+  return Registered(prometheus::BuildGauge(), r, labels, "dp_training_loss",
+                    "Training loss (mean cross-entropy) of the last step: the "
+                    "mean over the ranks on dp-ps, the local batch's on a "
+                    "worker.");
 }
 
 }  // namespace
@@ -207,20 +198,13 @@ Counter& Metrics::NewCounter(const std::string& name, const std::string& help) {
 
 prometheus::Family<Gauge>& Metrics::NewGaugeFamily(const std::string& name,
                                                    const std::string& help) {
-  return prometheus::BuildGauge()
-      .Name(name)
-      .Help(help)
-      .Labels(labels_)
-      .Register(*registry_);
+  return Registered(prometheus::BuildGauge(), *registry_, labels_, name, help);
 }
 
 prometheus::Family<Counter>& Metrics::NewCounterFamily(
     const std::string& name, const std::string& help) {
-  return prometheus::BuildCounter()
-      .Name(name)
-      .Help(help)
-      .Labels(labels_)
-      .Register(*registry_);
+  return Registered(prometheus::BuildCounter(), *registry_, labels_, name,
+                    help);
 }
 
 prometheus::Family<Histogram>& Metrics::NewSecondsFamily(

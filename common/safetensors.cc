@@ -272,48 +272,29 @@ class JsonParser {
       ++pos_;
       if (AtEnd()) return Error("unterminated escape");
       const char e = s_[pos_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          out->push_back(e);
-          break;
-        case 'b':
-          out->push_back('\b');
-          break;
-        case 'f':
-          out->push_back('\f');
-          break;
-        case 'n':
-          out->push_back('\n');
-          break;
-        case 'r':
-          out->push_back('\r');
-          break;
-        case 't':
-          out->push_back('\t');
-          break;
-        case 'u': {
-          uint32_t cp;
-          RETURN_IF_ERROR(ParseHex4(&cp));
-          if (cp >= 0xDC00 && cp <= 0xDFFF) return Error("lone low surrogate");
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            uint32_t lo;
-            if (!Consume('\\') || !Consume('u')) {
-              return Error("high surrogate without a low surrogate");
-            }
-            RETURN_IF_ERROR(ParseHex4(&lo));
-            if (lo < 0xDC00 || lo > 0xDFFF) {
-              return Error("high surrogate without a low surrogate");
-            }
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          AppendUtf8(cp, out);
-          break;
-        }
-        default:
-          return Error("unknown escape");
+      // The one-character escapes, and what each stands for.
+      constexpr absl::string_view kEscapes = "\"\\/bfnrt";
+      constexpr absl::string_view kMeanings = "\"\\/\b\f\n\r\t";
+      if (const size_t i = kEscapes.find(e); i != absl::string_view::npos) {
+        out->push_back(kMeanings[i]);
+        continue;
       }
+      if (e != 'u') return Error("unknown escape");
+      uint32_t cp;
+      RETURN_IF_ERROR(ParseHex4(&cp));
+      if (cp >= 0xDC00 && cp <= 0xDFFF) return Error("lone low surrogate");
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        uint32_t lo;
+        if (!Consume('\\') || !Consume('u')) {
+          return Error("high surrogate without a low surrogate");
+        }
+        RETURN_IF_ERROR(ParseHex4(&lo));
+        if (lo < 0xDC00 || lo > 0xDFFF) {
+          return Error("high surrogate without a low surrogate");
+        }
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+      }
+      AppendUtf8(cp, out);
     }
   }
 

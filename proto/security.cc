@@ -160,6 +160,17 @@ absl::StatusOr<std::string> LoadToken(const SecurityFlags& f) {
   return ReadAuthToken(f.auth_token_file);
 }
 
+// What both sides load alike: the token, and --tls_cert and --tls_key
+// checked to name one key pair (both or neither).
+absl::StatusOr<std::string> LoadTokenOfPairedFlags(const SecurityFlags& f) {
+  ASSIGN_OR_RETURN(std::string token, LoadToken(f));
+  if (f.tls_cert.empty() != f.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together: give both or neither");
+  }
+  return token;
+}
+
 }  // namespace
 
 void AddSecurityFlags(Flags* flags, SecurityFlags* values, Side side) {
@@ -198,11 +209,7 @@ std::string ServerSecurity::Describe() const {
 
 absl::StatusOr<ServerSecurity> LoadServerSecurity(const SecurityFlags& f) {
   ServerSecurity security;
-  ASSIGN_OR_RETURN(security.auth_token, LoadToken(f));
-  if (f.tls_cert.empty() != f.tls_key.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls_cert and --tls_key go together: give both or neither");
-  }
+  ASSIGN_OR_RETURN(security.auth_token, LoadTokenOfPairedFlags(f));
   if (!f.tls_ca.empty() && f.tls_cert.empty()) {
     return absl::InvalidArgumentError(
         "--tls_ca (verify client certificates) needs TLS: give --tls_cert "
@@ -238,11 +245,7 @@ std::string ClientSecurity::Describe() const {
 
 absl::StatusOr<ClientSecurity> LoadClientSecurity(const SecurityFlags& f) {
   ClientSecurity security;
-  ASSIGN_OR_RETURN(security.auth_token, LoadToken(f));
-  if (f.tls_cert.empty() != f.tls_key.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls_cert and --tls_key go together: give both or neither");
-  }
+  ASSIGN_OR_RETURN(security.auth_token, LoadTokenOfPairedFlags(f));
   security.tls = !f.tls_ca.empty() || !f.tls_cert.empty();
   if (!security.tls) {
     if (!f.tls_server_name.empty()) {
@@ -330,8 +333,11 @@ std::optional<std::string> TokenModeWarning(const std::string& path,
       "warning: --auth_token_file %s is readable by other users (mode %03o%s); "
       "chmod 600 it",
       path, mode & 0777,
-      others ? "" : absl::StrCat(", group ", file_group, " is not this "
-                                 "process's ", own_group));
+      others ? ""
+             : absl::StrCat(", group ", file_group,
+                            " is not this "
+                            "process's ",
+                            own_group));
 }
 
 bool ConstantTimeEquals(absl::string_view given, absl::string_view expected) {
