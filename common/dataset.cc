@@ -1,5 +1,5 @@
-// IDX readers (Fashion-MNIST, MNIST; gzipped or plain) and the synthetic
-// seed workload.
+// IDX readers (Fashion-MNIST, MNIST; gzipped or plain), the .npy data set
+// and the synthetic seed workload.
 #include "common/dataset.h"
 
 #include <fcntl.h>
@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -17,6 +18,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/npy.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 
@@ -260,6 +263,8 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, Split split) {
   // The pixels are the file after its header, in the file's buffer.
   ds.pixels = std::move(images);
   ds.pixels.erase(ds.pixels.begin(), ds.pixels.begin() + kImagesHeaderBytes);
+  ds.features_source = images_path;
+  ds.labels_source = labels_path;
 
   // Fingerprint: FNV-1a 64 over the raw pixel bytes (all images, row-major,
   // headers excluded) followed by the raw label bytes, so a gzipped and a
@@ -268,6 +273,186 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, Split split) {
   h = Fnv1a(h, raw_labels, n);
   ds.fingerprint = DataFingerprint{ds.num_samples, h};
   return ds;
+}
+
+namespace {
+
+// A .npy array's element i as the value it holds, for the integer dtypes
+// ParseNpyHeader accepts (little-endian).
+int64_t IntAt(const NpyArray& a, int64_t i) {
+  const unsigned char* p = a.data() + i * a.header.item_size;
+  const int size = a.header.item_size;
+  uint64_t u = 0;
+  for (int b = size - 1; b >= 0; --b) u = (u << 8) | p[b];
+  if (a.header.kind == 'i' && size < 8 && (u >> (8 * size - 1)) != 0) {
+    u |= ~uint64_t{0} << (8 * size);  // sign-extend
+  }
+  // An unsigned 64-bit value beyond INT64_MAX reads as negative: it is out
+  // of every label range all the same, and is reported as what it is below.
+  int64_t v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("(", absl::StrJoin(shape, ", "),
+                      shape.size() == 1 ? ",)" : ")");
+}
+
+// Mixes a .npy array into a fingerprint: its dtype and shape, then its data
+// bytes as the file holds them, so that a copy of the same file agrees and
+// the same bytes read as another dtype or shape do not.
+uint64_t HashNpy(uint64_t h, const NpyArray& a) {
+  const std::string meta =
+      absl::StrCat(a.header.descr, ShapeString(a.header.shape));
+  h = Fnv1a(h, reinterpret_cast<const unsigned char*>(meta.data()),
+            meta.size());
+  return Fnv1a(h, a.data(),
+               static_cast<size_t>(a.header.num_elements) * a.header.item_size);
+}
+
+// INVALID_ARGUMENT naming the first feature that is NaN or infinite.
+absl::Status CheckFinite(const float* x, int64_t n, int64_t dim,
+                         const std::string& path, const char* what) {
+  for (int64_t i = 0; i < n * dim; ++i) {
+    if (!std::isfinite(x[i])) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: feature %d of sample %d is %s%s", path, i % dim, i / dim,
+          std::isnan(x[i]) ? "NaN" : "infinite", what));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The features of `a` (kind and size checked) into `ds`.
+absl::Status TakeFeatures(const NpyArray& a, Dataset* ds) {
+  const NpyHeader& h = a.header;
+  const int64_t n = ds->num_samples, dim = ds->dim;
+  if (h.kind == 'f' && h.item_size == 4 &&
+      h.data_offset % alignof(float) == 0) {
+    // In place: the mapping is the data set's storage.
+    ds->view = reinterpret_cast<const float*>(a.data());
+    ds->storage = a.file;
+    return CheckFinite(ds->view, n, dim, a.path, "");
+  }
+  ds->x.resize(static_cast<size_t>(n * dim));
+  if (h.kind == 'f' && h.item_size == 8) {
+    for (int64_t i = 0; i < n * dim; ++i) {
+      double v;
+      std::memcpy(&v, a.data() + 8 * i, sizeof(v));
+      ds->x[i] = static_cast<float>(v);
+    }
+    // A finite float64 beyond float32's range becomes infinite here.
+    return CheckFinite(ds->x.data(), n, dim, a.path,
+                       " (as float32: float64 values beyond +-3.4e38 are "
+                       "infinite there)");
+  }
+  if (h.kind == 'f' && h.item_size == 4) {  // unaligned: copied
+    std::memcpy(ds->x.data(), a.data(), ds->x.size() * sizeof(float));
+    return CheckFinite(ds->x.data(), n, dim, a.path, "");
+  }
+  if (h.kind == 'u' && h.item_size == 1) {
+    for (int64_t i = 0; i < n * dim; ++i) ds->x[i] = a.data()[i];
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s has dtype '%s': features must be float32, float64 or uint8", a.path,
+      h.descr));
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> LoadNpy(const std::string& dir, Split split) {
+  bool is_dir = false;
+  if (!Exists(dir, &is_dir) || !is_dir) {
+    return absl::NotFoundError(absl::StrFormat(
+        "data directory %s %s", dir,
+        Exists(dir, nullptr) ? "is not a directory" : "does not exist"));
+  }
+  const char* prefix = split == Split::kTrain ? "train" : "test";
+  const std::string x_path = absl::StrCat(dir, "/", prefix, "_x.npy");
+  const std::string y_path = absl::StrCat(dir, "/", prefix, "_y.npy");
+  if (split == Split::kTest && !Exists(x_path, nullptr) &&
+      !Exists(y_path, nullptr)) {
+    Dataset none;
+    none.dim = 0;
+    none.features_source = x_path;
+    none.labels_source = y_path;
+    return none;
+  }
+  ASSIGN_OR_RETURN(const NpyArray x, OpenNpy(x_path));
+  ASSIGN_OR_RETURN(const NpyArray y, OpenNpy(y_path));
+  const std::vector<int64_t>& xs = x.header.shape;
+  const std::vector<int64_t>& ys = y.header.shape;
+  if (xs.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s has shape %s: features must be (samples, features...), e.g. "
+        "reshape(-1, 1) for one feature",
+        x_path, ShapeString(xs)));
+  }
+  if (ys.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s has shape %s: labels must be one integer per sample, shape (N,)",
+        y_path, ShapeString(ys)));
+  }
+  if (y.header.kind == 'f') {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s has dtype '%s': labels must be of an integer type",
+                        y_path, y.header.descr));
+  }
+  if (xs[0] != ys[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s holds %d samples but %s holds %d labels", x_path,
+                        xs[0], y_path, ys[0]));
+  }
+  const int64_t n = xs[0];
+  const int64_t dim = n == 0 ? 0 : x.header.num_elements / n;
+  if (dim > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s has %d features per sample; at most 2^30 are supported", x_path,
+        dim));
+  }
+  Dataset ds;
+  ds.num_samples = n;
+  ds.dim = static_cast<int>(dim);
+  ds.features_source = x_path;
+  ds.labels_source = y_path;
+  RETURN_IF_ERROR(TakeFeatures(x, &ds));
+  ds.labels.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t label = IntAt(y, i);
+    if (label < 0 || label > INT32_MAX) {
+      const bool huge = y.header.kind == 'u' && y.header.item_size == 8;
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: label %s of sample %d is %s", y_path,
+                          huge ? absl::StrCat(static_cast<uint64_t>(label))
+                               : absl::StrCat(label),
+                          i, label < 0 && !huge ? "negative" : "too large"));
+    }
+    ds.labels[i] = static_cast<int32_t>(label);
+  }
+  ds.fingerprint = DataFingerprint{n, HashNpy(HashNpy(kFnvOffset, x), y)};
+  return ds;
+}
+
+absl::Status CheckFitsModel(const Dataset& data, int input_dim,
+                            int num_classes) {
+  if (data.num_samples == 0) return absl::OkStatus();
+  if (data.dim != input_dim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s has %d features per sample, but the model's first layer takes %d "
+        "(dp-ps --layers)",
+        data.features_source, data.dim, input_dim));
+  }
+  for (size_t i = 0; i < data.labels.size(); ++i) {
+    if (data.labels[i] >= num_classes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: label %d of sample %d is outside [0, %d), the model's outputs "
+          "(dp-ps --layers)",
+          data.labels_source, data.labels[i], i, num_classes));
+    }
+  }
+  return absl::OkStatus();
 }
 
 Dataset MakeSynthetic(uint64_t seed, Split split) {
@@ -307,6 +492,14 @@ absl::StatusOr<Dataset> LoadDataset(absl::string_view name,
                                     const std::string& dir, uint64_t seed,
                                     Split split) {
   if (name == "synthetic") return MakeSynthetic(seed, split);
+  if (name == "npy") {
+    if (dir.empty()) {
+      return absl::InvalidArgumentError(
+          "data set npy needs a data directory (--data_dir) holding "
+          "train_x.npy and train_y.npy");
+    }
+    return LoadNpy(dir, split);
+  }
   if (name == "fashion-mnist") {
     return LoadIdx(dir.empty() ? std::string(kDefaultFashionMnistDir) : dir,
                    split);
@@ -321,7 +514,7 @@ absl::StatusOr<Dataset> LoadDataset(absl::string_view name,
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("unknown data set \"%s\"; valid names: fashion-mnist, "
-                      "mnist, synthetic",
+                      "mnist, npy, synthetic",
                       name));
 }
 
@@ -333,9 +526,9 @@ void GatherBatch(const Dataset& data, absl::Span<const int32_t> rows, float* x,
                  int32_t* y) {
   const int64_t dim = data.dim;
   if (data.pixels.empty()) {
+    const float* features = data.features();
     for (size_t i = 0; i < rows.size(); ++i) {
-      std::memcpy(x + i * dim, data.x.data() + rows[i] * dim,
-                  dim * sizeof(float));
+      std::memcpy(x + i * dim, features + rows[i] * dim, dim * sizeof(float));
       y[i] = data.labels[rows[i]];
     }
     return;

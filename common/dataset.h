@@ -1,11 +1,13 @@
-// Data sets: IDX files (Fashion-MNIST, MNIST; .gz or plain) and the synthetic
-// seed workload, and the gathering of a batch from them. Images are kept as
-// their pixel bytes and normalised as x = (pixel/255 - 0.2860) / 0.3530 when
-// gathered.
+// Data sets: IDX files (Fashion-MNIST, MNIST; .gz or plain), NumPy .npy
+// files (the user's own features and labels, used as they are) and the
+// synthetic seed workload, and the gathering of a batch from them. IDX images
+// are kept as their pixel bytes and normalised as
+// x = (pixel/255 - 0.2860) / 0.3530 when gathered.
 #ifndef DP_COMMON_DATASET_H_
 #define DP_COMMON_DATASET_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,7 +28,7 @@ enum class Split { kTrain, kTest };
 // Identifies a data set's contents; every worker of a job must report the same.
 struct DataFingerprint {
   int64_t num_samples = 0;
-  uint64_t hash = 0;   // FNV-1a 64 over the raw samples and labels
+  uint64_t hash = 0;  // FNV-1a 64 over the raw samples and labels
   bool operator==(const DataFingerprint& o) const {
     return num_samples == o.num_samples && hash == o.hash;
   }
@@ -34,15 +36,26 @@ struct DataFingerprint {
 
 // Samples of `dim` features each, stored as compactly as their source
 // allows: images keep their pixel bytes (a quarter of float32's memory) and
-// are normalised when gathered; features that are not bytes are float32.
-// Exactly one of `pixels` and `x` is non-empty (both when num_samples is 0).
+// are normalised when gathered; float32 features of a file are read where
+// the file is mapped (`view`, kept alive by `storage`); other features are
+// float32 in `x`. Exactly one of `pixels`, `x` and `view` holds the features
+// (none when num_samples is 0).
 struct Dataset {
   int64_t num_samples = 0;
   int dim = kImageDim;
   std::vector<uint8_t> pixels;  // (num_samples, dim) row-major, raw bytes
   std::vector<float> x;         // (num_samples, dim) row-major, the features
-  std::vector<int32_t> labels;  // (num_samples), each in [0, kNumClasses)
+  const float* view = nullptr;  // (num_samples, dim) row-major, in `storage`
+  std::shared_ptr<const void> storage;
+  std::vector<int32_t> labels;  // (num_samples), each >= 0
   DataFingerprint fingerprint;
+  // Where the features and the labels come from, for messages: file paths,
+  // or the data set's name.
+  std::string features_source = "synthetic";
+  std::string labels_source = "synthetic";
+
+  // The float32 features when they are not pixel bytes.
+  const float* features() const { return view != nullptr ? view : x.data(); }
 };
 
 // The float32 input of pixel byte p: (p / 255 - kPixelMean) / kPixelStd,
@@ -61,11 +74,32 @@ void GatherBatch(const Dataset& data, absl::Span<const int32_t> rows, float* x,
 // mismatched image/label counts or labels out of range.
 absl::StatusOr<Dataset> LoadIdx(const std::string& dir, Split split);
 
+// Reads `<dir>/train_x.npy` and `<dir>/train_y.npy` (kTrain) or
+// `<dir>/test_x.npy` and `<dir>/test_y.npy` (kTest), as they are: features
+// float32 (mapped, not copied), float64 or uint8 (converted to float32 as
+// is, not scaled), shape (N, ...) flattened to (N, F); labels of any integer
+// type, shape (N). The test files may both be absent: then the result has no
+// samples. Errors name the file and the problem: NOT_FOUND for a missing
+// directory or file, DATA_LOSS for a truncated or non-.npy file,
+// INVALID_ARGUMENT for a dtype or layout refused (Fortran order, big-endian,
+// objects), mismatched lengths, a negative label (its index) or a NaN or
+// infinite feature (its sample and feature).
+absl::StatusOr<Dataset> LoadNpy(const std::string& dir, Split split);
+
+// INVALID_ARGUMENT naming the source and the problem unless `data` fits an
+// MLP that takes `input_dim` features and has `num_classes` outputs: its
+// samples have input_dim features and every label is below num_classes (the
+// first that is not is named, with its index). A data set with no samples
+// fits any model.
+[[nodiscard]] absl::Status CheckFitsModel(const Dataset& data, int input_dim,
+                                          int num_classes);
+
 // `kSyntheticSamples` samples of N(0,1) features with uniform labels 0..9,
 // drawn from `seed`; the test split uses an independent stream.
 Dataset MakeSynthetic(uint64_t seed, Split split);
 
-// "fashion-mnist" | "mnist" -> LoadIdx(dir); "synthetic" -> MakeSynthetic.
+// "fashion-mnist" | "mnist" -> LoadIdx(dir); "npy" -> LoadNpy(dir);
+// "synthetic" -> MakeSynthetic.
 // INVALID_ARGUMENT for an unknown name.
 absl::StatusOr<Dataset> LoadDataset(absl::string_view name,
                                     const std::string& dir, uint64_t seed,

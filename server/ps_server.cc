@@ -464,7 +464,9 @@ void PsServer::LogSummary(double seconds, bool have_eval) const {
         s.micro_batches, e.blocks_reassigned, e.backups_handed,
         e.duplicate_pushes);
   }
-  if (have_eval) {
+  if (have_eval && s.last_eval.num_samples == 0) {
+    Log("no final test accuracy: rank 0 has no test set");
+  } else if (have_eval) {
     Log("final test accuracy: %.4f", s.last_eval.accuracy);
   } else if (shard_.index == 0) {
     Log("no final test accuracy from rank 0 within %.0f s",

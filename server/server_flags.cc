@@ -108,8 +108,12 @@ void AddJobFlags(Flags* flags, ServerFlags* f) {
   flags->AddDouble("lr", &f->lr, "Adam learning rate").Above(0.0);
   flags->AddInt("seed", &f->seed, "seed of initialisation and data order");
   flags->AddBool("shuffle", &f->shuffle, "shuffle the data every epoch");
-  flags->AddString("dataset", &f->dataset, "fashion-mnist | mnist | synthetic")
-      .OneOf({"fashion-mnist", "mnist", "synthetic"});
+  flags
+      ->AddString("dataset", &f->dataset,
+                  "fashion-mnist | mnist | npy (the workers' --data_dir holds "
+                  "train_x.npy, train_y.npy, optionally test_x.npy and "
+                  "test_y.npy) | synthetic")
+      .OneOf({"fashion-mnist", "mnist", "npy", "synthetic"});
   flags
       ->AddInt("max_steps", &f->max_steps,
                "stop after this many steps (0 = all epochs)")

@@ -472,10 +472,15 @@ absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
   last_eval_ = r;
   has_eval_ = true;
   if (r.final) final_eval_ = true;
-  Log("%s test accuracy %.4f, loss %.4f (%d images, weights of step %d, "
-      "epoch %d)",
-      r.final ? "final" : "epoch", r.accuracy, r.loss, r.num_samples, r.step,
-      r.epoch);
+  if (r.num_samples == 0) {  // rank 0 has no test set: the end, unmeasured
+    Log("rank 0 has no test set: no test accuracy (weights of step %d)",
+        r.step);
+  } else {
+    Log("%s test accuracy %.4f, loss %.4f (%d images, weights of step %d, "
+        "epoch %d)",
+        r.final ? "final" : "epoch", r.accuracy, r.loss, r.num_samples, r.step,
+        r.epoch);
+  }
   return absl::OkStatus();
 }
 

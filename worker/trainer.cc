@@ -92,13 +92,12 @@ absl::Status Trainer::Load() {
         "joins only --dataset=synthetic jobs; this one trains %s",
         loaded_.dataset));
   }
+  const ModelLayout layout = ModelLayout::SimpleNet();
   ASSIGN_OR_RETURN(train_, LoadDataset(loaded_.dataset, options_.data_dir,
                                        s.seed, Split::kTrain));
-  if (rank == 0) {
-    ASSIGN_OR_RETURN(test_, LoadDataset(loaded_.dataset, options_.data_dir,
-                                        s.seed, Split::kTest));
-  }
-  const ModelLayout layout = ModelLayout::SimpleNet();
+  RETURN_IF_ERROR(
+      CheckFitsModel(train_, layout.input_dim(), layout.num_classes()));
+  if (rank == 0) RETURN_IF_ERROR(LoadTestSet(layout));
   BackendOptions backend_options;
   backend_options.max_batch = std::max(s.batch_size, kEvalChunk);
   backend_options.cpu_threads = options_.cpu_threads;
@@ -137,8 +136,7 @@ absl::Status Trainer::Join() {
   registration_.rank = rank_;
   // Rank 0 evaluates: a worker that dp-ps made rank 0 loads the test set.
   if (rank_ == 0 && !test_.has_value()) {
-    ASSIGN_OR_RETURN(test_, LoadDataset(loaded_.dataset, options_.data_dir,
-                                        loaded_.schedule.seed, Split::kTest));
+    RETURN_IF_ERROR(LoadTestSet(ModelLayout::SimpleNet()));
   }
   Schedule schedule = joined.config.schedule;
   schedule.num_samples = train_.num_samples;
@@ -295,7 +293,39 @@ std::string Trainer::MissingRanks() {
   return missing.ok() ? absl::StrJoin(*missing, ",") : "?";
 }
 
+absl::Status Trainer::LoadTestSet(const ModelLayout& layout) {
+  ASSIGN_OR_RETURN(test_, LoadDataset(loaded_.dataset, options_.data_dir,
+                                      loaded_.schedule.seed, Split::kTest));
+  if (test_->num_samples == 0) {
+    Log("rank 0: no test set (%s and %s are absent): no evaluation",
+        test_->features_source, test_->labels_source);
+    return absl::OkStatus();
+  }
+  if (test_->dim != train_.dim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the training and test features differ: %s has %d features per "
+        "sample, %s has %d",
+        train_.features_source, train_.dim, test_->features_source,
+        test_->dim));
+  }
+  return CheckFitsModel(*test_, layout.input_dim(), layout.num_classes());
+}
+
 absl::Status Trainer::Evaluate(int64_t finished) {
+  EvalReport report;
+  report.step = step_;
+  report.epoch = schedule_.epoch_of(finished) + 1;
+  report.final = step_ == total_;
+  // Without a test set only the end is reported (no samples), so that
+  // dp-ps does not wait for an evaluation that cannot come.
+  if (test_->num_samples == 0) {
+    if (!report.final) return absl::OkStatus();
+    evaluated_final_ = true;
+    if (absl::Status s = client_->ReportEval(rank_, report); !s.ok()) {
+      Log("rank 0: end report not accepted: %s", s.message());
+    }
+    return absl::OkStatus();
+  }
   // The test set in chunks gathered from its bytes, not as one float copy.
   const int64_t n = test_->num_samples;
   std::vector<int32_t> rows(std::min<int64_t>(n, kEvalChunk));
@@ -315,13 +345,9 @@ absl::Status Trainer::Evaluate(int64_t finished) {
     eval.loss_sum += chunk.loss_sum;
     eval.count += chunk.count;
   }
-  EvalReport report;
-  report.step = step_;
-  report.epoch = schedule_.epoch_of(finished) + 1;
   report.accuracy = static_cast<double>(eval.correct) / eval.count;
   report.loss = eval.loss_sum / eval.count;
   report.num_samples = eval.count;
-  report.final = step_ == total_;
   Log("rank 0: test accuracy %.4f after epoch %d", report.accuracy,
       report.epoch);
   evaluated_final_ = evaluated_final_ || report.final;

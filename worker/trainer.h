@@ -99,7 +99,11 @@ class Trainer {
   bool NeedsRejoin(const absl::Status& exchanged) const;
   // The end line: steps, gradients, time and bytes per step.
   void LogSummary() const;
-  // Rank 0: the test set on the weights after `finished`, reported to dp-ps.
+  // Rank 0: loads the test set into test_ and checks it against the
+  // training set and `layout` (an absent npy test set: no samples).
+  absl::Status LoadTestSet(const ModelLayout& layout);
+  // Rank 0: the test set on the weights after `finished`, reported to dp-ps
+  // (with no test set: only the end, with no samples).
   absl::Status Evaluate(int64_t finished);
   // Whom step_ waits for, from every shard's status ("?" when they cannot
   // say).

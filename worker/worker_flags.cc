@@ -57,7 +57,9 @@ void AddWorkerFlags(Flags* flags, WorkerFlags* f) {
       .Satisfies([f] { return CheckRank(f->rank); });
   flags->AddString(
       "data_dir", &f->data_dir,
-      "directory of the IDX files (empty: the data set's default)");
+      "directory of the data set's files: IDX, or train_x.npy, "
+      "train_y.npy (and test_x.npy, test_y.npy) for dp-ps --dataset=npy "
+      "(empty: the data set's default)");
   flags
       ->AddString("backend", &f->backend,
                   "auto | cpu | cuda (auto: cuda when the CUDA module is "
