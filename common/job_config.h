@@ -34,6 +34,9 @@ struct JobConfig {
   // that registers, a worker from its own data.
   Schedule schedule;
   std::string dataset = "fashion-mnist";
+  // The MLP's widths, inputs first (ModelLayout::Mlp); SimpleNet's by
+  // default.
+  std::vector<int> layers = {784, 256, 128, 10};
   AdamOptions adam;
   Encoding grad_encoding = Encoding::kF32;
   // How dp-ps sends the weights; it keeps and updates them in float32.
@@ -42,7 +45,8 @@ struct JobConfig {
   int min_workers = 0;
   int live_minimum() const { return std::max(min_workers, 1); }
   bool operator==(const JobConfig& o) const {
-    return schedule == o.schedule && dataset == o.dataset && adam == o.adam &&
+    return schedule == o.schedule && dataset == o.dataset &&
+           layers == o.layers && adam == o.adam &&
            grad_encoding == o.grad_encoding &&
            weight_encoding == o.weight_encoding &&
            live_minimum() == o.live_minimum();

@@ -7,13 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
 namespace dp {
 
 struct TensorInfo {
-  std::string name;             // "fc1.weight"
-  std::vector<int64_t> shape;   // {256, 784}
-  int64_t offset = 0;           // in floats, into the flat buffer
-  int64_t size = 0;             // in floats
+  std::string name;            // "fc1.weight"
+  std::vector<int64_t> shape;  // {256, 784}
+  int64_t offset = 0;          // in floats, into the flat buffer
+  int64_t size = 0;            // in floats
 };
 
 class ModelLayout {
@@ -21,7 +25,8 @@ class ModelLayout {
   // 784-256-128-10: 235,146 parameters.
   static ModelLayout SimpleNet();
   // dims = {inputs, hidden..., outputs}; at least two entries. Layer l maps
-  // dims[l] -> dims[l+1]; ReLU after every layer but the last.
+  // dims[l] -> dims[l+1]; ReLU after every layer but the last. `dims` must
+  // pass CheckMlpDims.
   static ModelLayout Mlp(std::vector<int> dims);
 
   const std::vector<int>& dims() const { return dims_; }
@@ -42,6 +47,24 @@ class ModelLayout {
   std::vector<TensorInfo> tensors_;
   int64_t num_params_ = 0;
 };
+
+// The most parameters a model may have: its float32 weights must fit one
+// gRPC message (2 GiB) with room for the framing.
+inline constexpr int64_t kMaxModelParams = (int64_t{1} << 29) - (1 << 16);
+
+// INVALID_ARGUMENT, naming `what` (a flag, a file), unless `dims` describe
+// an MLP: at least two widths, each at least 1, and at most kMaxModelParams
+// parameters in all.
+[[nodiscard]] absl::Status CheckMlpDims(const std::vector<int>& dims,
+                                        absl::string_view what);
+
+// "784,256,128,10" -> {784, 256, 128, 10}, checked by CheckMlpDims;
+// INVALID_ARGUMENT naming `what` and the entry that is not a width.
+absl::StatusOr<std::vector<int>> ParseMlpDims(absl::string_view text,
+                                              absl::string_view what);
+
+// {784, 256, 128, 10} -> "784,256,128,10".
+std::string MlpDimsString(const std::vector<int>& dims);
 
 // PyTorch's default nn.Linear initialisation: every weight and bias of layer l
 // ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), drawn deterministically from `seed`.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -422,8 +423,11 @@ std::string EncodeSafetensors(
   return out;
 }
 
-absl::StatusOr<std::vector<float>> DecodeSafetensors(const ModelLayout& layout,
-                                                     absl::string_view bytes) {
+namespace {
+
+// The header of a file image as JSON (an object), and the data after it.
+absl::StatusOr<Json> ParseHeader(absl::string_view bytes,
+                                 absl::string_view* data) {
   if (bytes.size() < 8) {
     return absl::DataLossError(
         absl::StrCat("truncated: ", bytes.size(),
@@ -442,12 +446,82 @@ absl::StatusOr<std::vector<float>> DecodeSafetensors(const ModelLayout& layout,
                                             " but only ", bytes.size() - 8,
                                             " bytes follow the length field"));
   }
-  const absl::string_view data = bytes.substr(8 + n);
-  ASSIGN_OR_RETURN(const Json root,
-                   JsonParser(bytes.substr(8, n)).ParseDocument());
+  *data = bytes.substr(8 + n);
+  ASSIGN_OR_RETURN(Json root, JsonParser(bytes.substr(8, n)).ParseDocument());
   if (root.kind != Json::kObject) {
     return absl::DataLossError("header is not a JSON object");
   }
+  return root;
+}
+
+// The "shape" of header entry `name` as widths; nullopt when there is no
+// such entry or its shape is not a list of integers that fit an int.
+std::optional<std::vector<int>> EntryShape(const Json& root,
+                                           absl::string_view name) {
+  for (size_t i = 0; i < root.keys.size(); ++i) {
+    if (root.keys[i] != name || root.values[i].kind != Json::kObject) continue;
+    const Json& entry = root.values[i];
+    for (size_t k = 0; k < entry.keys.size(); ++k) {
+      if (entry.keys[k] != "shape" || entry.values[k].kind != Json::kArray) {
+        continue;
+      }
+      std::vector<int> dims;
+      for (const Json& d : entry.values[k].values) {
+        if (d.kind != Json::kInt || d.num > INT32_MAX) return std::nullopt;
+        dims.push_back(static_cast<int>(d.num));
+      }
+      return dims;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int>> MlpDimsOfSafetensors(absl::string_view bytes) {
+  absl::string_view data;
+  ASSIGN_OR_RETURN(const Json root, ParseHeader(bytes, &data));
+  std::vector<int> dims;
+  for (int l = 1;; ++l) {
+    const std::string name = absl::StrCat("fc", l, ".weight");
+    const std::optional<std::vector<int>> shape = EntryShape(root, name);
+    if (!shape.has_value()) break;
+    if (shape->size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", name, "\" has shape [",
+                       absl::StrJoin(*shape, ","), "], not [out,in]"));
+    }
+    if (l == 1) dims.push_back((*shape)[1]);
+    if ((*shape)[1] != dims.back()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\" takes ", (*shape)[1], " inputs, but fc", l - 1,
+          " has ", dims.back(), " outputs"));
+    }
+    dims.push_back((*shape)[0]);
+  }
+  if (dims.empty()) {
+    return absl::InvalidArgumentError(
+        "no tensor \"fc1.weight\": not a model of fc1.weight, fc1.bias, "
+        "fc2.weight, ... (an MLP)");
+  }
+  RETURN_IF_ERROR(CheckMlpDims(dims, "the model's tensors"));
+  return dims;
+}
+
+absl::StatusOr<std::vector<int>> LoadMlpDims(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path));
+  absl::StatusOr<std::vector<int>> dims = MlpDimsOfSafetensors(bytes);
+  if (!dims.ok()) {
+    return absl::Status(dims.status().code(),
+                        absl::StrCat(path, ": ", dims.status().message()));
+  }
+  return dims;
+}
+
+absl::StatusOr<std::vector<float>> DecodeSafetensors(const ModelLayout& layout,
+                                                     absl::string_view bytes) {
+  absl::string_view data;
+  ASSIGN_OR_RETURN(const Json root, ParseHeader(bytes, &data));
 
   const std::vector<TensorInfo>& tensors = layout.tensors();
   std::vector<bool> present(tensors.size(), false);

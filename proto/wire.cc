@@ -24,6 +24,7 @@ void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
   out->set_shuffle(s.shuffle);
   out->set_max_steps(s.max_steps);
   out->set_dataset(config.dataset);
+  for (int width : config.layers) out->add_layers(width);
   out->set_lr(config.adam.lr);
   out->set_grad_encoding(ToProto(config.grad_encoding));
   out->set_weight_encoding(ToProto(config.weight_encoding));
@@ -40,6 +41,10 @@ JobConfig FromProto(const dp::v1::JobConfig& c) {
   config.schedule.shuffle = c.shuffle();
   config.schedule.max_steps = c.max_steps();
   config.dataset = c.dataset();
+  // A dp-ps that sends no layers trains SimpleNet, JobConfig's default.
+  if (c.layers_size() > 0) {
+    config.layers.assign(c.layers().begin(), c.layers().end());
+  }
   config.adam.lr = c.lr();
   config.grad_encoding = FromProto(c.grad_encoding());
   config.weight_encoding = FromProto(c.weight_encoding());

@@ -54,7 +54,9 @@ int DefaultUpdateThreads(int64_t values, int usable_cpus) {
       std::min<int64_t>(usable_cpus, worth), 1, kMaxUpdateThreads));
 }
 
-PsServer::PsServer(PsServerOptions options) : options_(std::move(options)) {}
+PsServer::PsServer(PsServerOptions options)
+    : options_(std::move(options)),
+      layout_(ModelLayout::Mlp(options_.config.layers)) {}
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     PsServerOptions options) {

@@ -9,6 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model_layout.h"
+#include "common/safetensors.h"
 #include "common/shard_plan.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
@@ -83,6 +85,23 @@ absl::Status CheckEncoding(const char* flag, const std::string& value) {
   return absl::OkStatus();
 }
 
+// The MLP's widths: --layers, else those of --init_model's tensors, else
+// SimpleNet's. With both, the model file must match --layers, which
+// PsServer checks when it loads it.
+absl::StatusOr<std::vector<int>> Layers(const ServerFlags& f) {
+  if (!f.layers.empty()) return ParseMlpDims(f.layers, "--layers");
+  if (!f.init_model.empty()) {
+    absl::StatusOr<std::vector<int>> dims = LoadMlpDims(f.init_model);
+    if (!dims.ok()) {
+      return absl::Status(
+          dims.status().code(),
+          absl::StrCat("--init_model: ", dims.status().message()));
+    }
+    return dims;
+  }
+  return JobConfig().layers;
+}
+
 // The flags of the job itself: what a checkpoint pins and workers adopt.
 void AddJobFlags(Flags* flags, ServerFlags* f) {
   flags
@@ -114,6 +133,16 @@ void AddJobFlags(Flags* flags, ServerFlags* f) {
                   "train_x.npy, train_y.npy, optionally test_x.npy and "
                   "test_y.npy) | synthetic")
       .OneOf({"fashion-mnist", "mnist", "npy", "synthetic"});
+  flags
+      ->AddString("layers", &f->layers,
+                  "the MLP's widths, inputs first, comma-separated: "
+                  "IN,H1,...,OUT, ReLU between layers, tensors fc1.weight, "
+                  "fc1.bias, ... (empty: --init_model's, else "
+                  "784,256,128,10, SimpleNet)")
+      .Satisfies([f] {
+        return f->layers.empty() ? absl::OkStatus()
+                                 : ParseMlpDims(f->layers, "--layers").status();
+      });
   flags
       ->AddInt("max_steps", &f->max_steps,
                "stop after this many steps (0 = all epochs)")
@@ -267,6 +296,7 @@ absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f) {
   schedule.shuffle = f.shuffle;
   o.config.min_workers = f.min_workers;
   o.config.dataset = f.dataset;
+  ASSIGN_OR_RETURN(o.config.layers, Layers(f));
   o.config.adam.lr = f.lr;
   o.config.grad_encoding = *ParseEncoding(f.grad_encoding);
   o.config.weight_encoding = *ParseEncoding(f.weight_encoding);

@@ -29,6 +29,7 @@ struct ServerFlags {
   int64_t seed = 0;
   bool shuffle = true;
   std::string dataset = "fashion-mnist";
+  std::string layers;  // empty: --init_model's, else SimpleNet's
   int64_t max_steps = 0;
   std::string init_model;
   std::string save_model;

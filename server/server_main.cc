@@ -15,6 +15,7 @@
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/model_layout.h"
 #include "proto/grpc_server.h"
 #include "proto/security.h"
 #include "server/ps_server.h"
@@ -55,7 +56,8 @@ int Run(int argc, char** argv) {
   ServerFlags f;
   Flags flags("dp-ps",
               "Parameter server for synchronous data-parallel "
-              "training of SimpleNet (784-256-128-10).");
+              "training of an MLP (--layers; SimpleNet, 784-256-128-10, by "
+              "default).");
   AddServerFlags(&flags, &f);
   if (std::optional<int> exit =
           ParseCommandLine(&flags, &f.dry_run, argc, argv)) {
@@ -76,6 +78,8 @@ int Run(int argc, char** argv) {
       f.min_workers == f.workers
           ? absl::StrFormat("%d worker%s", f.workers, f.workers == 1 ? "" : "s")
           : absl::StrFormat("%d to %d workers", f.min_workers, f.workers));
+  Log("the model: MLP %s, %d parameters", MlpDimsString(options->config.layers),
+      ModelLayout::Mlp(options->config.layers).num_params());
   PsServerOptions o = *std::move(options);
 
   // A write beyond a file-size limit must be an error, not a crash.

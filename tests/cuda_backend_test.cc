@@ -525,6 +525,10 @@ TEST_P(CudaParityTest, EvaluateMatchesCpu) {
 const std::vector<int> kSimpleNet = {784, 256, 128, 10};
 const std::vector<int> kOddMlp = {37, 29, 13, 5};
 const std::vector<int> kNoHidden = {6, 4};  // softmax regression
+// More outputs than a warp's lanes, a hidden layer wider than a column-sum
+// tile's multiple, and the job test's --layers.
+const std::vector<int> kWideMlp = {50, 300, 40};
+const std::vector<int> kJobTestMlp = {20, 64, 32, 3};
 
 INSTANTIATE_TEST_SUITE_P(
     Batches, CudaParityTest,
@@ -536,7 +540,9 @@ INSTANTIATE_TEST_SUITE_P(
                     ParityCase{"OddMlp", kOddMlp, 63},
                     ParityCase{"OddMlp", kOddMlp, 64},
                     ParityCase{"OddMlp", kOddMlp, 1000},
-                    ParityCase{"NoHidden", kNoHidden, 63}),
+                    ParityCase{"NoHidden", kNoHidden, 63},
+                    ParityCase{"WideMlp", kWideMlp, 200},
+                    ParityCase{"JobTestMlp", kJobTestMlp, 16}),
     ParityName);
 
 // ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace dp {
@@ -69,6 +70,36 @@ TEST(InitParamsTest, EveryTensorIsUniformWithinOneOverSqrtFanIn) {
         EXPECT_LT(lo, -0.9 * bound) << t->name;
       }
     }
+  }
+}
+
+TEST(MlpDimsTest, ParsesWidthsInputsFirstAndPrintsThemBack) {
+  absl::StatusOr<std::vector<int>> dims = ParseMlpDims("20,64,32,3", "--x");
+  ASSERT_TRUE(dims.ok()) << dims.status();
+  EXPECT_EQ(*dims, (std::vector<int>{20, 64, 32, 3}));
+  EXPECT_EQ(MlpDimsString(*dims), "20,64,32,3");
+  const ModelLayout l = ModelLayout::Mlp(*dims);
+  EXPECT_EQ(l.num_params(), 20 * 64 + 64 + 64 * 32 + 32 + 32 * 3 + 3);
+  EXPECT_EQ(l.tensors().back().name, "fc3.bias");
+  EXPECT_NE(l.Fingerprint(), ModelLayout::SimpleNet().Fingerprint());
+}
+
+TEST(MlpDimsTest, RefusesTooFewWidthsAZeroWidthAndNonNumbersByName) {
+  struct Case {
+    const char* text;
+    const char* what;
+  };
+  for (const Case& c :
+       {Case{"784", "at least two widths"},
+        Case{"784,0,10", "width 0 (entry 2 of 784,0,10)"},
+        Case{"784,-3,10", "width -3"}, Case{"784,,10", "\"\" is not a width"},
+        Case{"784,x,10", "\"x\" is not a width"},
+        Case{"", "\"\" is not a width"},
+        Case{"100000,100000,100000", "more than"}}) {
+    const absl::Status s = ParseMlpDims(c.text, "--layers").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_TRUE(absl::StartsWith(s.message(), "--layers: ")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), c.what)) << c.text << ": " << s;
   }
 }
 

@@ -578,5 +578,42 @@ TEST_F(WriteFileAtomicTest, ReadOnlyDirectoryFailsAndKeepsTheOldContents) {
   EXPECT_EQ(Entries(), std::set<std::string>{"f"});
 }
 
+TEST(SafetensorsDims, TheWidthsOfAnyMlpAreReadFromItsWeightShapes) {
+  for (const std::vector<int>& dims :
+       {std::vector<int>{20, 64, 32, 3}, std::vector<int>{6, 4},
+        std::vector<int>{784, 256, 128, 10}}) {
+    const ModelLayout l = ModelLayout::Mlp(dims);
+    const std::string bytes =
+        EncodeSafetensors(l, std::vector<float>(l.num_params(), 0.5f));
+    absl::StatusOr<std::vector<int>> got = MlpDimsOfSafetensors(bytes);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, dims);
+  }
+}
+
+TEST(SafetensorsDims, ShapesThatDoNotChainOrNoFc1AreRefusedByName) {
+  const ModelLayout l = ModelLayout::Mlp({20, 64, 32, 3});
+  const std::string good =
+      EncodeSafetensors(l, std::vector<float>(l.num_params(), 0.0f));
+  // fc2 takes 33 inputs where fc1 gives 64 (the header's length is kept).
+  const std::string broken =
+      absl::StrReplaceAll(good, {{"\"shape\":[32,64]", "\"shape\":[32,33]"}});
+  ASSERT_NE(broken, good);
+  absl::Status s = MlpDimsOfSafetensors(broken).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("\"fc2.weight\" takes 33 inputs, but fc1 has 64 "
+                             "outputs"),
+            absl::string_view::npos)
+      << s;
+  const std::string renamed = absl::StrReplaceAll(good, {{"fc1.", "fc9."}});
+  s = MlpDimsOfSafetensors(renamed).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("no tensor \"fc1.weight\""),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(MlpDimsOfSafetensors("1234").status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace dp

@@ -399,12 +399,22 @@ absl::StatusOr<JobStatus> PsClient::RegisterOnce(
   // The previous registration's call ends (dp-ps ignores the end of a
   // session that is no longer the rank's), then this one's starts.
   attendance_.reset();
+  RETURN_IF_ERROR(CheckMlpDims(status.config.layers, "the job's layers"));
+  const ModelLayout layout = ModelLayout::Mlp(status.config.layers);
+  // The channel's limits were made for the default model: a larger one's
+  // tensors need a channel with room for them (the attendance, on the old
+  // channel, has ended).
+  if (const int need = MessageBytesFor(layout.num_params());
+      need > options_.max_message_bytes) {
+    options_.max_message_bytes = need;
+    rpc_ = std::make_unique<Rpc>(MakeChannel(options_));
+  }
   if (response.session() != 0) {  // 0: none offered
     attendance_ = std::make_unique<Attendance>(
         rpc_->stub.get(), options_.auth_token, status.rank, response.session());
   }
   shard_ = status.shard.spec;
-  whole_tensors_ = WholeTensors(ModelLayout::SimpleNet(), shard_.range);
+  whole_tensors_ = WholeTensors(layout, shard_.range);
   // The regions of a previous registration are dropped: dp-ps gave this
   // registration a new slot, and reads the old one no more.
   in_place_.reset();

@@ -121,6 +121,7 @@ std::vector<std::string> ExpandPsAddresses(const std::string& flag) {
 
 PsGroup::PsGroup(std::vector<std::string> addresses,
                  const PsClientOptions& options)
+    // Until the first RegisterAll says which model the job trains.
     : layout_(ModelLayout::SimpleNet()),
       num_params_(layout_.num_params()),
       pool_(static_cast<int>(addresses.size())),
@@ -206,6 +207,11 @@ absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
   }
   std::vector<JobStatus> by_shard(n);
   int64_t end = 0;
+  // The job's model, as shard 0 has it (every shard's config is the same,
+  // checked below); the trainer has checked the widths.
+  const JobConfig& job = by_address[order[0]].config;
+  RETURN_IF_ERROR(CheckMlpDims(job.layers, "the job's layers (dp-ps)"));
+  ModelLayout layout = ModelLayout::Mlp(job.layers);
   for (int k = 0; k < n; ++k) {
     by_shard[k] = std::move(by_address[order[k]]);
     const JobStatus& s = by_shard[k];
@@ -217,11 +223,13 @@ absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
     }
     end = s.shard.spec.range.end();
   }
-  if (end != num_params_) {
+  if (end != layout.num_params()) {
     return absl::FailedPreconditionError(
         absl::StrFormat("the shards hold [0, %d) of the model's %d parameters",
-                        end, num_params_));
+                        end, layout.num_params()));
   }
+  layout_ = std::move(layout);
+  num_params_ = layout_.num_params();
   order_ = std::move(order);
   return by_shard;
 }

@@ -109,8 +109,8 @@ class PsGroup {
   absl::Status Combine(const std::vector<Received>& received,
                        Weights* weights) const;
 
-  const ModelLayout layout_;
-  const int64_t num_params_;                        // of the whole model
+  ModelLayout layout_;  // the job's, as of the last RegisterAll
+  int64_t num_params_;  // of the whole model
   std::vector<std::unique_ptr<PsClient>> clients_;  // by address
   std::vector<int> order_;  // client of shard k, as of the last Register
   WorkerPool pool_;

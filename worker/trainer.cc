@@ -42,7 +42,7 @@ absl::Status Timed(WorkerMetrics& metrics, WorkerMetrics::Call what,
 // What must be the same in every plan dp-ps hands this process: the data
 // and the buffers were made for it. (epochs and max_steps may change.)
 absl::Status CheckSameJob(const JobConfig& loaded, const JobConfig& now) {
-  if (now.dataset == loaded.dataset &&
+  if (now.dataset == loaded.dataset && now.layers == loaded.layers &&
       now.schedule.batch_size == loaded.schedule.batch_size &&
       now.schedule.num_micro_batches() == loaded.schedule.num_micro_batches() &&
       now.schedule.seed == loaded.schedule.seed &&
@@ -50,13 +50,15 @@ absl::Status CheckSameJob(const JobConfig& loaded, const JobConfig& now) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrFormat(
-      "dp-ps now runs another job (%s, %d micro-batches x %d, seed %d, %s "
-      "gradients) than the one this worker joined (%s, %d x %d, seed %d, "
-      "%s): restart the worker",
-      now.dataset, now.schedule.num_micro_batches(), now.schedule.batch_size,
-      now.schedule.seed, EncodingName(now.grad_encoding), loaded.dataset,
-      loaded.schedule.num_micro_batches(), loaded.schedule.batch_size,
-      loaded.schedule.seed, EncodingName(loaded.grad_encoding)));
+      "dp-ps now runs another job (%s, MLP %s, %d micro-batches x %d, seed "
+      "%d, %s gradients) than the one this worker joined (%s, MLP %s, %d x "
+      "%d, seed %d, %s): restart the worker",
+      now.dataset, MlpDimsString(now.layers), now.schedule.num_micro_batches(),
+      now.schedule.batch_size, now.schedule.seed,
+      EncodingName(now.grad_encoding), loaded.dataset,
+      MlpDimsString(loaded.layers), loaded.schedule.num_micro_batches(),
+      loaded.schedule.batch_size, loaded.schedule.seed,
+      EncodingName(loaded.grad_encoding)));
 }
 
 }  // namespace
@@ -92,7 +94,9 @@ absl::Status Trainer::Load() {
         "joins only --dataset=synthetic jobs; this one trains %s",
         loaded_.dataset));
   }
-  const ModelLayout layout = ModelLayout::SimpleNet();
+  // The model is the job's, as the data set is: dp-ps says which.
+  RETURN_IF_ERROR(CheckMlpDims(loaded_.layers, "the job's layers (dp-ps)"));
+  const ModelLayout layout = ModelLayout::Mlp(loaded_.layers);
   ASSIGN_OR_RETURN(train_, LoadDataset(loaded_.dataset, options_.data_dir,
                                        s.seed, Split::kTrain));
   RETURN_IF_ERROR(
@@ -103,10 +107,11 @@ absl::Status Trainer::Load() {
   backend_options.cpu_threads = options_.cpu_threads;
   backend_options.tf32 = options_.tf32;
   ASSIGN_OR_RETURN(backend_, options_.backend.Create(layout, backend_options));
-  Log("%s: %d training samples of %s, backend %s",
+  Log("%s: %d training samples of %s, MLP %s, backend %s",
       rank == TrainerOptions::kAnyRank ? std::string("worker")
                                        : absl::StrCat("rank ", rank),
-      train_.num_samples, loaded_.dataset, backend_->Name());
+      train_.num_samples, loaded_.dataset, MlpDimsString(loaded_.layers),
+      backend_->Name());
 
   // Without a rank of its own the worker asks again at every join: dp-ps
   // gives it back the one it had (by worker_id) unless another took it.
@@ -136,7 +141,7 @@ absl::Status Trainer::Join() {
   registration_.rank = rank_;
   // Rank 0 evaluates: a worker that dp-ps made rank 0 loads the test set.
   if (rank_ == 0 && !test_.has_value()) {
-    RETURN_IF_ERROR(LoadTestSet(ModelLayout::SimpleNet()));
+    RETURN_IF_ERROR(LoadTestSet(ModelLayout::Mlp(loaded_.layers)));
   }
   Schedule schedule = joined.config.schedule;
   schedule.num_samples = train_.num_samples;

@@ -144,6 +144,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(const Flags& flags,
   o.ps_addresses = ExpandPsAddresses(absl::StrJoin(*entries, ","));
   o.client.wait_timeout = absl::Seconds(f.wait_timeout_s);
   o.client.retry_for = absl::Seconds(f.retry_for_s);
+  // The default model's; a registration to a job of a larger one widens it.
   o.client.max_message_bytes =
       MessageBytesFor(ModelLayout::SimpleNet().num_params());
   return o;
