@@ -406,7 +406,12 @@ absl::StatusOr<Dataset> LoadNpy(const std::string& dir, Split split) {
                         xs[0], y_path, ys[0]));
   }
   const int64_t n = xs[0];
-  const int64_t dim = n == 0 ? 0 : x.header.num_elements / n;
+  if (n == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s holds no samples (shape %s)", x_path,
+                        ShapeString(xs)));
+  }
+  const int64_t dim = x.header.num_elements / n;
   if (dim > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s has %d features per sample; at most 2^30 are supported", x_path,

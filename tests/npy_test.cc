@@ -212,6 +212,13 @@ TEST(NpyTest, BadContentsAreRefusedNamingTheFileAndWhere) {
   ExpectRefused(LoadNpy(dir, Split::kTrain).status(),
                 absl::StatusCode::kInvalidArgument, f.x,
                 "float32, float64 or uint8");
+  // No samples.
+  WriteBytes(f.x, NpyBytes("<f4", {0, 6}, ""));
+  WriteBytes(f.y, NpyBytes("<i8", {0}, ""));
+  ExpectRefused(LoadNpy(dir, Split::kTrain).status(),
+                absl::StatusCode::kInvalidArgument, f.x,
+                "holds no samples (shape (0, 6))");
+  WriteBytes(f.y, NpyBytes("<i8", {4}, std::string(32, '\0')));
   // One-dimensional features.
   WriteBytes(f.x, NpyBytes("<f4", {4}, std::string(16, '\0')));
   ExpectRefused(LoadNpy(dir, Split::kTrain).status(),
@@ -244,6 +251,19 @@ TEST(NpyTest, CheckFitsModelNamesTheFeatureCountAndTheFirstLabelTooLarge) {
                 "takes 5");
   ExpectRefused(CheckFitsModel(*ds, 6, 2), absl::StatusCode::kInvalidArgument,
                 f.y, "label 2 of sample 2 is outside [0, 2)");
+}
+
+TEST(NpyTest, LoadDatasetNamesNpyAndNeedsADirectory) {
+  Files f;
+  absl::StatusOr<Dataset> ds =
+      LoadDataset("npy", f.dir.path(), 0, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ(ds->fingerprint, LoadNpy(f.dir.path(), Split::kTrain)->fingerprint);
+  const absl::Status s = LoadDataset("npy", "", 0, Split::kTrain).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "--data_dir")) << s;
+  EXPECT_TRUE(absl::StrContains(
+      LoadDataset("csv", "", 0, Split::kTrain).status().message(), "npy"));
 }
 
 }  // namespace

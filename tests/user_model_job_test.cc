@@ -190,6 +190,23 @@ TEST(UserModelJobTest, TheLayoutComesFromTheInitModelAndMustMatchLayers) {
   }
 }
 
+TEST(UserModelJobTest, AModelLargerThanSimpleNetTravelsOverGrpc) {
+  TempDir data;
+  WriteData(data, /*test=*/true);
+  // 568,323 parameters, more than SimpleNet's 235,146 that the workers'
+  // channels are first made for; gRPC only, so the weights and gradients
+  // are messages.
+  const JobResult r =
+      RunJob({"--layers=20,2048,256,3", "--dataset=npy", "--max_steps=3",
+              "--batch_size=16"},
+             2, {"--data_dir=" + data.path(), "--data_plane=grpc"});
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  EXPECT_EQ(r.worker_exits, (std::vector<int>{0, 0}));
+  EXPECT_NE(r.ps_output.find("the model: MLP 20,2048,256,3, 568323 parameters"),
+            std::string::npos)
+      << r.ps_output;
+}
+
 // One bad input: what the test writes over a good data directory, and what
 // the worker's error must say.
 struct BadInput {
