@@ -147,6 +147,23 @@ std::vector<std::pair<int64_t, std::string>> CheckpointStore::ListNewestFirst()
   return files;
 }
 
+absl::Status CheckpointStore::CheckSameModel() const {
+  for (const auto& [step, path] : ListNewestFirst()) {
+    absl::StatusOr<std::string> bytes = ReadFile(path);
+    if (!bytes.ok()) continue;
+    // DecodeCheckpoint says FAILED_PRECONDITION only of another model.
+    const absl::Status s = DecodeCheckpoint(layout_, *bytes).status();
+    if (s.code() == absl::StatusCode::kFailedPrecondition) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: %s (another --layers?); use another --checkpoint_dir, or "
+          "remove the checkpoints to start afresh",
+          path, s.message()));
+    }
+    if (s.ok()) return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
 std::optional<Checkpoint> CheckpointStore::LoadNewest() const {
   for (const auto& [step, path] : ListNewestFirst()) {
     auto bytes = ReadFile(path);

@@ -49,6 +49,11 @@ class CheckpointStore {
   // Every file skipped is logged with its reason. It may be another shard's
   // (the caller refuses it).
   std::optional<Checkpoint> LoadNewest() const;
+  // FAILED_PRECONDITION naming the file when the newest checkpoint that is
+  // not damaged holds another model than the store's (another --layers):
+  // LoadNewest would skip it, and the job started afresh would then remove
+  // it. OK otherwise.
+  [[nodiscard]] absl::Status CheckSameModel() const;
 
   // Sharded jobs roll back to a step every shard can restore.
   // The steps of the checkpoints of shard `shard_index` of `shard_count`

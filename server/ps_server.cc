@@ -117,6 +117,7 @@ absl::StatusOr<std::optional<Checkpoint>> PsServer::OpenCheckpoints() {
                                              o.keep_checkpoints, shard_.index,
                                              shard_.count);
   RETURN_IF_ERROR(store_->Open());
+  RETURN_IF_ERROR(store_->CheckSameModel());
   std::optional<Checkpoint> resumed = store_->LoadNewest();
   if (!resumed.has_value()) return std::nullopt;
   if (absl::Status s = CheckResumable(resumed->config, o.config); !s.ok()) {

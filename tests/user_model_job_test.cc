@@ -15,6 +15,7 @@
 #include "common/random.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint.h"
 #include "tests/job_runner.h"
 #include "tests/npy_files.h"
 #include "worker/cpu_backend.h"
@@ -188,6 +189,27 @@ TEST(UserModelJobTest, TheLayoutComesFromTheInitModelAndMustMatchLayers) {
               std::string::npos)
         << ps.output();
   }
+}
+
+TEST(UserModelJobTest, ACheckpointOfOtherLayersIsRefusedAndKept) {
+  TempDir data;
+  WriteData(data, /*test=*/false);
+  const std::string ckpt = data.File("ckpt");
+  const JobResult r = RunJob({kLayers, "--dataset=npy", "--max_steps=4",
+                              "--batch_size=16", "--checkpoint_dir=" + ckpt},
+                             1, {"--data_dir=" + data.path()});
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  const std::string file = ckpt + "/" + CheckpointFileName(4);
+  ASSERT_FALSE(ReadModel(file).empty());
+  // Another model on the same directory: neither resumed nor started
+  // afresh over it (which would remove it).
+  Subprocess ps({DP_PS_BINARY, "--port=0", "--layers=20,8,3", "--dataset=npy",
+                 "--checkpoint_dir=" + ckpt});
+  EXPECT_EQ(ps.Wait(kJobTimeout), kExitConfigError);
+  EXPECT_NE(ps.output().find(file + ": the checkpoint holds a different model"),
+            std::string::npos)
+      << ps.output();
+  EXPECT_FALSE(ReadModel(file).empty()) << "the checkpoint is gone";
 }
 
 TEST(UserModelJobTest, AModelLargerThanSimpleNetTravelsOverGrpc) {
