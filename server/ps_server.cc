@@ -451,11 +451,17 @@ void PsServer::LogSummary(double seconds, bool have_eval) const {
           absl::ToDoubleMilliseconds(t.wait_time[r]) / t.applies);
     }
     const double per_step = 1.0 / t.applies;
+    // Between the first update and the last: training, not start-up.
+    const double cpu_per_step =
+        t.applies > 1
+            ? absl::ToDoubleMilliseconds(t.last_apply_cpu - t.first_apply_cpu) /
+                  (t.applies - 1)
+            : 0.0;
     Log("per step: update %.3f ms, reading pushes %.3f ms, into shared "
-        "memory %.3f ms; from push to published update:%s",
+        "memory %.3f ms, dp-ps CPU %.3f ms; from push to published update:%s",
         absl::ToDoubleMilliseconds(t.apply_time) * per_step,
         absl::ToDoubleMilliseconds(t.read_time) * per_step,
-        absl::ToDoubleMilliseconds(t.use_time) * per_step, waits);
+        absl::ToDoubleMilliseconds(t.use_time) * per_step, cpu_per_step, waits);
   }
   if (shard_.index == 0) {
     const ElasticCounts& e = s.elastic;

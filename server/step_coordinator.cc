@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/cpu_time.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -366,7 +367,8 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = sums_.root_loss() / static_cast<float>(k);
   ++state_.step;
-  stats_.Applied(state_.step, begin, absl::Now(), planner_.pushed());
+  stats_.Applied(state_.step, begin, absl::Now(), planner_.pushed(),
+                 ProcessCpuTime());
   planner_.Applied(waits_.Waiting());
   NewStepLocked();
   return waits_.WakeApplied(state_.step);
