@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/cpu_quota.h"
 #include "common/job_failure.h"
@@ -43,6 +44,11 @@ ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
   p.registered_workers = static_cast<int>(s.registered_ranks.size());
   p.failed = s.failed;
   return p;
+}
+
+// --save_model with "{step}" replaced by the weights' step.
+std::string ModelPath(const std::string& pattern, int64_t step) {
+  return absl::StrReplaceAll(pattern, {{"{step}", absl::StrCat(step)}});
 }
 
 }  // namespace
@@ -161,14 +167,18 @@ absl::Status PsServer::MakeCoordinator(std::optional<Checkpoint> resumed) {
           absl::StrCat("checkpoint in ", o.checkpoint_dir, ": ", s.message()));
     }
   }
-  if (store_ != nullptr) {
-    coordinator_->SetCheckpointHook(
-        o.checkpoint_every, [this](TrainingState s, uint64_t generation) {
-          store_->WriteAsync(
-              Checkpoint{options_.config, coordinator_->data(), std::move(s),
-                         shard_.index, shard_.count},
-              generation);
-        });
+  if (store_ != nullptr && o.checkpoint_every > 0) {
+    coordinator_->AddStepHook(o.checkpoint_every, [this](TrainingState s,
+                                                         uint64_t generation) {
+      store_->WriteAsync(Checkpoint{options_.config, coordinator_->data(),
+                                    std::move(s), shard_.index, shard_.count},
+                         generation);
+    });
+  }
+  if (o.save_model_every > 0) {
+    coordinator_->AddStepHook(
+        o.save_model_every,
+        [this](TrainingState s, uint64_t) { SaveModelOf(s.step, s.params); });
   }
   return absl::OkStatus();
 }
@@ -410,6 +420,21 @@ void PsServer::AwaitCollection() {
       absl::ToDoubleSeconds(options_.final_eval_timeout));
 }
 
+void PsServer::SaveModelOf(int64_t step, const std::vector<float>& params) {
+  // Hooks of two steps may run at once, on two threads: one write at a
+  // time, and never an older model over a newer one.
+  absl::MutexLock lock(&model_mu_);
+  if (step <= model_saved_step_) return;
+  const std::string path = ModelPath(options_.save_model, step);
+  if (absl::Status s = SaveSafetensors(path, layout_, params); !s.ok()) {
+    Log("cannot save the model of step %d (training goes on): %s", step,
+        s.message());
+    return;
+  }
+  model_saved_step_ = step;
+  Log("saved the model of step %d to %s", step, path);
+}
+
 absl::Status PsServer::SaveModel() {
   absl::StatusOr<std::vector<float>> weights = FinalWeights();
   // Cut short by a rollback (Run trains on) or a stop (Run drains).
@@ -420,12 +445,14 @@ absl::Status PsServer::SaveModel() {
   }
   RETURN_IF_ERROR(weights.status());
   if (options_.save_model.empty()) return absl::OkStatus();
-  if (absl::Status s = SaveSafetensors(options_.save_model, layout_, *weights);
-      !s.ok()) {
+  absl::MutexLock lock(&model_mu_);
+  const std::string path =
+      ModelPath(options_.save_model, coordinator_->Status().step);
+  if (absl::Status s = SaveSafetensors(path, layout_, *weights); !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("cannot save the model: ", s.message()));
   }
-  Log("saved the model to %s", options_.save_model);
+  Log("saved the model to %s", path);
   return absl::OkStatus();
 }
 

@@ -50,6 +50,22 @@ absl::StatusOr<int> ShardIndex(const ServerFlags& f) {
 }
 
 // The checks of the step's shape, which relate several flags.
+// --save_model_every writes the whole model, which only one dp-ps holds
+// while the job runs (shard 0 gathers the others' only at the end).
+absl::Status ValidateModelSaves(const ServerFlags& f) {
+  if (f.save_model_every == 0) return absl::OkStatus();
+  if (f.save_model.empty()) {
+    return absl::InvalidArgumentError(
+        "--save_model_every needs --save_model: the file it writes");
+  }
+  if (f.shards > 1) {
+    return absl::InvalidArgumentError(
+        "--save_model_every needs the whole model in one dp-ps; with "
+        "--shards, each shard's --checkpoint_every checkpoints hold its part");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateStep(const ServerFlags& f) {
   const int micro_batch = MicroBatch(f);
   const int64_t global_batch = GlobalBatch(f);
@@ -117,7 +133,14 @@ void AddJobFlags(Flags* flags, ServerFlags* f) {
   flags->AddString("init_model", &f->init_model,
                    "start from these weights (safetensors) instead of --seed");
   flags->AddString("save_model", &f->save_model,
-                   "write the final weights here (safetensors)");
+                   "write the final weights here (safetensors); {step} in "
+                   "the path stands for the weights' step");
+  flags
+      ->AddInt("save_model_every", &f->save_model_every,
+               "also write the weights to --save_model every this many "
+               "steps, atomically; {step} in --save_model names a file per "
+               "step (0 = only the final weights; one dp-ps)")
+      .AtLeast(0);
   flags->AddInt("final_eval_timeout_s", &f->final_eval_timeout_s,
                 "how long to wait for rank 0's final test accuracy; sharded, "
                 "also how long shard 0 waits for a shard that does not answer "
@@ -233,6 +256,7 @@ void AddServerFlags(Flags* flags, ServerFlags* f) {
 absl::Status ValidateServerFlags(const Flags& flags, const ServerFlags& f) {
   RETURN_IF_ERROR(flags.Validate());
   RETURN_IF_ERROR(ValidateStep(f));
+  RETURN_IF_ERROR(ValidateModelSaves(f));
   return CheckRanges(
       {{"shard", f.shard, -1, f.shards - 1, "-1 = from the host name"}});
 }
@@ -268,6 +292,7 @@ absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f) {
   o.config.weight_encoding = *ParseEncoding(f.weight_encoding);
   o.init_model = f.init_model;
   o.save_model = f.save_model;
+  o.save_model_every = f.save_model_every;
   o.final_eval_timeout = absl::Seconds(f.final_eval_timeout_s);
   o.checkpoint_dir = f.checkpoint_dir;
   o.checkpoint_every = f.checkpoint_every;

@@ -32,6 +32,7 @@ struct ServerFlags {
   int64_t max_steps = 0;
   std::string init_model;
   std::string save_model;
+  int save_model_every = 0;
   int final_eval_timeout_s = 120;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 100;

@@ -305,9 +305,11 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
   if (sums_.complete()) {
     stats_.CompletedBy(rank);
     after.wakes = ApplyLocked();
-    if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
-      after.checkpoint_hook = checkpoint_hook_;
-      after.checkpoint = state_;  // consistent: taken at a step boundary
+    for (const auto& [every, hook] : step_hooks_) {
+      if (state_.step % every == 0) after.hooks.push_back(hook);
+    }
+    if (!after.hooks.empty()) {
+      after.state = state_;  // consistent: taken at a step boundary
       after.generation = generation_;
     }
   }
@@ -351,9 +353,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     result.step = state_.step;
   }
   WaitQueue::Run(after.wakes);
-  if (after.checkpoint_hook) {
-    after.checkpoint_hook(std::move(after.checkpoint), after.generation);
-  }
+  for (const StepHook& hook : after.hooks) hook(after.state, after.generation);
   return result;
 }
 
@@ -569,11 +569,10 @@ std::optional<DataFingerprint> StepCoordinator::data() const {
   return data_.Get();
 }
 
-void StepCoordinator::SetCheckpointHook(
-    int64_t every, std::function<void(TrainingState, uint64_t)> hook) {
+void StepCoordinator::AddStepHook(int64_t every, StepHook hook) {
   absl::MutexLock lock(&mu_);
-  checkpoint_every_ = every;
-  checkpoint_hook_ = every > 0 ? std::move(hook) : nullptr;
+  DP_CHECK(every > 0);
+  step_hooks_.emplace_back(every, std::move(hook));
 }
 
 std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeases(
