@@ -53,6 +53,10 @@ absl::StatusOr<int> ShardIndex(const ServerFlags& f) {
 // --save_model_every writes the whole model, which only one dp-ps holds
 // while the job runs (shard 0 gathers the others' only at the end).
 absl::Status ValidateModelSaves(const ServerFlags& f) {
+  if (!f.export_checkpoint.empty() && f.save_model.empty()) {
+    return absl::InvalidArgumentError(
+        "--export_checkpoint needs --save_model: the file it writes");
+  }
   if (f.save_model_every == 0) return absl::OkStatus();
   if (f.save_model.empty()) {
     return absl::InvalidArgumentError(
@@ -135,6 +139,10 @@ void AddJobFlags(Flags* flags, ServerFlags* f) {
   flags->AddString("save_model", &f->save_model,
                    "write the final weights here (safetensors); {step} in "
                    "the path stands for the weights' step");
+  flags->AddString(
+      "export_checkpoint", &f->export_checkpoint,
+      "write the model in these checkpoint files (one dp-ps's, or one of "
+      "each shard's, comma-separated) to --save_model and exit: no job");
   flags
       ->AddInt("save_model_every", &f->save_model_every,
                "also write the weights to --save_model every this many "

@@ -33,6 +33,7 @@ struct ServerFlags {
   std::string init_model;
   std::string save_model;
   int save_model_every = 0;
+  std::string export_checkpoint;  // comma-separated files
   int final_eval_timeout_s = 120;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 100;
