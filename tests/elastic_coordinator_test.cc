@@ -846,6 +846,37 @@ TEST(ElasticCoordinatorTest, AtMostBackupBlocksAStepAreHandedOut) {
   EXPECT_EQ(c->Status().elastic.backups_handed, 3);
 }
 
+// A step whose blocks are all with one rank (the other sits out as a
+// straggler) may get no push to count from: if that rank stops, its block
+// is late at the factor times the step before's length, and the idle rank
+// backs it up, instead of the step waiting for the lease.
+TEST(ElasticCoordinatorTest,
+     AStepWithNoPushIsLateAtTheFactorTimesTheStepBefore) {
+  ManualClock clock;
+  auto c = MakeOnClock(Job(2, 2), 2, &clock, /*backup_blocks=*/1);
+  // Step 0 lasts 30 ms: rank 1 pushes at 10 ms and backs up rank 0's
+  // block, late at 3 x 10 ms.
+  clock.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);
+  clock.Advance(absl::Milliseconds(20));
+  c->BackUpLateBlocks();
+  ASSERT_EQ(Handed(*wait), (Block{0, 1}));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {0, 1}).ok());
+  ASSERT_EQ(c->Status().plan, (std::vector<Block>{{}, {0, 2}}));
+  // Step 1: rank 1 computes everything and pushes nothing; rank 0 waits.
+  const absl::Time step1 = clock.Now();
+  wait = WaitIdle(*c, 0, 1);
+  EXPECT_EQ(c->BackUpLateBlocks(), step1 + absl::Milliseconds(90));
+  clock.Advance(absl::Milliseconds(90) - absl::Nanoseconds(1));
+  c->BackUpLateBlocks();
+  EXPECT_EQ(c->Status().elastic.backups_handed, 1) << "before its time";
+  clock.Advance(absl::Nanoseconds(1));
+  c->BackUpLateBlocks();
+  EXPECT_EQ(Handed(*wait), (Block{0, 2}));
+  EXPECT_EQ(c->Status().elastic.backups_handed, 2);
+}
+
 // --backup_blocks=0: no block is ever handed out twice, however late.
 TEST(ElasticCoordinatorTest, NoBackupsWithZeroBackupBlocks) {
   ManualClock clock;
