@@ -18,7 +18,8 @@ namespace dp {
 
 // How the learning rate of each update moves: torch.optim.lr_scheduler's
 // LambdaLR stepped once after every update (server/lr_schedule.h).
-enum class LrScheduleKind { kConstant, kCosine, kStep };
+// Numbered as dp.v1.LrSchedule.
+enum class LrScheduleKind { kConstant = 0, kCosine = 1, kStep = 2 };
 
 struct LrSchedule {
   LrScheduleKind kind = LrScheduleKind::kConstant;
