@@ -100,7 +100,7 @@ absl::Status CheckEncoding(const char* flag, const std::string& value) {
   return absl::OkStatus();
 }
 
-// The optimiser's flags (docs/training.md): torch.optim.Adam's or AdamW's
+// The optimiser's flags (docs/optimizer.md): torch.optim.Adam's or AdamW's
 // hyper-parameters in torch's ranges, where eps must be > 0 so that a
 // zero gradient cannot divide 0 by 0; the schedule; the clipping.
 void AddOptimizerFlags(Flags* flags, ServerFlags* f) {
