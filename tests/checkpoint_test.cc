@@ -402,6 +402,17 @@ TEST(CheckpointTest, TheOptimiserSettingsRoundTrip) {
   EXPECT_TRUE(CheckResumable(c.config, back->config).ok());
 }
 
+// One of a later version's schedules would run here as another: refused.
+TEST(CheckpointTest, AnUnknownLearningRateScheduleIsRefused) {
+  Checkpoint c = Make(2);
+  c.config.adam.schedule.kind = static_cast<LrScheduleKind>(7);
+  auto back = DecodeCheckpoint(kLayout, EncodeCheckpoint(kLayout, c));
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(back.status().message().find("learning-rate schedule 7"),
+            std::string::npos)
+      << back.status();
+}
+
 // A checkpoint written before the optimiser settings existed has none: it
 // was today's Adam, and resumes as that job.
 TEST(CheckpointTest, AConfigWithoutOptimiserSettingsIsTodaysAdam) {
