@@ -123,9 +123,25 @@ absl::StatusOr<std::optional<Checkpoint>> PsServer::OpenCheckpoints() {
   RETURN_IF_ERROR(store_->Open());
   std::optional<Checkpoint> resumed = store_->LoadNewest();
   if (!resumed.has_value()) return std::nullopt;
-  if (absl::Status s = CheckResumable(resumed->config, o.config); !s.ok()) {
+  // The job's length in steps (a cosine schedule's T) needs the data set's.
+  JobConfig saved = resumed->config;
+  JobConfig wanted = o.config;
+  if (resumed->data.has_value()) {
+    saved.schedule.num_samples = resumed->data->num_samples;
+    wanted.schedule.num_samples = resumed->data->num_samples;
+  }
+  if (absl::Status s =
+          CheckResumable(saved, wanted, o.allow_hyperparameter_change);
+      !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat(o.checkpoint_dir, ": ", s.message()));
+  }
+  if (const std::vector<std::string> changes =
+          HyperparameterChanges(saved, wanted);
+      !changes.empty()) {
+    Log("--allow_hyperparameter_change: the updates from step %d on use "
+        "other optimiser settings than the checkpoint's: %s",
+        resumed->state.step, absl::StrJoin(changes, ", "));
   }
   if (resumed->shard_index != shard_.index ||
       resumed->shard_count != shard_.count) {

@@ -68,6 +68,9 @@ struct PsServerOptions {
   std::string checkpoint_dir;  // empty: no checkpoints
   int64_t checkpoint_every = 100;
   int keep_checkpoints = 3;
+  // Resume from a checkpoint whose optimiser settings differ from config's
+  // (logged); false refuses it (CheckResumable).
+  bool allow_hyperparameter_change = false;
   absl::Duration worker_timeout = absl::Seconds(10);
   // How blocks follow the ranks: what a lost rank does to the job
   // (elastic.on_worker_loss), late blocks backed up.

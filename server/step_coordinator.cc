@@ -362,8 +362,9 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   const int k = K();
   weights_.BeforeUpdate(state_.params);
   const absl::Time apply_start = absl::Now();
-  AdamStepOnSum(config_.adam, state_.step + 1, sums_.root(), k, n_,
-                state_.params.data(), state_.m.data(), state_.v.data(), &pool_);
+  AdamStepOnSum(config_.adam, state_.step + 1, TotalStepsLocked(), sums_.root(),
+                k, n_, state_.params.data(), state_.m.data(), state_.v.data(),
+                &pool_);
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = sums_.root_loss() / static_cast<float>(k);
   ++state_.step;
