@@ -1,5 +1,6 @@
-// CpuBackend against an independent float64 reference written here: loss,
-// gradients (central differences), evaluation, input validation, determinism.
+// CpuBackend against the independent float64 reference of
+// tests/reference_mlp.h: loss, gradients (central differences), evaluation,
+// input validation, determinism.
 #include "worker/cpu_backend.h"
 
 #include <cmath>
@@ -7,12 +8,14 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/model_layout.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "tests/reference_mlp.h"
 #include "worker/backend.h"
 #include "worker/backend_choice.h"
 
@@ -26,82 +29,6 @@ constexpr double kGradAtol = 1e-4;
 constexpr double kGradRtol = 1e-3;
 constexpr double kFiniteDiffH = 1e-4;
 constexpr double kLossTol = 1e-5;
-
-struct Batch {
-  std::vector<float> x;         // (n, input_dim)
-  std::vector<int32_t> labels;  // (n)
-};
-
-Batch RandomBatch(const ModelLayout& layout, int n, uint64_t seed) {
-  Rng rng(seed, 7);
-  Batch b;
-  b.x.resize(static_cast<size_t>(n) * layout.input_dim());
-  for (float& v : b.x) v = static_cast<float>(rng.Normal());
-  for (int i = 0; i < n; ++i) {
-    b.labels.push_back(static_cast<int32_t>(rng.Below(layout.num_classes())));
-  }
-  return b;
-}
-
-std::vector<double> ToDouble(const std::vector<float>& v) {
-  return std::vector<double>(v.begin(), v.end());
-}
-
-// The float64 definition of the model: h = relu(W h + b) for hidden layers,
-// logits = W h + b for the last, loss = mean over samples of
-// logsumexp(logits) - logits[label].
-struct Reference {
-  double loss = 0.0;           // mean over the batch
-  std::vector<double> losses;  // (n) per sample
-  std::vector<double> logits;  // (n, C)
-  std::vector<char> active;    // every hidden pre-activation > 0, in order
-};
-
-Reference RefForward(const ModelLayout& layout, const std::vector<double>& p,
-                     const Batch& batch) {
-  const std::vector<int>& d = layout.dims();
-  const int L = layout.num_layers();
-  const int n = static_cast<int>(batch.labels.size());
-  const int C = layout.num_classes();
-  Reference ref;
-  for (int s = 0; s < n; ++s) {
-    std::vector<double> h(batch.x.begin() + static_cast<size_t>(s) * d[0],
-                          batch.x.begin() + static_cast<size_t>(s + 1) * d[0]);
-    for (int l = 0; l < L; ++l) {
-      const double* w = p.data() + layout.weight(l).offset;  // (out, in)
-      const double* b = p.data() + layout.bias(l).offset;    // (out)
-      std::vector<double> y(d[l + 1]);
-      for (int o = 0; o < d[l + 1]; ++o) {
-        double acc = b[o];
-        for (int i = 0; i < d[l]; ++i) acc += w[o * d[l] + i] * h[i];
-        if (l + 1 < L) {
-          ref.active.push_back(acc > 0.0);
-          acc = acc > 0.0 ? acc : 0.0;
-        }
-        y[o] = acc;
-      }
-      h = std::move(y);
-    }
-    double m = h[0];
-    for (double z : h) m = std::max(m, z);
-    double sum = 0.0;
-    for (double z : h) sum += std::exp(z - m);
-    const double loss = m + std::log(sum) - h[batch.labels[s]];
-    ref.losses.push_back(loss);
-    ref.loss += loss / n;
-    ref.logits.insert(ref.logits.end(), h.begin(), h.begin() + C);
-  }
-  return ref;
-}
-
-std::string ParamName(const ModelLayout& layout, int64_t k) {
-  for (const TensorInfo& t : layout.tensors()) {
-    if (k >= t.offset && k < t.offset + t.size) {
-      return t.name + "[" + std::to_string(k - t.offset) + "]";
-    }
-  }
-  return "?";
-}
 
 std::unique_ptr<Backend> MakeCpu(const ModelLayout& layout, int max_batch) {
   BackendOptions options;
@@ -119,7 +46,7 @@ std::unique_ptr<Backend> MakeCpu(const ModelLayout& layout, int max_batch) {
 // derivative) are skipped and counted in *skipped.
 int CountGradientMismatches(const ModelLayout& layout,
                             const std::vector<float>& params,
-                            const Batch& batch, int max_batch,
+                            const MlpBatch& batch, int max_batch,
                             std::vector<int64_t> which, int* skipped) {
   std::unique_ptr<Backend> backend = MakeCpu(layout, max_batch);
   if (backend == nullptr) return -1;
@@ -135,27 +62,21 @@ int CountGradientMismatches(const ModelLayout& layout,
   if (which.empty()) {
     for (int64_t k = 0; k < layout.num_params(); ++k) which.push_back(k);
   }
-  std::vector<double> p = ToDouble(params);
-  const std::vector<char> active = RefForward(layout, p, batch).active;
+  const std::vector<std::optional<double>> want =
+      CentralDifferences(layout, ToDouble(params), batch, which, kFiniteDiffH);
   int mismatches = 0;
   *skipped = 0;
-  for (int64_t k : which) {
-    const double saved = p[k];
-    p[k] = saved + kFiniteDiffH;
-    const Reference plus = RefForward(layout, p, batch);
-    p[k] = saved - kFiniteDiffH;
-    const Reference minus = RefForward(layout, p, batch);
-    p[k] = saved;
-    if (plus.active != active || minus.active != active) {
+  for (size_t i = 0; i < which.size(); ++i) {
+    if (!want[i].has_value()) {
       ++*skipped;
       continue;
     }
-    const double ref = (plus.loss - minus.loss) / (2.0 * kFiniteDiffH);
-    const double got = grad[k];
+    const double ref = *want[i];
+    const double got = grad[which[i]];
     if (!(std::fabs(got - ref) <= kGradAtol + kGradRtol * std::fabs(ref))) {
       if (mismatches < 10) {
         std::printf("  mismatch %s: backend %.8g, float64 reference %.8g\n",
-                    ParamName(layout, k).c_str(), got, ref);
+                    ParamName(layout, which[i]).c_str(), got, ref);
       }
       ++mismatches;
     }
@@ -176,7 +97,7 @@ const ModelLayout& SmallNet() {
 TEST(CpuBackendTest, GradientsMatchFloat64CentralDifferences) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 11);
-  const Batch batch = RandomBatch(layout, 6, 12);
+  const MlpBatch batch = RandomMlpBatch(layout, 6, 12);
   int skipped = 0;
   EXPECT_EQ(CountGradientMismatches(layout, params, batch, 8, {}, &skipped), 0);
   // Guard against a vacuous pass: almost every parameter must be checked.
@@ -186,7 +107,7 @@ TEST(CpuBackendTest, GradientsMatchFloat64CentralDifferences) {
 TEST(CpuBackendTest, GradientsMatchOnADeeperNetWithOddSizes) {
   const ModelLayout layout = ModelLayout::Mlp({13, 17, 3, 9, 5});
   const std::vector<float> params = InitParams(layout, 21);
-  const Batch batch = RandomBatch(layout, 5, 22);
+  const MlpBatch batch = RandomMlpBatch(layout, 5, 22);
   int skipped = 0;
   EXPECT_EQ(CountGradientMismatches(layout, params, batch, 5, {}, &skipped), 0);
   EXPECT_LE(skipped, layout.num_params() / 10);
@@ -195,7 +116,7 @@ TEST(CpuBackendTest, GradientsMatchOnADeeperNetWithOddSizes) {
 TEST(CpuBackendTest, GradientsMatchWithoutHiddenLayers) {
   const ModelLayout layout = ModelLayout::Mlp({6, 4});  // softmax regression
   const std::vector<float> params = InitParams(layout, 31);
-  const Batch batch = RandomBatch(layout, 3, 32);
+  const MlpBatch batch = RandomMlpBatch(layout, 3, 32);
   int skipped = 0;
   EXPECT_EQ(CountGradientMismatches(layout, params, batch, 4, {}, &skipped), 0);
   EXPECT_EQ(skipped, 0);
@@ -204,7 +125,7 @@ TEST(CpuBackendTest, GradientsMatchWithoutHiddenLayers) {
 TEST(CpuBackendTest, LossMatchesFloat64Reference) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 11);
-  const Batch batch = RandomBatch(layout, 6, 12);
+  const MlpBatch batch = RandomMlpBatch(layout, 6, 12);
   std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
   ASSERT_NE(backend, nullptr);
   ASSERT_TRUE(backend->SetWeights(params).ok());
@@ -221,7 +142,7 @@ TEST(CpuBackendTest, BatchOfOneAndMaxBatchBothWork) {
   const std::vector<float> params = InitParams(layout, 41);
   constexpr int kMaxBatch = 9;
   for (int n : {1, kMaxBatch}) {
-    const Batch batch = RandomBatch(layout, n, 42 + n);
+    const MlpBatch batch = RandomMlpBatch(layout, n, 42 + n);
     int skipped = 0;
     EXPECT_EQ(
         CountGradientMismatches(layout, params, batch, kMaxBatch, {}, &skipped),
@@ -236,7 +157,7 @@ TEST(CpuBackendTest, BatchOfOneAndMaxBatchBothWork) {
   ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> grad(layout.num_params());
   for (int n : {kMaxBatch, 1, kMaxBatch}) {
-    const Batch batch = RandomBatch(layout, n, 42 + n);
+    const MlpBatch batch = RandomMlpBatch(layout, n, 42 + n);
     absl::StatusOr<float> loss =
         backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
     ASSERT_TRUE(loss.ok()) << loss.status();
@@ -349,7 +270,7 @@ TEST(CpuBackendTest, EvaluateMatchesReferenceArgmaxAndLoss) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 51);
   // 21 samples with max_batch 8: chunks of 8, 8 and 5.
-  const Batch batch = RandomBatch(layout, 21, 52);
+  const MlpBatch batch = RandomMlpBatch(layout, 21, 52);
   std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
   ASSERT_NE(backend, nullptr);
   ASSERT_TRUE(backend->SetWeights(params).ok());
@@ -401,7 +322,7 @@ TEST(CpuBackendTest, EvaluateTiesGoToTheLowestClass) {
 TEST(CpuBackendTest, EvaluateAgreesWithForwardBackwardLoss) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 61);
-  const Batch batch = RandomBatch(layout, 8, 62);
+  const MlpBatch batch = RandomMlpBatch(layout, 8, 62);
   std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
   ASSERT_NE(backend, nullptr);
   ASSERT_TRUE(backend->SetWeights(params).ok());
@@ -416,8 +337,8 @@ TEST(CpuBackendTest, EvaluateAgreesWithForwardBackwardLoss) {
 TEST(CpuBackendTest, SameInputGivesBitwiseIdenticalGradients) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> params = InitParams(layout, 71);
-  const Batch batch = RandomBatch(layout, 32, 72);
-  const Batch other = RandomBatch(layout, 64, 73);
+  const MlpBatch batch = RandomMlpBatch(layout, 32, 72);
+  const MlpBatch other = RandomMlpBatch(layout, 64, 73);
   std::unique_ptr<Backend> backend = MakeCpu(layout, 64);
   ASSERT_NE(backend, nullptr);
   ASSERT_TRUE(backend->SetWeights(params).ok());
@@ -443,7 +364,7 @@ TEST(CpuBackendTest, SameInputGivesBitwiseIdenticalGradients) {
 TEST(CpuBackendTest, TakeWeightsIsSetWeightsWithoutTheCopy) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> params = InitParams(layout, 81);
-  const Batch batch = RandomBatch(layout, 16, 82);
+  const MlpBatch batch = RandomMlpBatch(layout, 16, 82);
   std::unique_ptr<Backend> set = MakeCpu(layout, 16);
   std::unique_ptr<Backend> taken = MakeCpu(layout, 16);
   ASSERT_TRUE(set != nullptr && taken != nullptr);
@@ -500,7 +421,7 @@ TEST(CpuBackendTest, ViewedWeightsGiveTheGradientsOfOwnedOnesBitForBit) {
   ASSERT_TRUE(owned->SetWeights(params).ok());
   const int64_t n = layout.num_params();
   for (int batch : {1, 7, 64}) {
-    const Batch b = RandomBatch(layout, batch, 92 + batch);
+    const MlpBatch b = RandomMlpBatch(layout, batch, 92 + batch);
     std::vector<float> want(n);
     auto want_loss =
         owned->ForwardBackward(b.x, b.labels, absl::MakeSpan(want));
@@ -535,7 +456,7 @@ TEST(CpuBackendTest, AViewIsReadWhereItLies) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> first = InitParams(layout, 93);
   const std::vector<float> second = InitParams(layout, 94);
-  const Batch b = RandomBatch(layout, 8, 95);
+  const MlpBatch b = RandomMlpBatch(layout, 8, 95);
   const int64_t n = layout.num_params();
   std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
   ASSERT_TRUE(backend != nullptr);
@@ -587,7 +508,7 @@ TEST(CpuBackendTest, AViewOfTheWrongShapeIsInvalidArgument) {
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(wrong.message().find("fc2.weight"), std::string::npos) << wrong;
   // Neither counts as weights.
-  const Batch b = RandomBatch(layout, 2, 96);
+  const MlpBatch b = RandomMlpBatch(layout, 2, 96);
   std::vector<float> g(layout.num_params());
   EXPECT_EQ(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g))
                 .status()
@@ -642,7 +563,7 @@ TEST(CpuBackendTest, SimpleNetLossAtInitIsNearLn10) {
   // Pixel-like inputs in [0, 1) with uniform labels: at PyTorch's default
   // init the logits are small, so the softmax is near uniform.
   Rng rng(82, 0);
-  Batch batch;
+  MlpBatch batch;
   for (int i = 0; i < 256 * 784; ++i) {
     batch.x.push_back(static_cast<float>(rng.Uniform()));
   }
@@ -666,7 +587,7 @@ TEST(CpuBackendTest, SimpleNetGradientSpotCheck) {
   // all six tensors (first and last entry of each, the rest at random).
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> params = InitParams(layout, 91);
-  const Batch batch = RandomBatch(layout, 4, 92);
+  const MlpBatch batch = RandomMlpBatch(layout, 4, 92);
   std::vector<int64_t> which;
   Rng rng(93, 0);
   for (const TensorInfo& t : layout.tensors()) {
