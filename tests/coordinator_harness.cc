@@ -38,8 +38,9 @@ std::unique_ptr<StepCoordinator> MakeTestCoordinator(
 }
 
 absl::StatusOr<StepCoordinator::Registration> RegisterRank(
-    StepCoordinator& c, int rank, const DataFingerprint& data) {
-  return c.Register(rank, c.layout().Fingerprint(), data);
+    StepCoordinator& c, int rank, const DataFingerprint& data,
+    absl::string_view worker_id) {
+  return c.Register(rank, c.layout().Fingerprint(), data, worker_id);
 }
 
 std::string WireBytes(absl::Span<const float> values, Encoding e) {

@@ -50,9 +50,11 @@ struct CoordinatorSetup {
 std::unique_ptr<StepCoordinator> MakeTestCoordinator(
     const ModelLayout& layout, const CoordinatorSetup& setup = {});
 
-// Registers `rank` with the coordinator's model and `data`.
+// Registers `rank` (or kAnyRank) with the coordinator's model and `data`,
+// from the process `worker_id`.
 absl::StatusOr<StepCoordinator::Registration> RegisterRank(
-    StepCoordinator& c, int rank, const DataFingerprint& data = kTestData);
+    StepCoordinator& c, int rank, const DataFingerprint& data = kTestData,
+    absl::string_view worker_id = {});
 
 // `values` as they travel in encoding `e`.
 std::string WireBytes(absl::Span<const float> values,
