@@ -125,23 +125,24 @@ TEST(StepCoordinatorTest, Bf16WeightsAreTheFloat32WeightsRounded) {
                std::vector<float>(kept.begin() + 1, kept.begin() + 5)));
 }
 
-// Coordinators of `shards` shards of `layout`, each with its range of the
-// same initial state, every rank registered.
-std::vector<std::unique_ptr<StepCoordinator>> MakeShards(
-    const ModelLayout& layout, int shards) {
-  std::vector<std::unique_ptr<StepCoordinator>> out;
-  for (int k = 0; k < shards; ++k) {
-    CoordinatorSetup setup;
-    EXPECT_TRUE(MakeShardSpec(layout, shards, k, &setup.shard).ok());
-    out.push_back(MakeTestCoordinator(layout, setup));
-  }
-  return out;
+// The sharded tests' model.
+const ModelLayout& Layout() {
+  static const ModelLayout* l = new ModelLayout(ModelLayout::Mlp({40, 30, 10}));
+  return *l;
+}
+
+// Shard `index` of `count` of Layout(), with its range of the same initial
+// state as the others, every rank registered.
+std::unique_ptr<StepCoordinator> MakeShard(int index, int count) {
+  CoordinatorSetup setup;
+  EXPECT_TRUE(MakeShardSpec(Layout(), count, index, &setup.shard).ok());
+  return MakeTestCoordinator(Layout(), setup);
 }
 
 TEST(ShardedCoordinatorTest, ShardsComputeTheWholeVectorsUpdateToTheBit) {
-  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
-  auto whole = MakeTestCoordinator(layout);
-  auto shards = MakeShards(layout, 3);
+  auto whole = MakeTestCoordinator(Layout());
+  std::vector<std::unique_ptr<StepCoordinator>> shards;
+  for (int k = 0; k < 3; ++k) shards.push_back(MakeShard(k, 3));
   for (int step = 0; step < 5; ++step) {
     PushStep(*whole, step);
     for (auto& s : shards) PushStep(*s, step);
@@ -161,13 +162,12 @@ TEST(ShardedCoordinatorTest, ShardsComputeTheWholeVectorsUpdateToTheBit) {
 }
 
 TEST(ShardedCoordinatorTest, RangesOutsideTheShardAreRefusedChangingNothing) {
-  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
-  auto shards = MakeShards(layout, 2);
-  StepCoordinator& second = *shards[1];
+  auto shard = MakeShard(1, 2);
+  StepCoordinator& second = *shard;
   const ParamRange mine = second.shard().range;
   const auto before = second.Observe();
   // The whole vector, the first shard's range, a range across the cut.
-  const std::vector<float> g = TestGradient(layout, 0, 0);
+  const std::vector<float> g = TestGradient(Layout(), 0, 0);
   EXPECT_EQ(second.Push(0, 0, 0, WireBytes(g), 1.0f).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(
@@ -191,12 +191,11 @@ TEST(ShardedCoordinatorTest, RangesOutsideTheShardAreRefusedChangingNothing) {
 // Errors name a value by its index in the whole vector, whether the
 // gradient is kept (rank 0) or added to the sum as it is read (rank 1).
 TEST(ShardedCoordinatorTest, ABadValueIsNamedByItsIndexInTheWholeVector) {
-  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
-  auto shards = MakeShards(layout, 2);
-  StepCoordinator& c = *shards[1];
+  auto shard = MakeShard(1, 2);
+  StepCoordinator& c = *shard;
   const ParamRange range = c.shard().range;
   for (int rank : {0, 1}) {
-    const std::vector<float> g = TestGradient(layout, rank, 0);
+    const std::vector<float> g = TestGradient(Layout(), rank, 0);
     std::vector<float> mine(g.begin() + range.offset, g.begin() + range.end());
     mine[5] = std::numeric_limits<float>::quiet_NaN();
     const auto before = c.Observe();
@@ -212,9 +211,8 @@ TEST(ShardedCoordinatorTest, ABadValueIsNamedByItsIndexInTheWholeVector) {
 }
 
 TEST(ShardedCoordinatorTest, TheVersionBeforeIsServedAfterAnUpdate) {
-  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
-  auto shards = MakeShards(layout, 2);
-  StepCoordinator& c = *shards[0];
+  auto shard = MakeShard(0, 2);
+  StepCoordinator& c = *shard;
   const ParamRange range = c.shard().range;
   EXPECT_FALSE(c.Status().holds_previous);
   EXPECT_EQ(c.Pull(0, range.offset, 0, int64_t{-1}).status().code(),
@@ -235,9 +233,8 @@ TEST(ShardedCoordinatorTest, TheVersionBeforeIsServedAfterAnUpdate) {
 }
 
 TEST(ShardedCoordinatorTest, RewindRestoresAStateAndEndsTheWaits) {
-  const ModelLayout layout = ModelLayout::Mlp({40, 30, 10});
-  auto shards = MakeShards(layout, 2);
-  StepCoordinator& c = *shards[1];
+  auto shard = MakeShard(1, 2);
+  StepCoordinator& c = *shard;
   const ParamRange range = c.shard().range;
   const TrainingState at0 = c.Snapshot();
   PushStep(c, 0);
