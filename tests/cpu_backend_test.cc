@@ -39,6 +39,20 @@ std::unique_ptr<Backend> MakeCpu(const ModelLayout& layout, int max_batch) {
   return b.ok() ? std::move(b).value() : nullptr;
 }
 
+// The same, holding `params`.
+std::unique_ptr<Backend> MakeCpu(const ModelLayout& layout, int max_batch,
+                                 const std::vector<float>& params) {
+  std::unique_ptr<Backend> b = MakeCpu(layout, max_batch);
+  if (b != nullptr) EXPECT_TRUE(b->SetWeights(params).ok());
+  return b;
+}
+
+// The backend's mean loss on `batch`, its gradient into *grad (num_params).
+absl::StatusOr<float> LossAndGradient(Backend& backend, const MlpBatch& batch,
+                                      std::vector<float>* grad) {
+  return backend.ForwardBackward(batch.x, batch.labels, absl::MakeSpan(*grad));
+}
+
 // Compares the backend's gradient on `batch` with float64 central differences
 // at the parameters listed in `which` (all when empty). Prints the first
 // mismatches and returns how many there were. Parameters whose +-h
@@ -48,14 +62,12 @@ int CountGradientMismatches(const ModelLayout& layout,
                             const std::vector<float>& params,
                             const MlpBatch& batch, int max_batch,
                             std::vector<int64_t> which, int* skipped) {
-  std::unique_ptr<Backend> backend = MakeCpu(layout, max_batch);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, max_batch, params);
   if (backend == nullptr) return -1;
-  EXPECT_TRUE(backend->SetWeights(params).ok());
   // NaN everywhere first: an entry the backend forgets to write shows up.
   std::vector<float> grad(layout.num_params(),
                           std::numeric_limits<float>::quiet_NaN());
-  absl::StatusOr<float> loss =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
   EXPECT_TRUE(loss.ok()) << loss.status();
   if (!loss.ok()) return -1;
 
@@ -126,12 +138,10 @@ TEST(CpuBackendTest, LossMatchesFloat64Reference) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 11);
   const MlpBatch batch = RandomMlpBatch(layout, 6, 12);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> grad(layout.num_params());
-  absl::StatusOr<float> loss =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
   ASSERT_TRUE(loss.ok()) << loss.status();
   const double ref = RefForward(layout, ToDouble(params), batch).loss;
   EXPECT_NEAR(*loss, ref, kLossTol);
@@ -152,14 +162,12 @@ TEST(CpuBackendTest, BatchOfOneAndMaxBatchBothWork) {
   }
   // Both sizes through one backend, largest first, so stale rows of a bigger
   // batch cannot leak into a smaller one.
-  std::unique_ptr<Backend> backend = MakeCpu(layout, kMaxBatch);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, kMaxBatch, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> grad(layout.num_params());
   for (int n : {kMaxBatch, 1, kMaxBatch}) {
     const MlpBatch batch = RandomMlpBatch(layout, n, 42 + n);
-    absl::StatusOr<float> loss =
-        backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+    absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_NEAR(*loss, RefForward(layout, ToDouble(params), batch).loss,
                 kLossTol)
@@ -271,9 +279,8 @@ TEST(CpuBackendTest, EvaluateMatchesReferenceArgmaxAndLoss) {
   const std::vector<float> params = InitParams(layout, 51);
   // 21 samples with max_batch 8: chunks of 8, 8 and 5.
   const MlpBatch batch = RandomMlpBatch(layout, 21, 52);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   absl::StatusOr<EvalResult> got = backend->Evaluate(batch.x, batch.labels);
   ASSERT_TRUE(got.ok()) << got.status();
 
@@ -323,12 +330,10 @@ TEST(CpuBackendTest, EvaluateAgreesWithForwardBackwardLoss) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 61);
   const MlpBatch batch = RandomMlpBatch(layout, 8, 62);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> grad(layout.num_params());
-  absl::StatusOr<float> loss =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
   absl::StatusOr<EvalResult> eval = backend->Evaluate(batch.x, batch.labels);
   ASSERT_TRUE(loss.ok() && eval.ok());
   EXPECT_NEAR(eval->loss_sum / eval->count, *loss, 1e-6);
@@ -339,19 +344,14 @@ TEST(CpuBackendTest, SameInputGivesBitwiseIdenticalGradients) {
   const std::vector<float> params = InitParams(layout, 71);
   const MlpBatch batch = RandomMlpBatch(layout, 32, 72);
   const MlpBatch other = RandomMlpBatch(layout, 64, 73);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 64);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 64, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> first(layout.num_params()), second(layout.num_params()),
       scratch(layout.num_params());
-  absl::StatusOr<float> loss1 =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(first));
+  absl::StatusOr<float> loss1 = LossAndGradient(*backend, batch, &first);
   // A different, larger batch in between must leave no trace.
-  ASSERT_TRUE(
-      backend->ForwardBackward(other.x, other.labels, absl::MakeSpan(scratch))
-          .ok());
-  absl::StatusOr<float> loss2 =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(second));
+  ASSERT_TRUE(LossAndGradient(*backend, other, &scratch).ok());
+  absl::StatusOr<float> loss2 = LossAndGradient(*backend, batch, &second);
   ASSERT_TRUE(loss1.ok() && loss2.ok());
   EXPECT_EQ(std::memcmp(&*loss1, &*loss2, sizeof(float)), 0);
   int64_t differing = 0;
@@ -373,8 +373,8 @@ TEST(CpuBackendTest, TakeWeightsIsSetWeightsWithoutTheCopy) {
   ASSERT_TRUE(taken->TakeWeights(&buffer).ok());
   EXPECT_EQ(buffer.size(), params.size()) << "a same-sized buffer comes back";
   std::vector<float> g1(layout.num_params()), g2(layout.num_params());
-  auto l1 = set->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g1));
-  auto l2 = taken->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g2));
+  auto l1 = LossAndGradient(*set, batch, &g1);
+  auto l2 = LossAndGradient(*taken, batch, &g2);
   ASSERT_TRUE(l1.ok() && l2.ok());
   EXPECT_EQ(*l1, *l2);
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0);
@@ -383,7 +383,7 @@ TEST(CpuBackendTest, TakeWeightsIsSetWeightsWithoutTheCopy) {
   EXPECT_EQ(taken->TakeWeights(&shorter).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(shorter.size(), layout.num_params() - 1);
-  auto l3 = taken->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g2));
+  auto l3 = LossAndGradient(*taken, batch, &g2);
   ASSERT_TRUE(l3.ok());
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0);
 }
@@ -423,8 +423,7 @@ TEST(CpuBackendTest, ViewedWeightsGiveTheGradientsOfOwnedOnesBitForBit) {
   for (int batch : {1, 7, 64}) {
     const MlpBatch b = RandomMlpBatch(layout, batch, 92 + batch);
     std::vector<float> want(n);
-    auto want_loss =
-        owned->ForwardBackward(b.x, b.labels, absl::MakeSpan(want));
+    auto want_loss = LossAndGradient(*owned, b, &want);
     ASSERT_TRUE(want_loss.ok());
     auto want_eval = owned->Evaluate(b.x, b.labels);
     ASSERT_TRUE(want_eval.ok());
@@ -436,7 +435,7 @@ TEST(CpuBackendTest, ViewedWeightsGiveTheGradientsOfOwnedOnesBitForBit) {
           ScatteredTensors(layout, params, skew, &memory);
       ASSERT_TRUE(viewed->ViewWeights(tensors).ok());
       std::vector<float> got(n, NAN);
-      auto loss = viewed->ForwardBackward(b.x, b.labels, absl::MakeSpan(got));
+      auto loss = LossAndGradient(*viewed, b, &got);
       ASSERT_TRUE(loss.ok());
       EXPECT_EQ(std::memcmp(&*loss, &*want_loss, sizeof(float)), 0);
       EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
@@ -463,8 +462,7 @@ TEST(CpuBackendTest, AViewIsReadWhereItLies) {
   auto gradient = [&](const std::vector<float>& p) {
     std::vector<float> g(n);
     EXPECT_TRUE(backend->SetWeights(p).ok());
-    EXPECT_TRUE(
-        backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+    EXPECT_TRUE(LossAndGradient(*backend, b, &g).ok());
     return g;
   };
   const std::vector<float> of_first = gradient(first);
@@ -477,14 +475,14 @@ TEST(CpuBackendTest, AViewIsReadWhereItLies) {
   }
   ASSERT_TRUE(backend->ViewWeights(tensors).ok());
   std::vector<float> g(n);
-  ASSERT_TRUE(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+  ASSERT_TRUE(LossAndGradient(*backend, b, &g).ok());
   EXPECT_EQ(g, of_first);
   memory = second;  // same buffer, new values
-  ASSERT_TRUE(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+  ASSERT_TRUE(LossAndGradient(*backend, b, &g).ok());
   EXPECT_EQ(g, of_second) << "the backend computed from a copy";
   ASSERT_TRUE(backend->SetWeights(first).ok());
   std::fill(memory.begin(), memory.end(), NAN);
-  ASSERT_TRUE(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+  ASSERT_TRUE(LossAndGradient(*backend, b, &g).ok());
   EXPECT_EQ(g, of_first) << "SetWeights left the backend on the view";
 }
 
@@ -510,9 +508,7 @@ TEST(CpuBackendTest, AViewOfTheWrongShapeIsInvalidArgument) {
   // Neither counts as weights.
   const MlpBatch b = RandomMlpBatch(layout, 2, 96);
   std::vector<float> g(layout.num_params());
-  EXPECT_EQ(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g))
-                .status()
-                .code(),
+  EXPECT_EQ(LossAndGradient(*backend, b, &g).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -568,12 +564,10 @@ TEST(CpuBackendTest, SimpleNetLossAtInitIsNearLn10) {
     batch.x.push_back(static_cast<float>(rng.Uniform()));
   }
   for (int i = 0; i < 256; ++i) batch.labels.push_back(i % 10);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 256);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 256, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> grad(layout.num_params());
-  absl::StatusOr<float> loss =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
   ASSERT_TRUE(loss.ok()) << loss.status();
   std::printf("  SimpleNet loss at init: %.6f (ln 10 = %.6f)\n", *loss,
               std::log(10.0));
