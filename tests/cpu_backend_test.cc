@@ -76,23 +76,22 @@ int CountGradientMismatches(const ModelLayout& layout,
   }
   const std::vector<std::optional<double>> want =
       CentralDifferences(layout, ToDouble(params), batch, which, kFiniteDiffH);
-  int mismatches = 0;
-  *skipped = 0;
+  // The entries that are not at a kink, compared.
+  std::vector<int64_t> checked;
+  std::vector<double> got, ref;
   for (size_t i = 0; i < which.size(); ++i) {
-    if (!want[i].has_value()) {
-      ++*skipped;
-      continue;
-    }
-    const double ref = *want[i];
-    const double got = grad[which[i]];
-    if (!(std::fabs(got - ref) <= kGradAtol + kGradRtol * std::fabs(ref))) {
-      if (mismatches < 10) {
-        std::printf("  mismatch %s: backend %.8g, float64 reference %.8g\n",
-                    ParamName(layout, which[i]).c_str(), got, ref);
-      }
-      ++mismatches;
-    }
+    if (!want[i].has_value()) continue;
+    checked.push_back(which[i]);
+    got.push_back(grad[which[i]]);
+    ref.push_back(*want[i]);
   }
+  *skipped = static_cast<int>(which.size() - checked.size());
+  const int mismatches = static_cast<int>(
+      CompareWithTolerance(
+          got, ref, kGradAtol, kGradRtol,
+          [&](size_t i) { return ParamName(layout, checked[i]); }, "backend",
+          "float64 reference")
+          .mismatches);
   std::printf(
       "  batch %zu: %zu parameters checked, %d mismatches, %d skipped "
       "(ReLU kink)\n",

@@ -92,43 +92,13 @@ bool GpuUsable(std::string* why) {
   } while (0)
 
 // ---------------------------------------------------------------------------
-// Mixed-tolerance comparison that counts failures and prints the first ones.
-struct Compare {
-  int64_t mismatches = 0;
-  double max_abs = 0.0;
-  double diff_l2 = 0.0;  // sum of squared differences
-  double ref_l2 = 0.0;   // sum of squared reference values
-};
+// Comparisons (tests/reference_mlp.h's mixed tolerance).
 
-// name(i) labels entry i in the printout.
-template <typename NameFn>
-Compare CompareValues(absl::Span<const float> got, absl::Span<const float> want,
-                      double atol, double rtol, NameFn name) {
-  Compare c;
-  constexpr int kShow = 10;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double a = got[i], b = want[i];
-    const double diff = std::fabs(a - b);
-    const double tol = atol + rtol * std::fabs(b);
-    c.diff_l2 += diff * diff;
-    c.ref_l2 += b * b;
-    if (!(diff <= tol)) {  // NaN counts as a mismatch
-      if (c.mismatches < kShow) {
-        std::printf("  mismatch %s: cuda %.9g cpu %.9g |diff| %.3g > %.3g\n",
-                    name(i).c_str(), a, b, diff, tol);
-      }
-      ++c.mismatches;
-    }
-    if (diff > c.max_abs || std::isnan(diff)) c.max_abs = diff;
-  }
-  return c;
-}
-
-Compare CompareFlat(const char* what, absl::Span<const float> got,
-                    absl::Span<const float> want, double atol, double rtol) {
-  return CompareValues(got, want, atol, rtol, [&](size_t i) {
-    return absl::StrCat(what, "[", i, "]");
-  });
+Comparison CompareFlat(const char* what, absl::Span<const float> got,
+                       absl::Span<const float> want, double atol, double rtol) {
+  return CompareWithTolerance(
+      ToDouble(got), ToDouble(want), atol, rtol,
+      [&](size_t i) { return absl::StrCat(what, "[", i, "]"); }, "cuda", "cpu");
 }
 
 // Compares two flat gradients tensor by tensor; returns total mismatches.
@@ -139,7 +109,8 @@ int64_t CompareGradients(const ModelLayout& layout,
   for (const TensorInfo& t : layout.tensors()) {
     absl::Span<const float> g(got.data() + t.offset, t.size);
     absl::Span<const float> w(want.data() + t.offset, t.size);
-    const Compare c = CompareFlat(t.name.c_str(), g, w, kGradAtol, kGradRtol);
+    const Comparison c =
+        CompareFlat(t.name.c_str(), g, w, kGradAtol, kGradRtol);
     const double rel_l2 = std::sqrt(c.diff_l2 / std::max(c.ref_l2, 1e-300));
     std::printf(
         "  %-11s %7lld values: %lld mismatches, max |diff| %.3g, "

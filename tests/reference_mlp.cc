@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <limits>
 
 #include "common/random.h"
@@ -101,6 +100,31 @@ std::string ParamName(const ModelLayout& layout, int64_t k) {
     }
   }
   return "?";
+}
+
+Comparison CompareWithTolerance(absl::Span<const double> got,
+                                absl::Span<const double> want, double atol,
+                                double rtol,
+                                const std::function<std::string(size_t)>& name,
+                                const char* got_label, const char* want_label) {
+  constexpr int kShow = 10;
+  Comparison c;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double diff = std::fabs(got[i] - want[i]);
+    const double tol = atol + rtol * std::fabs(want[i]);
+    c.diff_l2 += diff * diff;
+    c.ref_l2 += want[i] * want[i];
+    if (!(diff <= tol)) {
+      if (c.mismatches < kShow) {
+        std::printf("  mismatch %s: %s %.9g %s %.9g |diff| %.3g > %.3g\n",
+                    name(i).c_str(), got_label, got[i], want_label, want[i],
+                    diff, tol);
+      }
+      ++c.mismatches;
+    }
+    if (diff > c.max_abs || std::isnan(diff)) c.max_abs = diff;
+  }
+  return c;
 }
 
 namespace {

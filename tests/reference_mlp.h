@@ -8,6 +8,7 @@
 #define DP_TESTS_REFERENCE_MLP_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +59,22 @@ std::vector<std::optional<double>> CentralDifferences(
 
 // "fc2.weight[17]": parameter k by its tensor and index there.
 std::string ParamName(const ModelLayout& layout, int64_t k);
+
+// Values against a reference with a mixed tolerance, llm.c style: entry i
+// passes when |got - want| <= atol + rtol * |want| (NaN never passes).
+struct Comparison {
+  int64_t mismatches = 0;
+  double max_abs = 0.0;  // the largest |got - want| (NaN if any is)
+  double diff_l2 = 0.0;  // sum of squared differences
+  double ref_l2 = 0.0;   // sum of squared reference values
+};
+// Prints the first 10 mismatches, each as "mismatch NAME: GOT_LABEL value
+// WANT_LABEL value |diff| d > tolerance", name(i) naming entry i.
+Comparison CompareWithTolerance(absl::Span<const double> got,
+                                absl::Span<const double> want, double atol,
+                                double rtol,
+                                const std::function<std::string(size_t)>& name,
+                                const char* got_label, const char* want_label);
 
 // n samples of N(0,1) features and uniform labels, from (seed, stream 11).
 MlpBatch RandomMlpBatch(const ModelLayout& layout, int n, uint64_t seed);
