@@ -681,9 +681,11 @@ TEST(ElasticCoordinatorTest, WithoutReassignTheStepWaitsForALostRank) {
 }
 
 TEST(ElasticCoordinatorTest, AnyRankPicksAFreeRankAndKeepsAWorkersOwn) {
-  TrainingState s;
-  s.params = InitParams(Layout(), 1);
-  StepCoordinator c(Layout(), TestJob(2, 2), s);
+  CoordinatorSetup nobody;
+  nobody.job = TestJob(2, 2);
+  nobody.registered = 0;
+  auto owned = MakeTestCoordinator(Layout(), nobody);
+  StepCoordinator& c = *owned;
   auto a = RegisterRank(c, StepCoordinator::kAnyRank, kTestData, "host/1");
   auto b = RegisterRank(c, StepCoordinator::kAnyRank, kTestData, "host/2");
   ASSERT_TRUE(a.ok() && b.ok());
@@ -701,16 +703,11 @@ TEST(ElasticCoordinatorTest, AnyRankPicksAFreeRankAndKeepsAWorkersOwn) {
 // 0's block is handed to rank 1 as well. Rank 0 then sits out the next
 // plan, and its late copy is a duplicate.
 TEST(ElasticCoordinatorTest, ALateBlockIsBackedUpByAnIdleRank) {
-  TrainingState s;
-  s.params = InitParams(Layout(), 1);
-  StepCoordinator c(Layout(), TestJob(2, 2), s);
   ElasticOptions fast;
   fast.straggler_factor = 1.5;
   fast.straggler_min_wait = absl::Milliseconds(1);
-  c.SetElastic(fast);
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(RegisterRank(c, r).ok());
-  }
+  auto owned = Started(TestJob(2, 2), 2, fast);
+  StepCoordinator& c = *owned;
   ASSERT_TRUE(PushBlock(c, 1, 0, {1, 1}).ok());
   Block handed;
   absl::Notification woken;
