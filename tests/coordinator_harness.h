@@ -52,7 +52,7 @@ std::unique_ptr<StepCoordinator> MakeTestCoordinator(
 
 // Registers `rank` (or kAnyRank) with the coordinator's model and `data`,
 // from the process `worker_id`.
-absl::StatusOr<StepCoordinator::Registration> RegisterRank(
+[[nodiscard]] absl::StatusOr<StepCoordinator::Registration> RegisterRank(
     StepCoordinator& c, int rank, const DataFingerprint& data = kTestData,
     absl::string_view worker_id = {});
 
@@ -70,7 +70,7 @@ std::vector<float> TestGradient(const ModelLayout& layout, int rank,
 
 // Rank's TestGradient of `step`, cut to the coordinator's shard range and
 // sent in `e`, pushed as its own micro-batch with loss 1.
-absl::StatusOr<StepCoordinator::PushResult> PushGradient(
+[[nodiscard]] absl::StatusOr<StepCoordinator::PushResult> PushGradient(
     StepCoordinator& c, int rank, int64_t step, Encoding e = Encoding::kF32);
 
 // Every rank of the job pushes its gradient of `step`, in rank order; a
