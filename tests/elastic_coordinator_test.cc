@@ -820,7 +820,7 @@ TEST(ElasticCoordinatorTest, AtMostBackupBlocksAStepAreHandedOut) {
 TEST(ElasticCoordinatorTest,
      AStepWithNoPushIsLateAtTheFactorTimesTheStepBefore) {
   ManualClock clock;
-  auto c = MakeOnClock(Job(2, 2), 2, &clock, /*backup_blocks=*/1);
+  auto c = MakeOnClock(TestJob(2, 2), 2, &clock, /*backup_blocks=*/1);
   // Step 0 lasts 30 ms: rank 1 pushes at 10 ms and backs up rank 0's
   // block, late at 3 x 10 ms.
   clock.Advance(absl::Milliseconds(10));
