@@ -14,6 +14,7 @@
 #include "common/parallel_for.h"
 #include "common/tensor_codec.h"
 #include "gtest/gtest.h"
+#include "tests/same_state.h"
 
 namespace dp {
 namespace {
@@ -336,11 +337,6 @@ AdamState Apply(const RandomRun& run, const AdamOptions& o, WorkerPool* pool) {
   return s;
 }
 
-bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // Each element's arithmetic does not depend on which thread runs it, and
 // the clipping norm is one sum in element order, so the pool changes no
 // bit - including for a non-power-of-two rank count (true division) and a
@@ -360,9 +356,9 @@ TEST(AdamTest, PoolsOfAnySizeGiveTheSameBitsAsNoPool) {
                        << " threads " << threads);
           WorkerPool pool(threads);
           const AdamState got = Apply(run, options[k], &pool);
-          EXPECT_TRUE(BitwiseEqual(got.p, expected.p));
-          EXPECT_TRUE(BitwiseEqual(got.m, expected.m));
-          EXPECT_TRUE(BitwiseEqual(got.v, expected.v));
+          EXPECT_TRUE(SameBits(got.p, expected.p));
+          EXPECT_TRUE(SameBits(got.m, expected.m));
+          EXPECT_TRUE(SameBits(got.v, expected.v));
         }
       }
     }
@@ -536,8 +532,8 @@ TEST(AdamTest, AddingAnEncodedGradientGivesTheBitsOfDecodingThenAdding) {
                                       with_sum ? given.data() : nullptr,
                                       kept_now, out.data(), pool),
                       -1);
-            EXPECT_TRUE(BitwiseEqual(out, expected));
-            EXPECT_TRUE(BitwiseEqual(given, sum));
+            EXPECT_TRUE(SameBits(out, expected));
+            EXPECT_TRUE(SameBits(given, sum));
           }
         }
       }
