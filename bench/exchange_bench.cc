@@ -18,9 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proto/grpc_server.h"
 #include "common/malloc_tuning.h"
 #include "common/parallel_for.h"
+#include "proto/grpc_server.h"
 #include "server/ps_service.h"
 
 namespace dp {
@@ -51,7 +51,7 @@ class UpdateAlone {
   void Run(int n, WorkerPool* threads) {
     std::vector<const float*> grads;
     for (int r = 0; r < n; ++r) grads.push_back(grads_[r].data());
-    AverageAndAdamStep(adam_, 1, grads, p_.size(), p_.data(), m_.data(),
+    AverageAndAdamStep(adam_, 1, 1, grads, p_.size(), p_.data(), m_.data(),
                        v_.data(), threads);
   }
 

@@ -140,6 +140,22 @@ Flags::Checks& Flags::Checks::NotBelow(double bound) {
   });
 }
 
+Flags::Checks& Flags::Checks::Below(double bound) {
+  Flag* f = flag_;
+  return Satisfies([name = f->name, get = f->real, value = f->value, bound] {
+    return CheckBounds({{name.c_str(), get(value), bound, /*or_equal=*/false,
+                         /*upper=*/true}});
+  });
+}
+
+Flags::Checks& Flags::Checks::NotAbove(double bound) {
+  Flag* f = flag_;
+  return Satisfies([name = f->name, get = f->real, value = f->value, bound] {
+    return CheckBounds({{name.c_str(), get(value), bound, /*or_equal=*/true,
+                         /*upper=*/true}});
+  });
+}
+
 Flags::Checks& Flags::Checks::OneOf(
     std::initializer_list<absl::string_view> choices) {
   Flag* f = flag_;
@@ -342,11 +358,15 @@ absl::Status CheckRanges(std::initializer_list<IntRange> rows) {
 absl::Status CheckBounds(std::initializer_list<RealBound> rows) {
   for (const RealBound& r : rows) {
     // NaN fails both comparisons, and infinity is no setting.
-    const bool above = r.or_equal ? r.value >= r.bound : r.value > r.bound;
-    if (above && std::isfinite(r.value)) continue;
+    const bool within =
+        r.upper ? (r.or_equal ? r.value <= r.bound : r.value < r.bound)
+                : (r.or_equal ? r.value >= r.bound : r.value > r.bound);
+    if (within && std::isfinite(r.value)) continue;
+    const char* relation =
+        r.upper ? (r.or_equal ? "<=" : "<") : (r.or_equal ? ">=" : ">");
     return absl::InvalidArgumentError(
-        absl::StrFormat("--%s must be a number %s %g, got %g", r.flag,
-                        r.or_equal ? ">=" : ">", r.bound, r.value));
+        absl::StrFormat("--%s must be a number %s %g, got %g", r.flag, relation,
+                        r.bound, r.value));
   }
   return absl::OkStatus();
 }

@@ -58,6 +58,10 @@ class Flags {
     // (NotBelow): "--name must be a number > bound, got v" (CheckBounds).
     Checks& Above(double bound);
     Checks& NotBelow(double bound);
+    // An upper bound of a floating-point flag, < bound (Below) or <= bound
+    // (NotAbove): "--name must be a number < bound, got v".
+    Checks& Below(double bound);
+    Checks& NotAbove(double bound);
     // A string flag: one of `choices` (CheckChoice).
     Checks& OneOf(std::initializer_list<absl::string_view> choices);
     // Any other check of the flag's value: OK, or INVALID_ARGUMENT naming
@@ -165,8 +169,9 @@ struct RealBound {
   double value;
   double bound;
   bool or_equal = false;  // >= bound rather than > bound
+  bool upper = false;     // below the bound: < (or <=) rather than > (>=)
 };
-// "--flag must be a number > b, got v" (or >= b).
+// "--flag must be a number > b, got v" (or >=, <, <= b).
 absl::Status CheckBounds(std::initializer_list<RealBound> rows);
 
 // "--flag must be a, b or c, got 'v'" unless value is one of `choices`.

@@ -16,16 +16,42 @@
 
 namespace dp {
 
-// torch.optim.Adam's hyper-parameters (only lr is a flag).
+// How the learning rate of each update moves: torch.optim.lr_scheduler's
+// LambdaLR stepped once after every update (server/lr_schedule.h).
+// Numbered as dp.v1.LrSchedule.
+enum class LrScheduleKind { kConstant = 0, kCosine = 1, kStep = 2 };
+
+struct LrSchedule {
+  LrScheduleKind kind = LrScheduleKind::kConstant;
+  int64_t warmup_steps = 0;  // linear warm-up over the first W updates
+  double lr_min = 0.0;       // cosine: the rate it ends at
+  int64_t step_every = 0;    // step: updates between decays (>= 1)
+  double gamma = 0.1;        // step: the factor of each decay
+  bool operator==(const LrSchedule& o) const {
+    return kind == o.kind && warmup_steps == o.warmup_steps &&
+           lr_min == o.lr_min && step_every == o.step_every && gamma == o.gamma;
+  }
+};
+
+// The optimiser's hyper-parameters: torch.optim.Adam (weight decay as L2,
+// added to the gradient) or torch.optim.AdamW (decoupled: the weights
+// shrink by lr * weight_decay before the update), the learning-rate
+// schedule and the clipping of the averaged gradient by its global L2 norm
+// (torch.nn.utils.clip_grad_norm_; 0 = off).
 struct AdamOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  bool decoupled_weight_decay = false;  // AdamW
+  LrSchedule schedule;
+  double clip_grad_norm = 0.0;
   bool operator==(const AdamOptions& o) const {
     return lr == o.lr && beta1 == o.beta1 && beta2 == o.beta2 && eps == o.eps &&
-           weight_decay == o.weight_decay;
+           weight_decay == o.weight_decay &&
+           decoupled_weight_decay == o.decoupled_weight_decay &&
+           schedule == o.schedule && clip_grad_norm == o.clip_grad_norm;
   }
 };
 

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
-#include "proto/wire.h"
 #include "proto/checkpoint.pb.h"
+#include "proto/wire.h"
 
 namespace dp {
 namespace {
@@ -96,6 +96,12 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(const ModelLayout& layout,
   if (proto.model_fingerprint() != layout.Fingerprint()) {
     return absl::FailedPreconditionError(
         "the checkpoint holds a different model");
+  }
+  // A schedule this build does not know would run as another one.
+  if (!dp::v1::LrSchedule_IsValid(proto.config().optimizer().lr_schedule())) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the checkpoint's learning-rate schedule %d is none this dp-ps knows",
+        proto.config().optimizer().lr_schedule()));
   }
   Checkpoint c;
   c.config = FromProto(proto.config());

@@ -26,6 +26,20 @@ void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
   out->set_dataset(config.dataset);
   for (int width : config.layers) out->add_layers(width);
   out->set_lr(config.adam.lr);
+  const AdamOptions& adam = config.adam;
+  dp::v1::Optimizer* optimizer = out->mutable_optimizer();
+  optimizer->set_adamw(adam.decoupled_weight_decay);
+  optimizer->set_beta1(adam.beta1);
+  optimizer->set_beta2(adam.beta2);
+  optimizer->set_eps(adam.eps);
+  optimizer->set_weight_decay(adam.weight_decay);
+  optimizer->set_lr_schedule(
+      static_cast<dp::v1::LrSchedule>(adam.schedule.kind));
+  optimizer->set_warmup_steps(adam.schedule.warmup_steps);
+  optimizer->set_lr_min(adam.schedule.lr_min);
+  optimizer->set_lr_step_every(adam.schedule.step_every);
+  optimizer->set_lr_gamma(adam.schedule.gamma);
+  optimizer->set_clip_grad_norm(adam.clip_grad_norm);
   out->set_grad_encoding(ToProto(config.grad_encoding));
   out->set_weight_encoding(ToProto(config.weight_encoding));
 }
@@ -46,6 +60,21 @@ JobConfig FromProto(const dp::v1::JobConfig& c) {
     config.layers.assign(c.layers().begin(), c.layers().end());
   }
   config.adam.lr = c.lr();
+  if (c.has_optimizer()) {
+    const dp::v1::Optimizer& o = c.optimizer();
+    AdamOptions& adam = config.adam;
+    adam.decoupled_weight_decay = o.adamw();
+    adam.beta1 = o.beta1();
+    adam.beta2 = o.beta2();
+    adam.eps = o.eps();
+    adam.weight_decay = o.weight_decay();
+    adam.schedule.kind = static_cast<LrScheduleKind>(o.lr_schedule());
+    adam.schedule.warmup_steps = o.warmup_steps();
+    adam.schedule.lr_min = o.lr_min();
+    adam.schedule.step_every = o.lr_step_every();
+    adam.schedule.gamma = o.lr_gamma();
+    adam.clip_grad_norm = o.clip_grad_norm();
+  }
   config.grad_encoding = FromProto(c.grad_encoding());
   config.weight_encoding = FromProto(c.weight_encoding());
   return config;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/status_macros.h"
+#include "server/lr_schedule.h"
 
 namespace dp {
 namespace {
@@ -18,6 +19,10 @@ constexpr int64_t kBlock = 512;
 struct Coefficients {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, wd, eps, neg_step_size,
       bc2_sqrt, count, inv_count;
+  // The averaged gradient's clipping factor and AdamW's decay of the
+  // weights: 1 when off, and x * 1 is x exactly, so the default update's
+  // bits do not move.
+  float clip, decay;
 };
 
 // g[0, n) = the sum of ranks [first, first + kRanks) at offset b, added in
@@ -86,9 +91,14 @@ __attribute__((always_inline)) inline void AverageAndUpdateRange(
     float* __restrict v = v_all + b;
     for (int64_t i = 0; i < n; ++i) {
       float gi = kMultiply ? g[i] * c.inv_count : g[i] / c.count;
+      // clip_grad_norm_'s grad.mul_(clip_coef_clamped), before the step.
+      gi *= c.clip;
+      // AdamW's param.mul_(1 - lr * weight_decay), before anything reads p.
+      p[i] *= c.decay;
       // torch.optim.Adam 1.13, operation by operation, as its AVX2 kernels
       // round them. grad.add(param, alpha=wd) and add_(grad, alpha) are
-      // vec::fmadd, one rounding; wd is 0 by default (adds +-0: exact).
+      // vec::fmadd, one rounding; wd is 0 by default and for AdamW (adds
+      // +-0: exact).
       gi = std::fma(p[i], c.wd, gi);
       // exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
       m[i] = std::fma(gi, c.one_minus_beta1, m[i] * c.beta1);
@@ -228,24 +238,70 @@ int64_t AddEncodedRangeBaseline(Encoding e, const EncodedSum& a, int64_t begin,
 
 namespace {
 
+// The sum of the squares of the averaged gradient's n values, in double,
+// element by element in order (the flat layout: tensor after tensor), so it
+// is one number whatever the pool. Each value is the float average the
+// update computes: the partial sums in rank order, then divided by `ranks`
+// (multiplied by its inverse for a power of two, which rounds the same).
+// A float's square is exact in double, so only the additions round.
+double SumOfSquaresOfAverage(absl::Span<const float* const> grads, size_t ranks,
+                             int64_t n) {
+  const auto count = static_cast<float>(ranks);
+  const float inv_count = 1.0f / count;
+  const bool multiply = IsPowerOfTwo(count);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    float s = grads[0][i];
+    for (size_t r = 1; r < grads.size(); ++r) s += grads[r][i];
+    const double g = multiply ? s * inv_count : s / count;
+    sum += g * g;
+  }
+  return sum;
+}
+
+// clip_grad_norm_(params, max_norm)'s factor for a gradient of global L2
+// norm sqrt(sum_of_squares): min(1, max_norm / (norm + 1e-6)), in float32
+// as torch computes it from its float32 norm (max_norm / tensor is
+// tensor.reciprocal() * max_norm).
+float ClipFactor(double max_norm, double sum_of_squares) {
+  const auto norm = static_cast<float>(std::sqrt(sum_of_squares));
+  const float coef =
+      (1.0f / (norm + static_cast<float>(1e-6))) * static_cast<float>(max_norm);
+  return std::min(coef, 1.0f);
+}
+
 // AverageAndAdamStep over `grads`, partial sums in rank order of `ranks`
 // gradients in all.
-void SumAndAdamStep(const AdamOptions& o, int64_t t,
+void SumAndAdamStep(const AdamOptions& o, int64_t t, int64_t total_steps,
                     absl::Span<const float* const> grads, size_t ranks,
                     int64_t n, float* params, float* m, float* v,
                     WorkerPool* pool) {
   DP_CHECK(t >= 1 && !grads.empty() && ranks >= grads.size());
+  // The schedule counts updates from 0, Adam from 1.
+  const double lr = ScheduledLr(o, t - 1, total_steps);
+  const float clip =
+      o.clip_grad_norm > 0.0
+          ? ClipFactor(o.clip_grad_norm, SumOfSquaresOfAverage(grads, ranks, n))
+          : 1.0f;
+  const bool adamw = o.decoupled_weight_decay;
   // Bias corrections in double, as torch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
   // Like torch, scalars are Python floats (double) cast to float by the
   // kernels: 1 - beta1 is computed in double, then rounded.
   const Coefficients c{
-      static_cast<float>(o.beta1),        static_cast<float>(1.0 - o.beta1),
-      static_cast<float>(o.beta2),        static_cast<float>(1.0 - o.beta2),
-      static_cast<float>(o.weight_decay), static_cast<float>(o.eps),
-      static_cast<float>(-(o.lr / bc1)),  static_cast<float>(std::sqrt(bc2)),
-      static_cast<float>(ranks),          1.0f / static_cast<float>(ranks)};
+      static_cast<float>(o.beta1),
+      static_cast<float>(1.0 - o.beta1),
+      static_cast<float>(o.beta2),
+      static_cast<float>(1.0 - o.beta2),
+      adamw ? 0.0f : static_cast<float>(o.weight_decay),
+      static_cast<float>(o.eps),
+      static_cast<float>(-(lr / bc1)),
+      static_cast<float>(std::sqrt(bc2)),
+      static_cast<float>(ranks),
+      1.0f / static_cast<float>(ranks),
+      clip,
+      adamw ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f};
   auto update = [&](int64_t begin, int64_t end) {
     AverageAndUpdate(c, grads.data(), grads.size(), begin, end, params, m, v);
   };
@@ -259,10 +315,10 @@ void SumAndAdamStep(const AdamOptions& o, int64_t t,
 
 }  // namespace
 
-void AverageAndAdamStep(const AdamOptions& o, int64_t t,
+void AverageAndAdamStep(const AdamOptions& o, int64_t t, int64_t total_steps,
                         absl::Span<const float* const> grads, int64_t n,
                         float* params, float* m, float* v, WorkerPool* pool) {
-  SumAndAdamStep(o, t, grads, grads.size(), n, params, m, v, pool);
+  SumAndAdamStep(o, t, total_steps, grads, grads.size(), n, params, m, v, pool);
 }
 
 int64_t AddEncodedToSum(Encoding e, const char* bytes, int64_t n, float limit,
@@ -286,12 +342,12 @@ int64_t AddEncodedToSum(Encoding e, const char* bytes, int64_t n, float limit,
   return bad < n ? bad : -1;
 }
 
-void AdamStepOnSum(const AdamOptions& o, int64_t t, const float* sum, int count,
-                   int64_t n, float* params, float* m, float* v,
-                   WorkerPool* pool) {
+void AdamStepOnSum(const AdamOptions& o, int64_t t, int64_t total_steps,
+                   const float* sum, int count, int64_t n, float* params,
+                   float* m, float* v, WorkerPool* pool) {
   const float* const grads[] = {sum};
-  SumAndAdamStep(o, t, grads, static_cast<size_t>(count), n, params, m, v,
-                 pool);
+  SumAndAdamStep(o, t, total_steps, grads, static_cast<size_t>(count), n,
+                 params, m, v, pool);
 }
 
 }  // namespace dp

@@ -13,14 +13,21 @@ namespace dp {
 
 // Averages `grads` (each n floats) in the order given - rank order, so the
 // result never depends on arrival order - and applies Adam step `t` (1-based)
-// to params, m and v (n floats each), exactly as torch.optim.Adam's
-// single-tensor path (PyTorch 1.13, CPU), rounding for rounding:
-//   g = (grads[0] + grads[1] + ...) / N;  g = fma(p, weight_decay, g)
+// of a job of `total_steps` to params, m and v (n floats each), exactly as
+// torch.optim.Adam's (or AdamW's) single-tensor path (PyTorch 1.13, CPU),
+// rounding for rounding, after clip_grad_norm_ and with the rate that
+// LambdaLR gives update t - 1 (server/lr_schedule.h's ScheduledLr):
+//   g = (grads[0] + grads[1] + ...) / N;  g = g * clip
+//   Adam:  g = fma(p, weight_decay, g)     AdamW:  p = p * (1 - lr * wd)
 //   m = fma(g, 1 - beta1, m * beta1)
 //   v = fma((1 - beta2) * g, g, v * beta2)
 //   p += (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // with the scalars computed in double and rounded to float, as torch does.
-// Each buffer is read and written once.
+// clip is 1 unless clip_grad_norm > 0: then min(1, clip_grad_norm /
+// (|g| + 1e-6)) in float, |g| the global L2 norm of the average, its
+// squares summed in double in element order (a pass of its own, one
+// thread), so it too is the same for any pool. Each buffer is otherwise
+// read and written once.
 // The largest gradient value dp-ps accepts. Within it the rank sum of up to
 // 1024 gradients, its square and Adam's m, v and update all stay finite for
 // any finite state, so finite inputs can never make the weights NaN or Inf.
@@ -31,6 +38,7 @@ inline constexpr float kMaxAbsGradient = 1e15f;
 // Every element's arithmetic is the same whatever the split, so the result
 // is bit-identical for any pool size, or none.
 void AverageAndAdamStep(const AdamOptions& options, int64_t t,
+                        int64_t total_steps,
                         absl::Span<const float* const> grads, int64_t n,
                         float* params, float* m, float* v,
                         WorkerPool* pool = nullptr);
@@ -56,9 +64,9 @@ int64_t AddEncodedToSum(Encoding e, const char* bytes, int64_t n, float limit,
 // AverageAndAdamStep on a sum of `count` gradients (AddEncodedToSum; the
 // micro-batch tree's root, of K micro-batches): the same bits as
 // AverageAndAdamStep on the gradients themselves.
-void AdamStepOnSum(const AdamOptions& options, int64_t t, const float* sum,
-                   int count, int64_t n, float* params, float* m, float* v,
-                   WorkerPool* pool = nullptr);
+void AdamStepOnSum(const AdamOptions& options, int64_t t, int64_t total_steps,
+                   const float* sum, int count, int64_t n, float* params,
+                   float* m, float* v, WorkerPool* pool = nullptr);
 
 }  // namespace dp
 

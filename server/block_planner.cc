@@ -133,19 +133,26 @@ void BlockPlanner::StartStep(absl::Time start,
   backed_up_.clear();
   backups_this_step_ = 0;
   pushed_.assign(pushed_.size(), false);
+  last_step_ = start - step_start_;
   step_start_ = start;
   first_push_ = absl::InfiniteFuture();
   Plan(taking_part);
 }
 
 absl::Time BlockPlanner::LateDue() const {
-  if (backups_this_step_ >= elastic_.backup_blocks ||
-      first_push_ == absl::InfiniteFuture()) {
+  if (backups_this_step_ >= elastic_.backup_blocks) {
     return absl::InfiniteFuture();
   }
-  const absl::Duration first = first_push_ - step_start_;
+  // Without a push (every block with ranks that have not pushed, say one
+  // rank with them all), the step before is the measure.
+  absl::Duration measure = last_step_;
+  if (first_push_ != absl::InfiniteFuture()) {
+    measure = first_push_ - step_start_;
+  } else if (last_step_ <= absl::ZeroDuration()) {
+    return absl::InfiniteFuture();  // the first step: no measure yet
+  }
   return step_start_ + std::max(elastic_.straggler_min_wait,
-                                first * elastic_.straggler_factor);
+                                measure * elastic_.straggler_factor);
 }
 
 Block BlockPlanner::LateBlock(const std::vector<bool>& waiting) {

@@ -84,8 +84,9 @@ class BlockPlanner {
   void StartStep(absl::Time start, const std::vector<int>& taking_part);
 
   // When the step's next late block is due (its first push took 1/factor
-  // of it, and at least the minimum wait); InfiniteFuture when no push is
-  // in or the step's backups are used up.
+  // of it, and at least the minimum wait; before any push, the step before
+  // took 1/factor of it); InfiniteFuture on the first step before a push,
+  // or when the step's backups are used up.
   absl::Time LateDue() const;
   // The first late block: one a rank computes, not in, not backed up yet,
   // its rank not `waiting`. Empty: none (then none more this step).
@@ -110,6 +111,7 @@ class BlockPlanner {
   std::vector<bool> pushed_;      // by rank, this step
   int backups_this_step_ = 0;
   absl::Time step_start_;
+  absl::Duration last_step_;  // from the start of the step before to this
   absl::Time first_push_ = absl::InfiniteFuture();
   int last_plan_blocks_ = 0;
 };

@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
 #include "common/log.h"
+#include "server/lr_schedule.h"
 
 namespace dp {
 namespace {
@@ -25,36 +26,101 @@ namespace {
 constexpr char kPrefix[] = "ckpt-";
 constexpr char kSuffix[] = ".dpckpt";
 
+// "--flag=now (saved: was)" for each setting that differs, in the order
+// checked.
+class Differences {
+ public:
+  template <typename T>
+  void Check(const char* flag, const T& was, const T& now) {
+    if (!(was == now)) {
+      list_.push_back(
+          absl::StrCat("--", flag, "=", now, " (saved: ", was, ")"));
+    }
+  }
+  std::vector<std::string> Take() { return std::move(list_); }
+
+ private:
+  std::vector<std::string> list_;
+};
+
 }  // namespace
 
 std::string CheckpointFileName(int64_t step) {
   return absl::StrFormat("%s%012d%s", kPrefix, step, kSuffix);
 }
 
-absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted) {
-  std::vector<std::string> diffs;
-  auto check = [&diffs](const char* flag, const auto& was, const auto& now) {
-    if (!(was == now)) {
-      diffs.push_back(
-          absl::StrCat("--", flag, "=", now, " (saved: ", was, ")"));
-    }
+std::vector<std::string> HyperparameterChanges(const JobConfig& saved,
+                                               const JobConfig& wanted) {
+  const AdamOptions& was = saved.adam;
+  const AdamOptions& now = wanted.adam;
+  auto optimizer = [](const AdamOptions& o) {
+    return std::string(o.decoupled_weight_decay ? "adamw" : "adam");
   };
+  auto schedule = [](const AdamOptions& o) {
+    return std::string(LrScheduleName(o.schedule.kind));
+  };
+  auto uses = [&](LrScheduleKind kind) {
+    return was.schedule.kind == kind || now.schedule.kind == kind;
+  };
+  Differences d;
+  d.Check("optimizer", optimizer(was), optimizer(now));
+  d.Check("lr", was.lr, now.lr);
+  d.Check("beta1", was.beta1, now.beta1);
+  d.Check("beta2", was.beta2, now.beta2);
+  d.Check("eps", was.eps, now.eps);
+  d.Check("weight_decay", was.weight_decay, now.weight_decay);
+  d.Check("lr_schedule", schedule(was), schedule(now));
+  d.Check("warmup_steps", was.schedule.warmup_steps, now.schedule.warmup_steps);
+  // A schedule's own settings count only where a schedule reads them.
+  if (uses(LrScheduleKind::kCosine)) {
+    d.Check("lr_min", was.schedule.lr_min, now.schedule.lr_min);
+  }
+  if (uses(LrScheduleKind::kStep)) {
+    d.Check("lr_step_every", was.schedule.step_every, now.schedule.step_every);
+    d.Check("lr_gamma", was.schedule.gamma, now.schedule.gamma);
+  }
+  d.Check("clip_grad_norm", was.clip_grad_norm, now.clip_grad_norm);
+  // Cosine's curve spans the job: another length is another rate at every
+  // step to come. Known only once the data set's length is.
+  if (was.schedule.kind == LrScheduleKind::kCosine &&
+      now.schedule.kind == LrScheduleKind::kCosine &&
+      saved.schedule.num_samples > 0 && wanted.schedule.num_samples > 0) {
+    d.Check("epochs/--max_steps: the cosine schedule's total steps",
+            saved.schedule.total_steps(), wanted.schedule.total_steps());
+  }
+  return d.Take();
+}
+
+absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted,
+                            bool allow_hyperparameter_change) {
   // The mathematics of a step: how many workers compute it does not matter.
-  check("global_batch", saved.schedule.global_batch(),
-        wanted.schedule.global_batch());
-  check("micro_batch", saved.schedule.batch_size, wanted.schedule.batch_size);
-  check("seed", saved.schedule.seed, wanted.schedule.seed);
-  check("shuffle", saved.schedule.shuffle, wanted.schedule.shuffle);
-  check("dataset", saved.dataset, wanted.dataset);
-  check("lr", saved.adam.lr, wanted.adam.lr);
-  check("grad_encoding", EncodingName(saved.grad_encoding),
-        std::string(EncodingName(wanted.grad_encoding)));
-  check("weight_encoding", EncodingName(saved.weight_encoding),
-        std::string(EncodingName(wanted.weight_encoding)));
-  if (diffs.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("the checkpoint was written by a different job: ",
-                   absl::StrJoin(diffs, ", ")));
+  Differences d;
+  d.Check("global_batch", saved.schedule.global_batch(),
+          wanted.schedule.global_batch());
+  d.Check("micro_batch", saved.schedule.batch_size, wanted.schedule.batch_size);
+  d.Check("seed", saved.schedule.seed, wanted.schedule.seed);
+  d.Check("shuffle", saved.schedule.shuffle, wanted.schedule.shuffle);
+  d.Check("dataset", saved.dataset, wanted.dataset);
+  d.Check("grad_encoding", std::string(EncodingName(saved.grad_encoding)),
+          std::string(EncodingName(wanted.grad_encoding)));
+  d.Check("weight_encoding", std::string(EncodingName(saved.weight_encoding)),
+          std::string(EncodingName(wanted.weight_encoding)));
+  std::vector<std::string> job = d.Take();
+  std::vector<std::string> optimiser =
+      allow_hyperparameter_change ? std::vector<std::string>()
+                                  : HyperparameterChanges(saved, wanted);
+  if (!job.empty()) {
+    // Every difference, so that one attempt shows all there are to undo.
+    job.insert(job.end(), optimiser.begin(), optimiser.end());
+    return absl::FailedPreconditionError(
+        absl::StrCat("the checkpoint was written by a different job: ",
+                     absl::StrJoin(job, ", ")));
+  }
+  if (optimiser.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the checkpoint was written with other optimiser settings: ",
+      absl::StrJoin(optimiser, ", "),
+      " (--allow_hyperparameter_change resumes with the new ones)"));
 }
 
 CheckpointStore::CheckpointStore(std::string dir, ModelLayout layout, int keep,

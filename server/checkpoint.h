@@ -25,11 +25,23 @@
 
 namespace dp {
 
+// The optimiser's settings that differ between a job saved with `saved` and
+// one resumed under `wanted`, each as "--flag=now (saved: was)": --optimizer,
+// --lr, the betas, --eps, --weight_decay, the schedule (and those of its
+// settings that the old or new schedule reads), --clip_grad_norm, and, for
+// a cosine schedule with both schedules' num_samples known, the job's total
+// steps (its T). Empty when none differ.
+std::vector<std::string> HyperparameterChanges(const JobConfig& saved,
+                                               const JobConfig& wanted);
+
 // OK when a job saved with `saved` can resume under `wanted`: everything that
 // shapes the computation must match; epochs and max_steps may change, since
 // the data order of an epoch does not depend on them. FAILED_PRECONDITION
-// naming every differing setting otherwise.
-absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted);
+// naming every differing setting otherwise: first those of the job ("a
+// different job"), then, unless allow_hyperparameter_change, those of
+// HyperparameterChanges.
+absl::Status CheckResumable(const JobConfig& saved, const JobConfig& wanted,
+                            bool allow_hyperparameter_change = false);
 
 // "ckpt-000000000123.dpckpt" for step 123: names sort by step.
 std::string CheckpointFileName(int64_t step);

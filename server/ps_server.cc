@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/cpu_quota.h"
 #include "common/job_failure.h"
@@ -43,6 +44,11 @@ ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
   p.registered_workers = static_cast<int>(s.registered_ranks.size());
   p.failed = s.failed;
   return p;
+}
+
+// --save_model with "{step}" replaced by the weights' step.
+std::string ModelPath(const std::string& pattern, int64_t step) {
+  return absl::StrReplaceAll(pattern, {{"{step}", absl::StrCat(step)}});
 }
 
 }  // namespace
@@ -120,9 +126,25 @@ absl::StatusOr<std::optional<Checkpoint>> PsServer::OpenCheckpoints() {
   RETURN_IF_ERROR(store_->CheckSameModel());
   std::optional<Checkpoint> resumed = store_->LoadNewest();
   if (!resumed.has_value()) return std::nullopt;
-  if (absl::Status s = CheckResumable(resumed->config, o.config); !s.ok()) {
+  // The job's length in steps (a cosine schedule's T) needs the data set's.
+  JobConfig saved = resumed->config;
+  JobConfig wanted = o.config;
+  if (resumed->data.has_value()) {
+    saved.schedule.num_samples = resumed->data->num_samples;
+    wanted.schedule.num_samples = resumed->data->num_samples;
+  }
+  if (absl::Status s =
+          CheckResumable(saved, wanted, o.allow_hyperparameter_change);
+      !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat(o.checkpoint_dir, ": ", s.message()));
+  }
+  if (const std::vector<std::string> changes =
+          HyperparameterChanges(saved, wanted);
+      !changes.empty()) {
+    Log("--allow_hyperparameter_change: the updates from step %d on use "
+        "other optimiser settings than the checkpoint's: %s",
+        resumed->state.step, absl::StrJoin(changes, ", "));
   }
   if (resumed->shard_index != shard_.index ||
       resumed->shard_count != shard_.count) {
@@ -164,14 +186,18 @@ absl::Status PsServer::MakeCoordinator(std::optional<Checkpoint> resumed) {
           absl::StrCat("checkpoint in ", o.checkpoint_dir, ": ", s.message()));
     }
   }
-  if (store_ != nullptr) {
-    coordinator_->SetCheckpointHook(
-        o.checkpoint_every, [this](TrainingState s, uint64_t generation) {
-          store_->WriteAsync(
-              Checkpoint{options_.config, coordinator_->data(), std::move(s),
-                         shard_.index, shard_.count},
-              generation);
-        });
+  if (store_ != nullptr && o.checkpoint_every > 0) {
+    coordinator_->AddStepHook(o.checkpoint_every, [this](TrainingState s,
+                                                         uint64_t generation) {
+      store_->WriteAsync(Checkpoint{options_.config, coordinator_->data(),
+                                    std::move(s), shard_.index, shard_.count},
+                         generation);
+    });
+  }
+  if (o.save_model_every > 0) {
+    coordinator_->AddStepHook(
+        o.save_model_every,
+        [this](TrainingState s, uint64_t) { SaveModelOf(s.step, s.params); });
   }
   return absl::OkStatus();
 }
@@ -413,6 +439,21 @@ void PsServer::AwaitCollection() {
       absl::ToDoubleSeconds(options_.final_eval_timeout));
 }
 
+void PsServer::SaveModelOf(int64_t step, const std::vector<float>& params) {
+  // Hooks of two steps may run at once, on two threads: one write at a
+  // time, and never an older model over a newer one.
+  absl::MutexLock lock(&model_mu_);
+  if (step <= model_saved_step_) return;
+  const std::string path = ModelPath(options_.save_model, step);
+  if (absl::Status s = SaveSafetensors(path, layout_, params); !s.ok()) {
+    Log("cannot save the model of step %d (training goes on): %s", step,
+        s.message());
+    return;
+  }
+  model_saved_step_ = step;
+  Log("saved the model of step %d to %s", step, path);
+}
+
 absl::Status PsServer::SaveModel() {
   absl::StatusOr<std::vector<float>> weights = FinalWeights();
   // Cut short by a rollback (Run trains on) or a stop (Run drains).
@@ -423,12 +464,14 @@ absl::Status PsServer::SaveModel() {
   }
   RETURN_IF_ERROR(weights.status());
   if (options_.save_model.empty()) return absl::OkStatus();
-  if (absl::Status s = SaveSafetensors(options_.save_model, layout_, *weights);
-      !s.ok()) {
+  absl::MutexLock lock(&model_mu_);
+  const std::string path =
+      ModelPath(options_.save_model, coordinator_->Status().step);
+  if (absl::Status s = SaveSafetensors(path, layout_, *weights); !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("cannot save the model: ", s.message()));
   }
-  Log("saved the model to %s", options_.save_model);
+  Log("saved the model to %s", path);
   return absl::OkStatus();
 }
 
@@ -454,11 +497,17 @@ void PsServer::LogSummary(double seconds, bool have_eval) const {
           absl::ToDoubleMilliseconds(t.wait_time[r]) / t.applies);
     }
     const double per_step = 1.0 / t.applies;
+    // Between the first update and the last: training, not start-up.
+    const double cpu_per_step =
+        t.applies > 1
+            ? absl::ToDoubleMilliseconds(t.last_apply_cpu - t.first_apply_cpu) /
+                  (t.applies - 1)
+            : 0.0;
     Log("per step: update %.3f ms, reading pushes %.3f ms, into shared "
-        "memory %.3f ms; from push to published update:%s",
+        "memory %.3f ms, dp-ps CPU %.3f ms; from push to published update:%s",
         absl::ToDoubleMilliseconds(t.apply_time) * per_step,
         absl::ToDoubleMilliseconds(t.read_time) * per_step,
-        absl::ToDoubleMilliseconds(t.use_time) * per_step, waits);
+        absl::ToDoubleMilliseconds(t.use_time) * per_step, cpu_per_step, waits);
   }
   if (shard_.index == 0) {
     const ElasticCounts& e = s.elastic;

@@ -62,10 +62,15 @@ struct PsServerOptions {
   JobConfig config;
   std::string init_model;  // safetensors to start from instead of the seed
   std::string save_model;  // where the final weights go; empty: nowhere
+  // Also every this many steps (0: only the final weights); one dp-ps.
+  int64_t save_model_every = 0;
   absl::Duration final_eval_timeout = absl::Seconds(120);
   std::string checkpoint_dir;  // empty: no checkpoints
   int64_t checkpoint_every = 100;
   int keep_checkpoints = 3;
+  // Resume from a checkpoint whose optimiser settings differ from config's
+  // (logged); false refuses it (CheckResumable).
+  bool allow_hyperparameter_change = false;
   absl::Duration worker_timeout = absl::Seconds(10);
   // How blocks follow the ranks: what a lost rank does to the job
   // (elastic.on_worker_loss), late blocks backed up.
@@ -157,6 +162,9 @@ class PsServer {
   void AwaitWorkersGone(absl::Time deadline);
   // Shard 0 saw this shard's final weights of `step` (GetStatus collected).
   void NoteCollected(int64_t step);
+  // --save_model_every: the weights after `step`, written over the last
+  // (atomically), unless a newer step's are there.
+  void SaveModelOf(int64_t step, const std::vector<float>& params);
   // The whole final vector to --save_model (if set). OK without saving when
   // a rollback cut the collection short; CANCELLED when a stop did.
   absl::Status SaveModel();
@@ -177,6 +185,9 @@ class PsServer {
   // rollback) whose final weights shard 0 has collected. A rollback after a
   // collection makes a new end, which shard 0 collects again.
   absl::Mutex collection_mu_;
+  // --save_model's writes, and the step of the newest one written.
+  absl::Mutex model_mu_;
+  int64_t model_saved_step_ ABSL_GUARDED_BY(model_mu_) = -1;
   std::optional<uint64_t> collected_generation_ ABSL_GUARDED_BY(collection_mu_);
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<ServerMetrics> metrics_;

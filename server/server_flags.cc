@@ -14,6 +14,7 @@
 #include "common/shard_plan.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "server/lr_schedule.h"
 
 namespace dp {
 namespace {
@@ -52,6 +53,26 @@ absl::StatusOr<int> ShardIndex(const ServerFlags& f) {
 }
 
 // The checks of the step's shape, which relate several flags.
+// --save_model_every writes the whole model, which only one dp-ps holds
+// while the job runs (shard 0 gathers the others' only at the end).
+absl::Status ValidateModelSaves(const ServerFlags& f) {
+  if (!f.export_checkpoint.empty() && f.save_model.empty()) {
+    return absl::InvalidArgumentError(
+        "--export_checkpoint needs --save_model: the file it writes");
+  }
+  if (f.save_model_every == 0) return absl::OkStatus();
+  if (f.save_model.empty()) {
+    return absl::InvalidArgumentError(
+        "--save_model_every needs --save_model: the file it writes");
+  }
+  if (f.shards > 1) {
+    return absl::InvalidArgumentError(
+        "--save_model_every needs the whole model in one dp-ps; with "
+        "--shards, each shard's --checkpoint_every checkpoints hold its part");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateStep(const ServerFlags& f) {
   const int micro_batch = MicroBatch(f);
   const int64_t global_batch = GlobalBatch(f);
@@ -102,6 +123,94 @@ absl::StatusOr<std::vector<int>> Layers(const ServerFlags& f) {
   return JobConfig().layers;
 }
 
+// The optimiser's flags (docs/optimizer.md): torch.optim.Adam's or AdamW's
+// hyper-parameters in torch's ranges, where eps must be > 0 so that a
+// zero gradient cannot divide 0 by 0; the schedule; the clipping.
+void AddOptimizerFlags(Flags* flags, ServerFlags* f) {
+  flags
+      ->AddString("optimizer", &f->optimizer,
+                  "adam (torch.optim.Adam: --weight_decay adds wd x weight "
+                  "to the gradient) | adamw (torch.optim.AdamW: the weights "
+                  "shrink by lr x wd before the update)")
+      .OneOf({"adam", "adamw"});
+  flags->AddDouble("lr", &f->lr, "the learning rate (peak, when scheduled)")
+      .Above(0.0);
+  flags->AddDouble("beta1", &f->beta1, "decay of the gradient's average")
+      .NotBelow(0.0)
+      .Below(1.0);
+  flags
+      ->AddDouble("beta2", &f->beta2, "decay of the squared gradient's average")
+      .NotBelow(0.0)
+      .Below(1.0);
+  flags->AddDouble("eps", &f->eps, "added to the update's denominator")
+      .Above(0.0);
+  flags
+      ->AddDouble("weight_decay", &f->weight_decay,
+                  "weight decay, L2 (adam) or decoupled (adamw)")
+      .NotBelow(0.0)
+      .NotAbove(1.0);
+  flags
+      ->AddString("lr_schedule", &f->lr_schedule,
+                  "the rate of each update after the warm-up: constant | "
+                  "cosine (from --lr down to --lr_min over the job's steps) "
+                  "| step (x --lr_gamma every --lr_step_every steps)")
+      .OneOf({"constant", "cosine", "step"});
+  flags
+      ->AddInt("warmup_steps", &f->warmup_steps,
+               "the rate rises linearly over the first this many updates, "
+               "update t at (t+1)/W of the schedule's (0 = no warm-up)")
+      .AtLeast(0);
+  flags
+      ->AddDouble("lr_min", &f->lr_min,
+                  "cosine: the rate the decay ends at (at most --lr)")
+      .NotBelow(0.0);
+  flags
+      ->AddInt("lr_step_every", &f->lr_step_every,
+               "step: updates between two decays of the rate (>= 1 for "
+               "--lr_schedule=step)")
+      .AtLeast(0);
+  flags
+      ->AddDouble("lr_gamma", &f->lr_gamma,
+                  "step: the factor of each decay of the rate")
+      .Above(0.0)
+      .NotAbove(1.0);
+  flags
+      ->AddDouble("clip_grad_norm", &f->clip_grad_norm,
+                  "scale each step's averaged gradient down to this global "
+                  "L2 norm when it is larger, as "
+                  "torch.nn.utils.clip_grad_norm_ (0 = off; one dp-ps "
+                  "only: --shards=1)")
+      .NotBelow(0.0);
+}
+
+// The checks that relate the optimiser's flags: the schedule's own
+// settings, a decoupled decay factor 1 - lr x wd that stays >= 0, and a
+// global norm that one dp-ps can see (a shard holds only its range).
+absl::Status ValidateOptimizer(const ServerFlags& f) {
+  if (f.lr_min > f.lr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--lr_min must be at most --lr (%g), got %g", f.lr, f.lr_min));
+  }
+  if (f.lr_schedule == "step" && f.lr_step_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lr_step_every must be >= 1 for --lr_schedule=step, got ",
+        f.lr_step_every));
+  }
+  if (f.optimizer == "adamw" && f.lr * f.weight_decay > 1.0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--optimizer=adamw needs --lr x --weight_decay <= 1 (the weights "
+        "are scaled by 1 - lr x wd each step), got %g x %g",
+        f.lr, f.weight_decay));
+  }
+  if (f.clip_grad_norm > 0 && f.shards > 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--clip_grad_norm needs the whole gradient in one dp-ps, got "
+        "--shards=%d (each shard sees only its range)",
+        f.shards));
+  }
+  return absl::OkStatus();
+}
+
 // The flags of the job itself: what a checkpoint pins and workers adopt.
 void AddJobFlags(Flags* flags, ServerFlags* f) {
   flags
@@ -124,7 +233,7 @@ void AddJobFlags(Flags* flags, ServerFlags* f) {
   flags->AddInt("min_workers", &f->min_workers,
                 "steps wait while fewer workers are live (1..--workers)");
   flags->AddInt("epochs", &f->epochs, "epochs to train").AtLeast(1);
-  flags->AddDouble("lr", &f->lr, "Adam learning rate").Above(0.0);
+  AddOptimizerFlags(flags, f);
   flags->AddInt("seed", &f->seed, "seed of initialisation and data order");
   flags->AddBool("shuffle", &f->shuffle, "shuffle the data every epoch");
   flags
@@ -150,7 +259,18 @@ void AddJobFlags(Flags* flags, ServerFlags* f) {
   flags->AddString("init_model", &f->init_model,
                    "start from these weights (safetensors) instead of --seed");
   flags->AddString("save_model", &f->save_model,
-                   "write the final weights here (safetensors)");
+                   "write the final weights here (safetensors); {step} in "
+                   "the path stands for the weights' step");
+  flags->AddString(
+      "export_checkpoint", &f->export_checkpoint,
+      "write the model in these checkpoint files (one dp-ps's, or one of "
+      "each shard's, comma-separated) to --save_model and exit: no job");
+  flags
+      ->AddInt("save_model_every", &f->save_model_every,
+               "also write the weights to --save_model every this many "
+               "steps, atomically; {step} in --save_model names a file per "
+               "step (0 = only the final weights; one dp-ps)")
+      .AtLeast(0);
   flags->AddInt("final_eval_timeout_s", &f->final_eval_timeout_s,
                 "how long to wait for rank 0's final test accuracy; sharded, "
                 "also how long shard 0 waits for a shard that does not answer "
@@ -190,6 +310,10 @@ void AddCheckpointFlags(Flags* flags, ServerFlags* f) {
       ->AddInt("keep_checkpoints", &f->keep_checkpoints,
                "how many checkpoints to keep")
       .AtLeast(1);
+  flags->AddBool("allow_hyperparameter_change", &f->allow_hyperparameter_change,
+                 "resume from a checkpoint whose --lr, schedule, clipping, "
+                 "betas, eps, weight decay or optimizer differ from these "
+                 "flags (logged); without it such a resume is refused");
 }
 
 // What happens when workers leave, join or lag (docs/elastic.md).
@@ -266,6 +390,8 @@ void AddServerFlags(Flags* flags, ServerFlags* f) {
 absl::Status ValidateServerFlags(const Flags& flags, const ServerFlags& f) {
   RETURN_IF_ERROR(flags.Validate());
   RETURN_IF_ERROR(ValidateStep(f));
+  RETURN_IF_ERROR(ValidateModelSaves(f));
+  RETURN_IF_ERROR(ValidateOptimizer(f));
   return CheckRanges(
       {{"shard", f.shard, -1, f.shards - 1, "-1 = from the host name"}});
 }
@@ -297,15 +423,29 @@ absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f) {
   o.config.min_workers = f.min_workers;
   o.config.dataset = f.dataset;
   ASSIGN_OR_RETURN(o.config.layers, Layers(f));
-  o.config.adam.lr = f.lr;
+  AdamOptions& adam = o.config.adam;
+  adam.lr = f.lr;
+  adam.beta1 = f.beta1;
+  adam.beta2 = f.beta2;
+  adam.eps = f.eps;
+  adam.weight_decay = f.weight_decay;
+  adam.decoupled_weight_decay = f.optimizer == "adamw";
+  adam.schedule.kind = *ParseLrSchedule(f.lr_schedule);
+  adam.schedule.warmup_steps = f.warmup_steps;
+  adam.schedule.lr_min = f.lr_min;
+  adam.schedule.step_every = f.lr_step_every;
+  adam.schedule.gamma = f.lr_gamma;
+  adam.clip_grad_norm = f.clip_grad_norm;
   o.config.grad_encoding = *ParseEncoding(f.grad_encoding);
   o.config.weight_encoding = *ParseEncoding(f.weight_encoding);
   o.init_model = f.init_model;
   o.save_model = f.save_model;
+  o.save_model_every = f.save_model_every;
   o.final_eval_timeout = absl::Seconds(f.final_eval_timeout_s);
   o.checkpoint_dir = f.checkpoint_dir;
   o.checkpoint_every = f.checkpoint_every;
   o.keep_checkpoints = f.keep_checkpoints;
+  o.allow_hyperparameter_change = f.allow_hyperparameter_change;
   o.worker_timeout = absl::Seconds(f.worker_timeout_s);
   o.elastic.on_worker_loss = f.on_worker_loss == "fail" ? OnWorkerLoss::kFail
                              : f.on_worker_loss == "wait"

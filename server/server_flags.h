@@ -25,7 +25,20 @@ struct ServerFlags {
   int micro_batch = 0;       // 0: batch_size
   int min_workers = 1;
   int epochs = 3;
-  double lr = 1e-3;
+  double lr = AdamOptions().lr;
+  // The optimiser: torch.optim.Adam or AdamW, the rate's schedule and the
+  // clipping of the gradient (defaults: AdamOptions', today's Adam).
+  std::string optimizer = "adam";
+  double beta1 = AdamOptions().beta1;
+  double beta2 = AdamOptions().beta2;
+  double eps = AdamOptions().eps;
+  double weight_decay = AdamOptions().weight_decay;
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = LrSchedule().warmup_steps;
+  double lr_min = LrSchedule().lr_min;
+  int64_t lr_step_every = LrSchedule().step_every;
+  double lr_gamma = LrSchedule().gamma;
+  double clip_grad_norm = AdamOptions().clip_grad_norm;
   int64_t seed = 0;
   bool shuffle = true;
   std::string dataset = "fashion-mnist";
@@ -33,10 +46,13 @@ struct ServerFlags {
   int64_t max_steps = 0;
   std::string init_model;
   std::string save_model;
+  int save_model_every = 0;
+  std::string export_checkpoint;  // comma-separated files
   int final_eval_timeout_s = 120;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 100;
   int keep_checkpoints = 3;
+  bool allow_hyperparameter_change = false;
   double worker_timeout_s = 10;
   std::string on_worker_loss = "reassign";
   int backup_blocks = 1;

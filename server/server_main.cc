@@ -11,13 +11,16 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/model_layout.h"
+#include "common/safetensors.h"
 #include "proto/grpc_server.h"
 #include "proto/security.h"
+#include "server/model_export.h"
 #include "server/ps_server.h"
 #include "server/server_flags.h"
 
@@ -51,6 +54,26 @@ int ConfigError(const absl::Status& s) {
   return kExitConfigError;
 }
 
+// --export_checkpoint: the model in checkpoint files to --save_model, and
+// no job. Bad files are the caller's input: exit 2, nothing written. The
+// model is --layers' (checked with the flags), by default SimpleNet.
+int ExportCheckpoint(const ServerFlags& f) {
+  const ModelLayout layout = ModelLayout::Mlp(
+      f.layers.empty() ? JobConfig().layers : *ParseMlpDims(f.layers, ""));
+  const std::vector<std::string> files =
+      absl::StrSplit(f.export_checkpoint, ',', absl::SkipEmpty());
+  absl::StatusOr<ExportedModel> model = ModelFromCheckpoints(layout, files);
+  if (!model.ok()) return ConfigError(model.status());
+  if (absl::Status s = SaveSafetensors(f.save_model, layout, model->params);
+      !s.ok()) {
+    Log("error: cannot save the model: %s", s.message());
+    return kExitFailure;
+  }
+  Log("wrote the model of step %d from %d checkpoint file%s to %s", model->step,
+      files.size(), files.size() == 1 ? "" : "s", f.save_model);
+  return kExitOk;
+}
+
 int Run(int argc, char** argv) {
   SetLogTag("dp-ps");
   ServerFlags f;
@@ -68,6 +91,7 @@ int Run(int argc, char** argv) {
   absl::StatusOr<PsServerOptions> options = ServerOptionsFromFlags(f);
   if (!options.ok()) return ConfigError(options.status());
   if (f.dry_run) return FinishDryRun(flags);
+  if (!f.export_checkpoint.empty()) return ExportCheckpoint(f);
   WarnUnknownEnvironment(flags);
   Log("dp-ps %s starting: %s", DP_VERSION, flags.Effective());
   const Schedule& schedule = options->config.schedule;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/cpu_time.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -304,9 +305,11 @@ StepCoordinator::AfterPush StepCoordinator::AcceptPushLocked(
   if (sums_.complete()) {
     stats_.CompletedBy(rank);
     after.wakes = ApplyLocked();
-    if (checkpoint_hook_ && state_.step % checkpoint_every_ == 0) {
-      after.checkpoint_hook = checkpoint_hook_;
-      after.checkpoint = state_;  // consistent: taken at a step boundary
+    for (const auto& [every, hook] : step_hooks_) {
+      if (state_.step % every == 0) after.hooks.push_back(hook);
+    }
+    if (!after.hooks.empty()) {
+      after.state = state_;  // consistent: taken at a step boundary
       after.generation = generation_;
     }
   }
@@ -350,9 +353,7 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     result.step = state_.step;
   }
   WaitQueue::Run(after.wakes);
-  if (after.checkpoint_hook) {
-    after.checkpoint_hook(std::move(after.checkpoint), after.generation);
-  }
+  for (const StepHook& hook : after.hooks) hook(after.state, after.generation);
   return result;
 }
 
@@ -361,12 +362,14 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   const int k = K();
   weights_.BeforeUpdate(state_.params);
   const absl::Time apply_start = absl::Now();
-  AdamStepOnSum(config_.adam, state_.step + 1, sums_.root(), k, n_,
-                state_.params.data(), state_.m.data(), state_.v.data(), &pool_);
+  AdamStepOnSum(config_.adam, state_.step + 1, TotalStepsLocked(), sums_.root(),
+                k, n_, state_.params.data(), state_.m.data(), state_.v.data(),
+                &pool_);
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = sums_.root_loss() / static_cast<float>(k);
   ++state_.step;
-  stats_.Applied(state_.step, begin, absl::Now(), planner_.pushed());
+  stats_.Applied(state_.step, begin, absl::Now(), planner_.pushed(),
+                 ProcessCpuTime());
   planner_.Applied(waits_.Waiting());
   NewStepLocked();
   return waits_.WakeApplied(state_.step);
@@ -572,11 +575,10 @@ std::optional<DataFingerprint> StepCoordinator::data() const {
   return data_.Get();
 }
 
-void StepCoordinator::SetCheckpointHook(
-    int64_t every, std::function<void(TrainingState, uint64_t)> hook) {
+void StepCoordinator::AddStepHook(int64_t every, StepHook hook) {
   absl::MutexLock lock(&mu_);
-  checkpoint_every_ = every;
-  checkpoint_hook_ = every > 0 ? std::move(hook) : nullptr;
+  DP_CHECK(every > 0);
+  step_hooks_.emplace_back(every, std::move(hook));
 }
 
 std::vector<StepCoordinator::LeaseEvent> StepCoordinator::CheckLeases(

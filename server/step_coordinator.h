@@ -259,11 +259,12 @@ class StepCoordinator {
   std::optional<DataFingerprint> data() const;
 
   // Calls hook(state, generation) with a consistent copy of the state after
-  // every `every`-th step, outside the lock, in the thread that applied the
-  // step; `generation` was the coordinator's when the copy was taken (a
-  // Rewind may come before the hook runs: see CheckpointStore::Rewind).
-  void SetCheckpointHook(int64_t every,
-                         std::function<void(TrainingState, uint64_t)> hook);
+  // every `every`-th step (every > 0), outside the lock, in the thread that
+  // applied the step; `generation` was the coordinator's when the copy was
+  // taken (a Rewind may come before the hook runs: see
+  // CheckpointStore::Rewind). Hooks due at one step run in the order added.
+  using StepHook = std::function<void(TrainingState, uint64_t)>;
+  void AddStepHook(int64_t every, StepHook hook);
 
   // Lease events since the last call. A registered rank is "missing" once
   // it has made no call for `timeout` while not waiting in a call, or once
@@ -323,10 +324,10 @@ class StepCoordinator {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // What an accepted push leaves to do once the lock is released.
   struct AfterPush {
-    std::vector<Wake> wakes;  // the step was applied
-    std::function<void(TrainingState, uint64_t)> checkpoint_hook;
-    uint64_t generation = 0;  // of the checkpoint's state
-    TrainingState checkpoint;
+    std::vector<Wake> wakes;      // the step was applied
+    std::vector<StepHook> hooks;  // due at this step
+    uint64_t generation = 0;      // of the state's copy
+    TrainingState state;          // taken for the hooks
   };
   // Makes the sum ReadGradientLocked read the tree's (SumTree::Accept); the
   // root applies the update.
@@ -392,9 +393,7 @@ class StepCoordinator {
   EvalReport last_eval_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
-  int64_t checkpoint_every_ ABSL_GUARDED_BY(mu_) = 0;
-  std::function<void(TrainingState, uint64_t)> checkpoint_hook_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, StepHook>> step_hooks_ ABSL_GUARDED_BY(mu_);
   StepStats stats_ ABSL_GUARDED_BY(mu_);
   StragglerBackups backups_ ABSL_GUARDED_BY(mu_);
   std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);

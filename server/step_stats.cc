@@ -14,9 +14,10 @@ void StepStats::CompletedBy(int rank) {
 }
 
 void StepStats::Applied(int64_t step, absl::Time begin, absl::Time end,
-                        const std::vector<bool>& pushed) {
+                        const std::vector<bool>& pushed, absl::Duration cpu) {
   StepTimes& t = times_;
   t.last_apply = end;
+  t.last_apply_cpu = cpu;
   t.apply_time += end - begin;
   ++t.applies;
   for (size_t r = 0; r < arrival_.size(); ++r) {
@@ -25,6 +26,7 @@ void StepStats::Applied(int64_t step, absl::Time begin, absl::Time end,
   if (t.first_applied_step < 0) {
     t.first_applied_step = step;
     t.first_apply = end;
+    t.first_apply_cpu = cpu;
   }
 }
 

@@ -36,6 +36,9 @@ struct StepTimes {
   absl::Duration use_time;
   // By rank: the time from its pushes to the updates, added up.
   std::vector<absl::Duration> wait_time;
+  // The process's CPU time at the first and the latest update.
+  absl::Duration first_apply_cpu;
+  absl::Duration last_apply_cpu;
 };
 
 class StepStats {
@@ -52,10 +55,11 @@ class StepStats {
   void AddUse(absl::Duration d) { times_.use_time += d; }
   ElasticCounts& counts() { return counts_; }
 
-  // The update into version `step` ran from `begin` to `end`; `pushed`: by
-  // rank, it pushed a block of the step (its wait ends at `end`).
+  // The update into version `step` ran from `begin` to `end`, when the
+  // process had used `cpu`; `pushed`: by rank, it pushed a block of the
+  // step (its wait ends at `end`).
   void Applied(int64_t step, absl::Time begin, absl::Time end,
-               const std::vector<bool>& pushed);
+               const std::vector<bool>& pushed, absl::Duration cpu);
   // Whether any update was applied since the start.
   bool any_applied() const { return times_.first_applied_step >= 0; }
 

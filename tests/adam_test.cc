@@ -14,9 +14,13 @@
 #include "common/parallel_for.h"
 #include "common/tensor_codec.h"
 #include "gtest/gtest.h"
+#include "tests/same_state.h"
 
 namespace dp {
 namespace {
+
+// The job length the update is told: only a cosine schedule reads it.
+constexpr int64_t kTotalSteps = 1000;
 
 // With a constant gradient g, Adam's bias-corrected moments are exactly g and
 // g^2 at every step, so each step moves p by -lr * g / (|g| + eps).
@@ -27,7 +31,8 @@ TEST(AdamTest, ConstantGradientMovesByLrPerStepInClosedForm) {
   AdamOptions o;
   const float* grads[] = {g.data()};
   for (int t = 1; t <= 3; ++t) {
-    AverageAndAdamStep(o, t, grads, g.size(), p.data(), m.data(), v.data());
+    AverageAndAdamStep(o, t, kTotalSteps, grads, g.size(), p.data(), m.data(),
+                       v.data());
   }
   for (size_t i = 0; i < g.size(); ++i) {
     const double expected = p0[i] - 3 * o.lr * g[i] / (std::fabs(g[i]) + o.eps);
@@ -65,26 +70,29 @@ float GoldenValue(uint64_t t, uint64_t i, uint64_t min_exp,
 // (length mod 16) elements of a tensor in a scalar loop, where GCC contracts
 // v + (1-b2)*g*g into an FMA that its vector loop does not use: there,
 // and only there, torch itself rounds v differently (by up to 1 ulp).
-TEST(AdamTest, HundredsOfStepsMatchPyTorchAdamBitForBit) {
+// Runs `steps` updates of GoldenValue gradients (scaled as the script
+// scales them for a clipped run) on 2048 parameters and compares params,
+// m and v with what torch saved in tests/golden/`file`, bit for bit.
+void ExpectTorchBits(const std::string& file, const AdamOptions& o, int steps) {
   constexpr int64_t kN = 2048;
-  constexpr int kSteps = 160;
-  std::ifstream in(std::string(DP_GOLDEN_DIR) + "/adam_golden.f32",
-                   std::ios::binary);
-  ASSERT_TRUE(in.good()) << "cannot open " << DP_GOLDEN_DIR
-                         << "/adam_golden.f32";
+  std::ifstream in(std::string(DP_GOLDEN_DIR) + "/" + file, std::ios::binary);
+  ASSERT_TRUE(in.good()) << "cannot open " << DP_GOLDEN_DIR << "/" << file;
   const std::string bytes((std::istreambuf_iterator<char>(in)),
                           std::istreambuf_iterator<char>());
-  ASSERT_EQ(bytes.size(), 3 * kN * sizeof(float));
+  ASSERT_EQ(bytes.size(), 3 * kN * sizeof(float)) << file;
   std::vector<float> want(3 * kN);
   std::memcpy(want.data(), bytes.data(), bytes.size());
 
   std::vector<float> p(kN), m(kN, 0.0f), v(kN, 0.0f), g(kN);
   for (int64_t i = 0; i < kN; ++i) p[i] = GoldenValue(0, i, 117, 10);
-  const AdamOptions o;  // torch's defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8
   const float* grads[] = {g.data()};
-  for (int t = 1; t <= kSteps; ++t) {
-    for (int64_t i = 0; i < kN; ++i) g[i] = GoldenValue(t, i, 97, 42);
-    AverageAndAdamStep(o, t, grads, kN, p.data(), m.data(), v.data());
+  for (int t = 1; t <= steps; ++t) {
+    // Powers of two, so the scaled gradients are exact: some steps clip,
+    // some do not.
+    const float scale =
+        o.clip_grad_norm > 0 ? std::ldexp(1.0f, -8 * (t % 3)) : 1.0f;
+    for (int64_t i = 0; i < kN; ++i) g[i] = GoldenValue(t, i, 97, 42) * scale;
+    AverageAndAdamStep(o, t, steps, grads, kN, p.data(), m.data(), v.data());
   }
   const char* names[] = {"param", "exp_avg", "exp_avg_sq"};
   const std::vector<float>* got[] = {&p, &m, &v};
@@ -95,12 +103,74 @@ TEST(AdamTest, HundredsOfStepsMatchPyTorchAdamBitForBit) {
       const float h = (*got[k])[i];
       if (std::memcmp(&w, &h, 4) == 0) continue;
       if (++mismatches <= 5) {
-        ADD_FAILURE() << names[k] << "[" << i << "]: torch " << std::hexfloat
-                      << w << ", here " << h;
+        ADD_FAILURE() << file << " " << names[k] << "[" << i << "]: torch "
+                      << std::hexfloat << w << ", here " << h;
       }
     }
-    EXPECT_EQ(mismatches, 0) << names[k] << " elements differ of " << kN;
+    EXPECT_EQ(mismatches, 0)
+        << file << ": " << names[k] << " elements differ of " << kN;
   }
+}
+
+// torch.optim.Adam (PyTorch 1.13.1, its AVX2 CPU kernels) ran 160 steps of
+// GoldenValue gradients on 2048 parameters and saved parameters, exp_avg and
+// exp_avg_sq (tests/golden/make_adam_golden.py). The same steps here must
+// give the same bits: every rounding of PyTorch's sequence is reproduced -
+// including the fused multiply-add of exp_avg.add_(grad, alpha) - so a
+// difference of even one ulp would grow over 160 steps.
+// The length is a multiple of 64 because PyTorch's kernels handle the last
+// (length mod 16) elements of a tensor in a scalar loop, where GCC contracts
+// v + (1-b2)*g*g into an FMA that its vector loop does not use: there,
+// and only there, torch itself rounds v differently (by up to 1 ulp).
+TEST(AdamTest, HundredsOfStepsMatchPyTorchAdamBitForBit) {
+  // torch's defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8
+  ExpectTorchBits("adam_golden.f32", AdamOptions(), 160);
+}
+
+// The runs of make_adam_golden.py's RUNS, with the same settings.
+TEST(AdamTest, AdamWithL2WeightDecayMatchesPyTorchBitForBit) {
+  AdamOptions o;
+  o.lr = 2e-3;
+  o.weight_decay = 0.01;
+  ExpectTorchBits("adam_l2_golden.f32", o, 160);
+}
+
+TEST(AdamTest, AdamWMatchesPyTorchBitForBit) {
+  AdamOptions o;
+  o.decoupled_weight_decay = true;
+  o.weight_decay = 0.1;
+  o.beta1 = 0.8;
+  o.beta2 = 0.99;
+  o.eps = 1e-6;
+  ExpectTorchBits("adamw_golden.f32", o, 160);
+}
+
+// Warm-up and cosine decay over the job's 40 steps, clipped gradients.
+TEST(AdamTest, CosineScheduleWithClippingMatchesPyTorchBitForBit) {
+  AdamOptions o;
+  o.lr = 1e-2;
+  o.decoupled_weight_decay = true;
+  o.weight_decay = 0.05;
+  o.beta1 = 0.85;
+  o.beta2 = 0.98;
+  o.eps = 1e-7;
+  o.schedule.kind = LrScheduleKind::kCosine;
+  o.schedule.warmup_steps = 5;
+  o.schedule.lr_min = 1e-4;
+  o.clip_grad_norm = 1.0;
+  ExpectTorchBits("cosine_clip_golden.f32", o, 40);
+}
+
+TEST(AdamTest, StepScheduleWithClippingMatchesPyTorchBitForBit) {
+  AdamOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.01;
+  o.schedule.kind = LrScheduleKind::kStep;
+  o.schedule.warmup_steps = 3;
+  o.schedule.step_every = 7;
+  o.schedule.gamma = 0.5;
+  o.clip_grad_norm = 1.0;
+  ExpectTorchBits("step_clip_golden.f32", o, 40);
 }
 
 // Textbook Adam (Kingma & Ba, with torch's eps placement) in double.
@@ -132,7 +202,8 @@ TEST(AdamTest, ThreeStepsOfAveragedGradientsMatchDoubleReference) {
   for (int t = 1; t <= 3; ++t) {
     const float* grads[] = {steps_rank0[t - 1].data(),
                             steps_rank1[t - 1].data()};
-    AverageAndAdamStep(o, t, grads, 4, p.data(), m.data(), v.data());
+    AverageAndAdamStep(o, t, kTotalSteps, grads, 4, p.data(), m.data(),
+                       v.data());
     std::vector<double> avg(4);
     for (int i = 0; i < 4; ++i) {
       avg[i] = (steps_rank0[t - 1][i] + steps_rank1[t - 1][i]) / 2.0;
@@ -146,13 +217,53 @@ TEST(AdamTest, ThreeStepsOfAveragedGradientsMatchDoubleReference) {
   }
 }
 
+// A gradient of norm 5 clipped to 1 is scaled by 1 / (5 + 1e-6), in
+// float; one of norm 5 under a limit of 10 is left as it is. With beta1 = 0,
+// m is the gradient the update used, exactly.
+TEST(AdamTest, ClippingScalesTheAverageByTheLimitOverItsGlobalNorm) {
+  const std::vector<float> g0 = {6, 0, -8}, g1 = {0, 0, 0};  // average 3,0,-4
+  const float* grads[] = {g0.data(), g1.data()};
+  for (double limit : {1.0, 10.0}) {
+    std::vector<float> p(3, 0.0f), m(3, 0.0f), v(3, 0.0f);
+    AdamOptions o;
+    o.beta1 = 0.0;
+    o.clip_grad_norm = limit;
+    AverageAndAdamStep(o, 1, kTotalSteps, grads, 3, p.data(), m.data(),
+                       v.data());
+    const float coef =
+        limit < 5 ? (1.0f / (5.0f + static_cast<float>(1e-6))) * 1.0f : 1.0f;
+    EXPECT_EQ(m[0], 3.0f * coef) << "limit " << limit;
+    EXPECT_EQ(m[1], 0.0f) << "limit " << limit;
+    EXPECT_EQ(m[2], -4.0f * coef) << "limit " << limit;
+    if (limit < 5) EXPECT_NEAR(std::hypot(m[0], m[2]), 1.0, 1e-6);
+  }
+}
+
+// AdamW shrinks the weights by lr * wd before the update, and the gradient
+// (here 0, so m and v stay 0 and the update adds 0) is not touched.
+TEST(AdamTest, AdamWDecaysTheWeightsApartFromTheGradient) {
+  std::vector<float> p = {1.0f, -2.0f}, m = {0.0f, 0.0f}, v = {0.0f, 0.0f};
+  const std::vector<float> g = {0.0f, 0.0f};
+  AdamOptions o;
+  o.decoupled_weight_decay = true;
+  o.weight_decay = 0.5;
+  o.lr = 0.1;
+  const float* grads[] = {g.data()};
+  AverageAndAdamStep(o, 1, kTotalSteps, grads, 2, p.data(), m.data(), v.data());
+  const auto decay = static_cast<float>(1.0 - 0.1 * 0.5);
+  EXPECT_EQ(p[0], 1.0f * decay);
+  EXPECT_EQ(p[1], -2.0f * decay);
+  EXPECT_EQ(m[0], 0.0f);
+  EXPECT_EQ(v[1], 0.0f);
+}
+
 TEST(AdamTest, WeightDecayAddsDecayTimesParamToTheGradient) {
   std::vector<float> p = {1.0f}, m = {0.0f}, v = {0.0f};
   const std::vector<float> g = {0.0f};
   AdamOptions o;
   o.weight_decay = 0.5;
   const float* grads[] = {g.data()};
-  AverageAndAdamStep(o, 1, grads, 1, p.data(), m.data(), v.data());
+  AverageAndAdamStep(o, 1, kTotalSteps, grads, 1, p.data(), m.data(), v.data());
   // Effective gradient 0.5 > 0: the first step moves by -lr.
   EXPECT_NEAR(p[0], 1.0 - o.lr, 1e-7);
 }
@@ -203,42 +314,51 @@ RandomRun MakeRandomRun(int ranks, int64_t n, uint32_t seed) {
   return run;
 }
 
-AdamState Apply(const RandomRun& run, double weight_decay, WorkerPool* pool) {
-  AdamState s = run.start;
+// AdamW with warm-up, cosine decay and clipping at 1, which every gradient
+// of these tests exceeds.
+AdamOptions ClippedAdamW() {
   AdamOptions o;
-  o.weight_decay = weight_decay;
+  o.decoupled_weight_decay = true;
+  o.weight_decay = 0.1;
+  o.schedule.kind = LrScheduleKind::kCosine;
+  o.schedule.warmup_steps = 2;
+  o.clip_grad_norm = 1.0;
+  return o;
+}
+
+AdamState Apply(const RandomRun& run, const AdamOptions& o, WorkerPool* pool) {
+  AdamState s = run.start;
   for (size_t step = 0; step < run.grads.size(); ++step) {
     std::vector<const float*> grads;
     for (const auto& g : run.grads[step]) grads.push_back(g.data());
-    AverageAndAdamStep(o, step + 1, grads, s.p.size(), s.p.data(), s.m.data(),
-                       s.v.data(), pool);
+    AverageAndAdamStep(o, step + 1, kTotalSteps, grads, s.p.size(), s.p.data(),
+                       s.m.data(), s.v.data(), pool);
   }
   return s;
 }
 
-bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// Each element's arithmetic does not depend on which thread runs it, so the
-// pool changes no bit - including for a non-power-of-two rank count (true
-// division) and a length that is not a multiple of the block.
+// Each element's arithmetic does not depend on which thread runs it, and
+// the clipping norm is one sum in element order, so the pool changes no
+// bit - including for a non-power-of-two rank count (true division) and a
+// length that is not a multiple of the block.
 TEST(AdamTest, PoolsOfAnySizeGiveTheSameBitsAsNoPool) {
+  AdamOptions l2;
+  l2.weight_decay = 0.01;
+  const AdamOptions options[] = {AdamOptions(), l2, ClippedAdamW()};
   for (int64_t n : {int64_t{235146}, int64_t{1500}, int64_t{7}}) {
     for (int ranks : {1, 2, 3}) {
       const RandomRun run = MakeRandomRun(ranks, n, ranks);
-      for (double wd : {0.0, 0.01}) {
-        const AdamState expected = Apply(run, wd, nullptr);
+      for (int k = 0; k < 3; ++k) {
+        const AdamState expected = Apply(run, options[k], nullptr);
         for (int threads : {1, 2, 3, 4}) {
           SCOPED_TRACE(testing::Message()
-                       << "n " << n << " ranks " << ranks << " wd " << wd
+                       << "n " << n << " ranks " << ranks << " options " << k
                        << " threads " << threads);
           WorkerPool pool(threads);
-          const AdamState got = Apply(run, wd, &pool);
-          EXPECT_TRUE(BitwiseEqual(got.p, expected.p));
-          EXPECT_TRUE(BitwiseEqual(got.m, expected.m));
-          EXPECT_TRUE(BitwiseEqual(got.v, expected.v));
+          const AdamState got = Apply(run, options[k], &pool);
+          EXPECT_TRUE(SameBits(got.p, expected.p));
+          EXPECT_TRUE(SameBits(got.m, expected.m));
+          EXPECT_TRUE(SameBits(got.v, expected.v));
         }
       }
     }
@@ -257,7 +377,8 @@ TEST(AdamTest, AverageIsTheRankSumDividedByTheCountExactly) {
     std::vector<float> p(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
     AdamOptions o;
     o.beta1 = 0.0;  // m = g exactly
-    AverageAndAdamStep(o, 1, grads, n, p.data(), m.data(), v.data());
+    AverageAndAdamStep(o, 1, kTotalSteps, grads, n, p.data(), m.data(),
+                       v.data());
     for (size_t i = 0; i < n; ++i) {
       float sum = g0[i];
       for (int r = 1; r < ranks; ++r) sum += g0[i];
@@ -286,7 +407,8 @@ TEST(AdamTest, GradientsAreAddedInRankOrder) {
     std::vector<float> p(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
     AdamOptions o;
     o.beta1 = 0.0;  // m = g exactly
-    AverageAndAdamStep(o, 1, grads, n, p.data(), m.data(), v.data());
+    AverageAndAdamStep(o, 1, kTotalSteps, grads, n, p.data(), m.data(),
+                       v.data());
     for (int64_t i = 0; i < n; ++i) {
       float sum = g[0][i];
       for (int r = 1; r < ranks; ++r) sum += g[r][i];
@@ -342,28 +464,30 @@ TEST(AdamTest, FoldingGradientsAsTheyArriveGivesTheSameBits) {
       m0[i] = 0.01f * mantissa(rng);
       v0[i] = 0.001f * std::fabs(mantissa(rng));
     }
-    auto p = p0, m = m0, v = v0;
-    const AdamOptions o;
-    AverageAndAdamStep(o, 3, grads, n, p.data(), m.data(), v.data());
-    for (WorkerPool* with : {static_cast<WorkerPool*>(nullptr), &pool}) {
-      std::vector<float> sum(n), next(n);
-      for (int r = 0; r < ranks; ++r) {
-        const std::string bytes = Encoded(Encoding::kF32, g[r]);
-        ASSERT_EQ(AddEncodedToSum(Encoding::kF32, bytes.data(), n, 1e15f,
-                                      r == 0 ? nullptr : sum.data(), {},
-                                      next.data(), with),
-                  -1);
-        std::swap(sum, next);
+    for (const AdamOptions& o : {AdamOptions(), ClippedAdamW()}) {
+      auto p = p0, m = m0, v = v0;
+      AverageAndAdamStep(o, 3, kTotalSteps, grads, n, p.data(), m.data(),
+                         v.data());
+      for (WorkerPool* with : {static_cast<WorkerPool*>(nullptr), &pool}) {
+        std::vector<float> sum(n), next(n);
+        for (int r = 0; r < ranks; ++r) {
+          const std::string bytes = Encoded(Encoding::kF32, g[r]);
+          ASSERT_EQ(AddEncodedToSum(Encoding::kF32, bytes.data(), n, 1e15f,
+                                    r == 0 ? nullptr : sum.data(), {},
+                                    next.data(), with),
+                    -1);
+          std::swap(sum, next);
+        }
+        auto fp = p0, fm = m0, fv = v0;
+        AdamStepOnSum(o, 3, kTotalSteps, sum.data(), ranks, n, fp.data(),
+                      fm.data(), fv.data(), with);
+        EXPECT_EQ(std::memcmp(fp.data(), p.data(), n * 4), 0)
+            << ranks << " ranks";
+        EXPECT_EQ(std::memcmp(fm.data(), m.data(), n * 4), 0)
+            << ranks << " ranks";
+        EXPECT_EQ(std::memcmp(fv.data(), v.data(), n * 4), 0)
+            << ranks << " ranks";
       }
-      auto fp = p0, fm = m0, fv = v0;
-      AdamStepOnSum(o, 3, sum.data(), ranks, n, fp.data(), fm.data(), fv.data(),
-                    with);
-      EXPECT_EQ(std::memcmp(fp.data(), p.data(), n * 4), 0)
-          << ranks << " ranks";
-      EXPECT_EQ(std::memcmp(fm.data(), m.data(), n * 4), 0)
-          << ranks << " ranks";
-      EXPECT_EQ(std::memcmp(fv.data(), v.data(), n * 4), 0)
-          << ranks << " ranks";
     }
   }
 }
@@ -405,11 +529,11 @@ TEST(AdamTest, AddingAnEncodedGradientGivesTheBitsOfDecodingThenAdding) {
             std::vector<float> out(n, -1.0f);
             const std::vector<float> given = sum;
             EXPECT_EQ(AddEncodedToSum(e, bytes.data(), n, 1e15f,
-                                          with_sum ? given.data() : nullptr,
-                                          kept_now, out.data(), pool),
+                                      with_sum ? given.data() : nullptr,
+                                      kept_now, out.data(), pool),
                       -1);
-            EXPECT_TRUE(BitwiseEqual(out, expected));
-            EXPECT_TRUE(BitwiseEqual(given, sum));
+            EXPECT_TRUE(SameBits(out, expected));
+            EXPECT_TRUE(SameBits(given, sum));
           }
         }
       }
@@ -466,10 +590,9 @@ TEST(AdamTest, AnEncodedGradientsFirstBadValueIsFoundWhereverItIs) {
   std::vector<float> g = RandomFloats(n, 23);
   g[n - 1] = -limit;
   std::vector<float> out(n);
-  EXPECT_EQ(
-      AddEncodedToSum(Encoding::kF32, Encoded(Encoding::kF32, g).data(), n,
-                          limit, sum.data(), {}, out.data(), &pool),
-      -1)
+  EXPECT_EQ(AddEncodedToSum(Encoding::kF32, Encoded(Encoding::kF32, g).data(),
+                            n, limit, sum.data(), {}, out.data(), &pool),
+            -1)
       << "the limit itself is accepted";
 }
 

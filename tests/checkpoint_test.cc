@@ -14,6 +14,8 @@
 
 #include "common/file_util.h"
 #include "gtest/gtest.h"
+#include "proto/dp.pb.h"
+#include "proto/wire.h"
 #include "tests/same_state.h"
 #include "tests/subprocess.h"
 
@@ -371,6 +373,112 @@ TEST(JobConfigTest, ResumeRefusesOtherHyperParametersButAllowsMoreEpochs) {
   EXPECT_NE(s.message().find("--weight_encoding=bf16 (saved: f32)"),
             std::string::npos)
       << s;
+}
+
+// A job with every optimiser setting off its default.
+AdamOptions TunedOptimiser() {
+  AdamOptions o;
+  o.lr = 3e-3;
+  o.beta1 = 0.8;
+  o.beta2 = 0.99;
+  o.eps = 1e-6;
+  o.weight_decay = 0.05;
+  o.decoupled_weight_decay = true;
+  o.schedule.kind = LrScheduleKind::kStep;
+  o.schedule.warmup_steps = 7;
+  o.schedule.lr_min = 1e-5;
+  o.schedule.step_every = 11;
+  o.schedule.gamma = 0.5;
+  o.clip_grad_norm = 2.5;
+  return o;
+}
+
+TEST(CheckpointTest, TheOptimiserSettingsRoundTrip) {
+  Checkpoint c = Make(3);
+  c.config.adam = TunedOptimiser();
+  auto back = DecodeCheckpoint(kLayout, EncodeCheckpoint(kLayout, c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->config.adam == c.config.adam);
+  EXPECT_TRUE(CheckResumable(c.config, back->config).ok());
+}
+
+// One of a later version's schedules would run here as another: refused.
+TEST(CheckpointTest, AnUnknownLearningRateScheduleIsRefused) {
+  Checkpoint c = Make(2);
+  c.config.adam.schedule.kind = static_cast<LrScheduleKind>(7);
+  auto back = DecodeCheckpoint(kLayout, EncodeCheckpoint(kLayout, c));
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(back.status().message().find("learning-rate schedule 7"),
+            std::string::npos)
+      << back.status();
+}
+
+// A checkpoint written before the optimiser settings existed has none: it
+// was today's Adam, and resumes as that job.
+TEST(CheckpointTest, AConfigWithoutOptimiserSettingsIsTodaysAdam) {
+  dp::v1::JobConfig proto;
+  proto.set_lr(2e-3);
+  AdamOptions want;
+  want.lr = 2e-3;
+  EXPECT_TRUE(FromProto(proto).adam == want);
+}
+
+TEST(JobConfigTest, ResumeRefusesOtherOptimiserSettingsUnlessAllowed) {
+  const JobConfig a = Make(1).config;
+  JobConfig b = a;
+  // The schedule's own settings count only where a schedule reads them.
+  b.adam.schedule.gamma = 0.5;
+  b.adam.schedule.lr_min = 1e-5;
+  EXPECT_TRUE(CheckResumable(a, b).ok()) << CheckResumable(a, b);
+  b.adam = TunedOptimiser();
+  absl::Status s = CheckResumable(a, b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "the checkpoint was written with other optimiser settings: "
+            "--optimizer=adamw (saved: adam), --lr=0.003 (saved: 0.001), "
+            "--beta1=0.8 (saved: 0.9), --beta2=0.99 (saved: 0.999), "
+            "--eps=1e-06 (saved: 1e-08), --weight_decay=0.05 (saved: 0), "
+            "--lr_schedule=step (saved: constant), --warmup_steps=7 (saved: "
+            "0), --lr_step_every=11 (saved: 0), --lr_gamma=0.5 (saved: 0.1), "
+            "--clip_grad_norm=2.5 (saved: 0) (--allow_hyperparameter_change "
+            "resumes with the new ones)");
+  EXPECT_TRUE(CheckResumable(a, b, /*allow_hyperparameter_change=*/true).ok());
+  EXPECT_EQ(HyperparameterChanges(a, b).size(), 11u);
+  // Allowed, they are still no licence for another job; refused, they are
+  // listed after its differences.
+  b.schedule.seed = 9;
+  s = CheckResumable(a, b, /*allow_hyperparameter_change=*/true);
+  EXPECT_EQ(s.message(),
+            "the checkpoint was written by a different job: --seed=9 (saved: "
+            "0)");
+  s = CheckResumable(a, b);
+  EXPECT_NE(s.message().find("different job: --seed=9 (saved: 0), "
+                             "--optimizer=adamw (saved: adam)"),
+            std::string::npos)
+      << s;
+}
+
+// A cosine schedule spans the job: another number of steps is another rate
+// at every step to come, once the data set's length says how many steps.
+TEST(JobConfigTest, ACosineJobOfAnotherLengthIsAnOptimiserChange) {
+  JobConfig a = Make(1).config;  // a step: 2 micro-batches of 8
+  a.adam.schedule.kind = LrScheduleKind::kCosine;
+  a.schedule.max_steps = 50;
+  JobConfig b = a;
+  b.schedule.max_steps = 60;
+  EXPECT_TRUE(HyperparameterChanges(a, b).empty()) << "length unknown";
+  a.schedule.num_samples = b.schedule.num_samples = 1000;  // 62 steps/epoch
+  EXPECT_EQ(HyperparameterChanges(a, b),
+            std::vector<std::string>{"--epochs/--max_steps: the cosine "
+                                     "schedule's total steps=60 (saved: 50)"});
+  // More epochs that --max_steps caps anyway change nothing.
+  b.schedule.max_steps = 50;
+  b.schedule.epochs = 4;
+  EXPECT_TRUE(HyperparameterChanges(a, b).empty());
+  // Nor does any length for a constant rate.
+  a.adam.schedule.kind = b.adam.schedule.kind = LrScheduleKind::kConstant;
+  b.schedule.max_steps = 0;
+  EXPECT_TRUE(HyperparameterChanges(a, b).empty());
 }
 
 // The step is what a checkpoint pins: its global batch and micro-batch size,

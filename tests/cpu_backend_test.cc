@@ -1,5 +1,6 @@
-// CpuBackend against an independent float64 reference written here: loss,
-// gradients (central differences), evaluation, input validation, determinism.
+// CpuBackend against the independent float64 reference of
+// tests/reference_mlp.h: loss, gradients (central differences), evaluation,
+// input validation, determinism.
 #include "worker/cpu_backend.h"
 
 #include <cmath>
@@ -7,12 +8,14 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/model_layout.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "tests/reference_mlp.h"
 #include "worker/backend.h"
 #include "worker/backend_choice.h"
 
@@ -27,82 +30,6 @@ constexpr double kGradRtol = 1e-3;
 constexpr double kFiniteDiffH = 1e-4;
 constexpr double kLossTol = 1e-5;
 
-struct Batch {
-  std::vector<float> x;         // (n, input_dim)
-  std::vector<int32_t> labels;  // (n)
-};
-
-Batch RandomBatch(const ModelLayout& layout, int n, uint64_t seed) {
-  Rng rng(seed, 7);
-  Batch b;
-  b.x.resize(static_cast<size_t>(n) * layout.input_dim());
-  for (float& v : b.x) v = static_cast<float>(rng.Normal());
-  for (int i = 0; i < n; ++i) {
-    b.labels.push_back(static_cast<int32_t>(rng.Below(layout.num_classes())));
-  }
-  return b;
-}
-
-std::vector<double> ToDouble(const std::vector<float>& v) {
-  return std::vector<double>(v.begin(), v.end());
-}
-
-// The float64 definition of the model: h = relu(W h + b) for hidden layers,
-// logits = W h + b for the last, loss = mean over samples of
-// logsumexp(logits) - logits[label].
-struct Reference {
-  double loss = 0.0;           // mean over the batch
-  std::vector<double> losses;  // (n) per sample
-  std::vector<double> logits;  // (n, C)
-  std::vector<char> active;    // every hidden pre-activation > 0, in order
-};
-
-Reference RefForward(const ModelLayout& layout, const std::vector<double>& p,
-                     const Batch& batch) {
-  const std::vector<int>& d = layout.dims();
-  const int L = layout.num_layers();
-  const int n = static_cast<int>(batch.labels.size());
-  const int C = layout.num_classes();
-  Reference ref;
-  for (int s = 0; s < n; ++s) {
-    std::vector<double> h(batch.x.begin() + static_cast<size_t>(s) * d[0],
-                          batch.x.begin() + static_cast<size_t>(s + 1) * d[0]);
-    for (int l = 0; l < L; ++l) {
-      const double* w = p.data() + layout.weight(l).offset;  // (out, in)
-      const double* b = p.data() + layout.bias(l).offset;    // (out)
-      std::vector<double> y(d[l + 1]);
-      for (int o = 0; o < d[l + 1]; ++o) {
-        double acc = b[o];
-        for (int i = 0; i < d[l]; ++i) acc += w[o * d[l] + i] * h[i];
-        if (l + 1 < L) {
-          ref.active.push_back(acc > 0.0);
-          acc = acc > 0.0 ? acc : 0.0;
-        }
-        y[o] = acc;
-      }
-      h = std::move(y);
-    }
-    double m = h[0];
-    for (double z : h) m = std::max(m, z);
-    double sum = 0.0;
-    for (double z : h) sum += std::exp(z - m);
-    const double loss = m + std::log(sum) - h[batch.labels[s]];
-    ref.losses.push_back(loss);
-    ref.loss += loss / n;
-    ref.logits.insert(ref.logits.end(), h.begin(), h.begin() + C);
-  }
-  return ref;
-}
-
-std::string ParamName(const ModelLayout& layout, int64_t k) {
-  for (const TensorInfo& t : layout.tensors()) {
-    if (k >= t.offset && k < t.offset + t.size) {
-      return t.name + "[" + std::to_string(k - t.offset) + "]";
-    }
-  }
-  return "?";
-}
-
 std::unique_ptr<Backend> MakeCpu(const ModelLayout& layout, int max_batch) {
   BackendOptions options;
   options.max_batch = max_batch;
@@ -112,6 +39,20 @@ std::unique_ptr<Backend> MakeCpu(const ModelLayout& layout, int max_batch) {
   return b.ok() ? std::move(b).value() : nullptr;
 }
 
+// The same, holding `params`.
+std::unique_ptr<Backend> MakeCpu(const ModelLayout& layout, int max_batch,
+                                 const std::vector<float>& params) {
+  std::unique_ptr<Backend> b = MakeCpu(layout, max_batch);
+  if (b != nullptr) EXPECT_TRUE(b->SetWeights(params).ok());
+  return b;
+}
+
+// The backend's mean loss on `batch`, its gradient into *grad (num_params).
+absl::StatusOr<float> LossAndGradient(Backend& backend, const MlpBatch& batch,
+                                      std::vector<float>* grad) {
+  return backend.ForwardBackward(batch.x, batch.labels, absl::MakeSpan(*grad));
+}
+
 // Compares the backend's gradient on `batch` with float64 central differences
 // at the parameters listed in `which` (all when empty). Prints the first
 // mismatches and returns how many there were. Parameters whose +-h
@@ -119,47 +60,38 @@ std::unique_ptr<Backend> MakeCpu(const ModelLayout& layout, int max_batch) {
 // derivative) are skipped and counted in *skipped.
 int CountGradientMismatches(const ModelLayout& layout,
                             const std::vector<float>& params,
-                            const Batch& batch, int max_batch,
+                            const MlpBatch& batch, int max_batch,
                             std::vector<int64_t> which, int* skipped) {
-  std::unique_ptr<Backend> backend = MakeCpu(layout, max_batch);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, max_batch, params);
   if (backend == nullptr) return -1;
-  EXPECT_TRUE(backend->SetWeights(params).ok());
   // NaN everywhere first: an entry the backend forgets to write shows up.
   std::vector<float> grad(layout.num_params(),
                           std::numeric_limits<float>::quiet_NaN());
-  absl::StatusOr<float> loss =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
   EXPECT_TRUE(loss.ok()) << loss.status();
   if (!loss.ok()) return -1;
 
   if (which.empty()) {
     for (int64_t k = 0; k < layout.num_params(); ++k) which.push_back(k);
   }
-  std::vector<double> p = ToDouble(params);
-  const std::vector<char> active = RefForward(layout, p, batch).active;
-  int mismatches = 0;
-  *skipped = 0;
-  for (int64_t k : which) {
-    const double saved = p[k];
-    p[k] = saved + kFiniteDiffH;
-    const Reference plus = RefForward(layout, p, batch);
-    p[k] = saved - kFiniteDiffH;
-    const Reference minus = RefForward(layout, p, batch);
-    p[k] = saved;
-    if (plus.active != active || minus.active != active) {
-      ++*skipped;
-      continue;
-    }
-    const double ref = (plus.loss - minus.loss) / (2.0 * kFiniteDiffH);
-    const double got = grad[k];
-    if (!(std::fabs(got - ref) <= kGradAtol + kGradRtol * std::fabs(ref))) {
-      if (mismatches < 10) {
-        std::printf("  mismatch %s: backend %.8g, float64 reference %.8g\n",
-                    ParamName(layout, k).c_str(), got, ref);
-      }
-      ++mismatches;
-    }
+  const std::vector<std::optional<double>> want =
+      CentralDifferences(layout, ToDouble(params), batch, which, kFiniteDiffH);
+  // The entries that are not at a kink, compared.
+  std::vector<int64_t> checked;
+  std::vector<double> got, ref;
+  for (size_t i = 0; i < which.size(); ++i) {
+    if (!want[i].has_value()) continue;
+    checked.push_back(which[i]);
+    got.push_back(grad[which[i]]);
+    ref.push_back(*want[i]);
   }
+  *skipped = static_cast<int>(which.size() - checked.size());
+  const int mismatches = static_cast<int>(
+      CompareWithTolerance(
+          got, ref, kGradAtol, kGradRtol,
+          [&](size_t i) { return ParamName(layout, checked[i]); }, "backend",
+          "float64 reference")
+          .mismatches);
   std::printf(
       "  batch %zu: %zu parameters checked, %d mismatches, %d skipped "
       "(ReLU kink)\n",
@@ -176,7 +108,7 @@ const ModelLayout& SmallNet() {
 TEST(CpuBackendTest, GradientsMatchFloat64CentralDifferences) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 11);
-  const Batch batch = RandomBatch(layout, 6, 12);
+  const MlpBatch batch = RandomMlpBatch(layout, 6, 12);
   int skipped = 0;
   EXPECT_EQ(CountGradientMismatches(layout, params, batch, 8, {}, &skipped), 0);
   // Guard against a vacuous pass: almost every parameter must be checked.
@@ -186,7 +118,7 @@ TEST(CpuBackendTest, GradientsMatchFloat64CentralDifferences) {
 TEST(CpuBackendTest, GradientsMatchOnADeeperNetWithOddSizes) {
   const ModelLayout layout = ModelLayout::Mlp({13, 17, 3, 9, 5});
   const std::vector<float> params = InitParams(layout, 21);
-  const Batch batch = RandomBatch(layout, 5, 22);
+  const MlpBatch batch = RandomMlpBatch(layout, 5, 22);
   int skipped = 0;
   EXPECT_EQ(CountGradientMismatches(layout, params, batch, 5, {}, &skipped), 0);
   EXPECT_LE(skipped, layout.num_params() / 10);
@@ -195,7 +127,7 @@ TEST(CpuBackendTest, GradientsMatchOnADeeperNetWithOddSizes) {
 TEST(CpuBackendTest, GradientsMatchWithoutHiddenLayers) {
   const ModelLayout layout = ModelLayout::Mlp({6, 4});  // softmax regression
   const std::vector<float> params = InitParams(layout, 31);
-  const Batch batch = RandomBatch(layout, 3, 32);
+  const MlpBatch batch = RandomMlpBatch(layout, 3, 32);
   int skipped = 0;
   EXPECT_EQ(CountGradientMismatches(layout, params, batch, 4, {}, &skipped), 0);
   EXPECT_EQ(skipped, 0);
@@ -204,13 +136,11 @@ TEST(CpuBackendTest, GradientsMatchWithoutHiddenLayers) {
 TEST(CpuBackendTest, LossMatchesFloat64Reference) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 11);
-  const Batch batch = RandomBatch(layout, 6, 12);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  const MlpBatch batch = RandomMlpBatch(layout, 6, 12);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> grad(layout.num_params());
-  absl::StatusOr<float> loss =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
   ASSERT_TRUE(loss.ok()) << loss.status();
   const double ref = RefForward(layout, ToDouble(params), batch).loss;
   EXPECT_NEAR(*loss, ref, kLossTol);
@@ -221,7 +151,7 @@ TEST(CpuBackendTest, BatchOfOneAndMaxBatchBothWork) {
   const std::vector<float> params = InitParams(layout, 41);
   constexpr int kMaxBatch = 9;
   for (int n : {1, kMaxBatch}) {
-    const Batch batch = RandomBatch(layout, n, 42 + n);
+    const MlpBatch batch = RandomMlpBatch(layout, n, 42 + n);
     int skipped = 0;
     EXPECT_EQ(
         CountGradientMismatches(layout, params, batch, kMaxBatch, {}, &skipped),
@@ -231,14 +161,12 @@ TEST(CpuBackendTest, BatchOfOneAndMaxBatchBothWork) {
   }
   // Both sizes through one backend, largest first, so stale rows of a bigger
   // batch cannot leak into a smaller one.
-  std::unique_ptr<Backend> backend = MakeCpu(layout, kMaxBatch);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, kMaxBatch, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> grad(layout.num_params());
   for (int n : {kMaxBatch, 1, kMaxBatch}) {
-    const Batch batch = RandomBatch(layout, n, 42 + n);
-    absl::StatusOr<float> loss =
-        backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+    const MlpBatch batch = RandomMlpBatch(layout, n, 42 + n);
+    absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_NEAR(*loss, RefForward(layout, ToDouble(params), batch).loss,
                 kLossTol)
@@ -349,10 +277,9 @@ TEST(CpuBackendTest, EvaluateMatchesReferenceArgmaxAndLoss) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 51);
   // 21 samples with max_batch 8: chunks of 8, 8 and 5.
-  const Batch batch = RandomBatch(layout, 21, 52);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  const MlpBatch batch = RandomMlpBatch(layout, 21, 52);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   absl::StatusOr<EvalResult> got = backend->Evaluate(batch.x, batch.labels);
   ASSERT_TRUE(got.ok()) << got.status();
 
@@ -401,13 +328,11 @@ TEST(CpuBackendTest, EvaluateTiesGoToTheLowestClass) {
 TEST(CpuBackendTest, EvaluateAgreesWithForwardBackwardLoss) {
   const ModelLayout& layout = SmallNet();
   const std::vector<float> params = InitParams(layout, 61);
-  const Batch batch = RandomBatch(layout, 8, 62);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
+  const MlpBatch batch = RandomMlpBatch(layout, 8, 62);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 8, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> grad(layout.num_params());
-  absl::StatusOr<float> loss =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
   absl::StatusOr<EvalResult> eval = backend->Evaluate(batch.x, batch.labels);
   ASSERT_TRUE(loss.ok() && eval.ok());
   EXPECT_NEAR(eval->loss_sum / eval->count, *loss, 1e-6);
@@ -416,21 +341,16 @@ TEST(CpuBackendTest, EvaluateAgreesWithForwardBackwardLoss) {
 TEST(CpuBackendTest, SameInputGivesBitwiseIdenticalGradients) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> params = InitParams(layout, 71);
-  const Batch batch = RandomBatch(layout, 32, 72);
-  const Batch other = RandomBatch(layout, 64, 73);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 64);
+  const MlpBatch batch = RandomMlpBatch(layout, 32, 72);
+  const MlpBatch other = RandomMlpBatch(layout, 64, 73);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 64, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> first(layout.num_params()), second(layout.num_params()),
       scratch(layout.num_params());
-  absl::StatusOr<float> loss1 =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(first));
+  absl::StatusOr<float> loss1 = LossAndGradient(*backend, batch, &first);
   // A different, larger batch in between must leave no trace.
-  ASSERT_TRUE(
-      backend->ForwardBackward(other.x, other.labels, absl::MakeSpan(scratch))
-          .ok());
-  absl::StatusOr<float> loss2 =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(second));
+  ASSERT_TRUE(LossAndGradient(*backend, other, &scratch).ok());
+  absl::StatusOr<float> loss2 = LossAndGradient(*backend, batch, &second);
   ASSERT_TRUE(loss1.ok() && loss2.ok());
   EXPECT_EQ(std::memcmp(&*loss1, &*loss2, sizeof(float)), 0);
   int64_t differing = 0;
@@ -443,7 +363,7 @@ TEST(CpuBackendTest, SameInputGivesBitwiseIdenticalGradients) {
 TEST(CpuBackendTest, TakeWeightsIsSetWeightsWithoutTheCopy) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> params = InitParams(layout, 81);
-  const Batch batch = RandomBatch(layout, 16, 82);
+  const MlpBatch batch = RandomMlpBatch(layout, 16, 82);
   std::unique_ptr<Backend> set = MakeCpu(layout, 16);
   std::unique_ptr<Backend> taken = MakeCpu(layout, 16);
   ASSERT_TRUE(set != nullptr && taken != nullptr);
@@ -452,8 +372,8 @@ TEST(CpuBackendTest, TakeWeightsIsSetWeightsWithoutTheCopy) {
   ASSERT_TRUE(taken->TakeWeights(&buffer).ok());
   EXPECT_EQ(buffer.size(), params.size()) << "a same-sized buffer comes back";
   std::vector<float> g1(layout.num_params()), g2(layout.num_params());
-  auto l1 = set->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g1));
-  auto l2 = taken->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g2));
+  auto l1 = LossAndGradient(*set, batch, &g1);
+  auto l2 = LossAndGradient(*taken, batch, &g2);
   ASSERT_TRUE(l1.ok() && l2.ok());
   EXPECT_EQ(*l1, *l2);
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0);
@@ -462,7 +382,7 @@ TEST(CpuBackendTest, TakeWeightsIsSetWeightsWithoutTheCopy) {
   EXPECT_EQ(taken->TakeWeights(&shorter).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(shorter.size(), layout.num_params() - 1);
-  auto l3 = taken->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g2));
+  auto l3 = LossAndGradient(*taken, batch, &g2);
   ASSERT_TRUE(l3.ok());
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0);
 }
@@ -500,10 +420,9 @@ TEST(CpuBackendTest, ViewedWeightsGiveTheGradientsOfOwnedOnesBitForBit) {
   ASSERT_TRUE(owned->SetWeights(params).ok());
   const int64_t n = layout.num_params();
   for (int batch : {1, 7, 64}) {
-    const Batch b = RandomBatch(layout, batch, 92 + batch);
+    const MlpBatch b = RandomMlpBatch(layout, batch, 92 + batch);
     std::vector<float> want(n);
-    auto want_loss =
-        owned->ForwardBackward(b.x, b.labels, absl::MakeSpan(want));
+    auto want_loss = LossAndGradient(*owned, b, &want);
     ASSERT_TRUE(want_loss.ok());
     auto want_eval = owned->Evaluate(b.x, b.labels);
     ASSERT_TRUE(want_eval.ok());
@@ -515,7 +434,7 @@ TEST(CpuBackendTest, ViewedWeightsGiveTheGradientsOfOwnedOnesBitForBit) {
           ScatteredTensors(layout, params, skew, &memory);
       ASSERT_TRUE(viewed->ViewWeights(tensors).ok());
       std::vector<float> got(n, NAN);
-      auto loss = viewed->ForwardBackward(b.x, b.labels, absl::MakeSpan(got));
+      auto loss = LossAndGradient(*viewed, b, &got);
       ASSERT_TRUE(loss.ok());
       EXPECT_EQ(std::memcmp(&*loss, &*want_loss, sizeof(float)), 0);
       EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
@@ -535,15 +454,14 @@ TEST(CpuBackendTest, AViewIsReadWhereItLies) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> first = InitParams(layout, 93);
   const std::vector<float> second = InitParams(layout, 94);
-  const Batch b = RandomBatch(layout, 8, 95);
+  const MlpBatch b = RandomMlpBatch(layout, 8, 95);
   const int64_t n = layout.num_params();
   std::unique_ptr<Backend> backend = MakeCpu(layout, 8);
   ASSERT_TRUE(backend != nullptr);
   auto gradient = [&](const std::vector<float>& p) {
     std::vector<float> g(n);
     EXPECT_TRUE(backend->SetWeights(p).ok());
-    EXPECT_TRUE(
-        backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+    EXPECT_TRUE(LossAndGradient(*backend, b, &g).ok());
     return g;
   };
   const std::vector<float> of_first = gradient(first);
@@ -556,14 +474,14 @@ TEST(CpuBackendTest, AViewIsReadWhereItLies) {
   }
   ASSERT_TRUE(backend->ViewWeights(tensors).ok());
   std::vector<float> g(n);
-  ASSERT_TRUE(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+  ASSERT_TRUE(LossAndGradient(*backend, b, &g).ok());
   EXPECT_EQ(g, of_first);
   memory = second;  // same buffer, new values
-  ASSERT_TRUE(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+  ASSERT_TRUE(LossAndGradient(*backend, b, &g).ok());
   EXPECT_EQ(g, of_second) << "the backend computed from a copy";
   ASSERT_TRUE(backend->SetWeights(first).ok());
   std::fill(memory.begin(), memory.end(), NAN);
-  ASSERT_TRUE(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g)).ok());
+  ASSERT_TRUE(LossAndGradient(*backend, b, &g).ok());
   EXPECT_EQ(g, of_first) << "SetWeights left the backend on the view";
 }
 
@@ -587,11 +505,9 @@ TEST(CpuBackendTest, AViewOfTheWrongShapeIsInvalidArgument) {
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(wrong.message().find("fc2.weight"), std::string::npos) << wrong;
   // Neither counts as weights.
-  const Batch b = RandomBatch(layout, 2, 96);
+  const MlpBatch b = RandomMlpBatch(layout, 2, 96);
   std::vector<float> g(layout.num_params());
-  EXPECT_EQ(backend->ForwardBackward(b.x, b.labels, absl::MakeSpan(g))
-                .status()
-                .code(),
+  EXPECT_EQ(LossAndGradient(*backend, b, &g).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -642,17 +558,15 @@ TEST(CpuBackendTest, SimpleNetLossAtInitIsNearLn10) {
   // Pixel-like inputs in [0, 1) with uniform labels: at PyTorch's default
   // init the logits are small, so the softmax is near uniform.
   Rng rng(82, 0);
-  Batch batch;
+  MlpBatch batch;
   for (int i = 0; i < 256 * 784; ++i) {
     batch.x.push_back(static_cast<float>(rng.Uniform()));
   }
   for (int i = 0; i < 256; ++i) batch.labels.push_back(i % 10);
-  std::unique_ptr<Backend> backend = MakeCpu(layout, 256);
+  std::unique_ptr<Backend> backend = MakeCpu(layout, 256, params);
   ASSERT_NE(backend, nullptr);
-  ASSERT_TRUE(backend->SetWeights(params).ok());
   std::vector<float> grad(layout.num_params());
-  absl::StatusOr<float> loss =
-      backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
+  absl::StatusOr<float> loss = LossAndGradient(*backend, batch, &grad);
   ASSERT_TRUE(loss.ok()) << loss.status();
   std::printf("  SimpleNet loss at init: %.6f (ln 10 = %.6f)\n", *loss,
               std::log(10.0));
@@ -666,7 +580,7 @@ TEST(CpuBackendTest, SimpleNetGradientSpotCheck) {
   // all six tensors (first and last entry of each, the rest at random).
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> params = InitParams(layout, 91);
-  const Batch batch = RandomBatch(layout, 4, 92);
+  const MlpBatch batch = RandomMlpBatch(layout, 4, 92);
   std::vector<int64_t> which;
   Rng rng(93, 0);
   for (const TensorInfo& t : layout.tensors()) {

@@ -23,6 +23,7 @@
 #include "common/model_layout.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "tests/reference_mlp.h"
 #include "worker/backend.h"
 #include "worker/backend_choice.h"
 #include "worker/cpu_backend.h"
@@ -91,43 +92,13 @@ bool GpuUsable(std::string* why) {
   } while (0)
 
 // ---------------------------------------------------------------------------
-// Mixed-tolerance comparison that counts failures and prints the first ones.
-struct Compare {
-  int64_t mismatches = 0;
-  double max_abs = 0.0;
-  double diff_l2 = 0.0;  // sum of squared differences
-  double ref_l2 = 0.0;   // sum of squared reference values
-};
+// Comparisons (tests/reference_mlp.h's mixed tolerance).
 
-// name(i) labels entry i in the printout.
-template <typename NameFn>
-Compare CompareValues(absl::Span<const float> got, absl::Span<const float> want,
-                      double atol, double rtol, NameFn name) {
-  Compare c;
-  constexpr int kShow = 10;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double a = got[i], b = want[i];
-    const double diff = std::fabs(a - b);
-    const double tol = atol + rtol * std::fabs(b);
-    c.diff_l2 += diff * diff;
-    c.ref_l2 += b * b;
-    if (!(diff <= tol)) {  // NaN counts as a mismatch
-      if (c.mismatches < kShow) {
-        std::printf("  mismatch %s: cuda %.9g cpu %.9g |diff| %.3g > %.3g\n",
-                    name(i).c_str(), a, b, diff, tol);
-      }
-      ++c.mismatches;
-    }
-    if (diff > c.max_abs || std::isnan(diff)) c.max_abs = diff;
-  }
-  return c;
-}
-
-Compare CompareFlat(const char* what, absl::Span<const float> got,
-                    absl::Span<const float> want, double atol, double rtol) {
-  return CompareValues(got, want, atol, rtol, [&](size_t i) {
-    return absl::StrCat(what, "[", i, "]");
-  });
+Comparison CompareFlat(const char* what, absl::Span<const float> got,
+                       absl::Span<const float> want, double atol, double rtol) {
+  return CompareWithTolerance(
+      ToDouble(got), ToDouble(want), atol, rtol,
+      [&](size_t i) { return absl::StrCat(what, "[", i, "]"); }, "cuda", "cpu");
 }
 
 // Compares two flat gradients tensor by tensor; returns total mismatches.
@@ -138,7 +109,8 @@ int64_t CompareGradients(const ModelLayout& layout,
   for (const TensorInfo& t : layout.tensors()) {
     absl::Span<const float> g(got.data() + t.offset, t.size);
     absl::Span<const float> w(want.data() + t.offset, t.size);
-    const Compare c = CompareFlat(t.name.c_str(), g, w, kGradAtol, kGradRtol);
+    const Comparison c =
+        CompareFlat(t.name.c_str(), g, w, kGradAtol, kGradRtol);
     const double rel_l2 = std::sqrt(c.diff_l2 / std::max(c.ref_l2, 1e-300));
     std::printf(
         "  %-11s %7lld values: %lld mismatches, max |diff| %.3g, "
@@ -152,58 +124,12 @@ int64_t CompareGradients(const ModelLayout& layout,
 }
 
 // ---------------------------------------------------------------------------
-// Test data.
-struct Batch {
-  std::vector<float> x;         // (n, input_dim)
-  std::vector<int32_t> labels;  // (n)
-};
+// Test data: batches of tests/reference_mlp.h, no sample within kKinkMargin
+// of a kink.
 
-// Float64 forward of one sample x (input_dim) with float32 params p: false
-// when any ReLU input lies within kKinkMargin of 0 or the two largest logits
-// lie within kKinkMargin of each other, i.e. when float32 rounding could
-// decide a branch differently on the two backends.
-bool FarFromKinks(const ModelLayout& layout, const std::vector<float>& p,
-                  const float* x) {
-  const std::vector<int>& d = layout.dims();
-  const int L = layout.num_layers();
-  std::vector<double> h(x, x + d[0]), y;
-  for (int l = 0; l < L; ++l) {
-    const float* w = p.data() + layout.weight(l).offset;  // (out, in)
-    const float* b = p.data() + layout.bias(l).offset;    // (out)
-    y.assign(d[l + 1], 0.0);
-    for (int o = 0; o < d[l + 1]; ++o) {
-      double acc = b[o];
-      const float* row = w + static_cast<int64_t>(o) * d[l];
-      for (int i = 0; i < d[l]; ++i) acc += static_cast<double>(row[i]) * h[i];
-      if (l + 1 < L) {
-        if (std::fabs(acc) < kKinkMargin) return false;
-        acc = acc > 0.0 ? acc : 0.0;
-      }
-      y[o] = acc;
-    }
-    h.swap(y);
-  }
-  std::vector<double> z = h;
-  std::sort(z.begin(), z.end());
-  return z.size() < 2 || z[z.size() - 1] - z[z.size() - 2] >= kKinkMargin;
-}
-
-// n samples of N(0,1) features and uniform labels, redrawing any sample that
-// is not FarFromKinks.
-Batch DrawBatch(const ModelLayout& layout, const std::vector<float>& params,
-                int n, uint64_t seed) {
-  Rng rng(seed, 11);
-  const int D = layout.input_dim();
-  Batch b;
-  b.x.resize(static_cast<size_t>(n) * D);
-  for (int s = 0; s < n; ++s) {
-    float* xs = b.x.data() + static_cast<size_t>(s) * D;
-    do {
-      for (int i = 0; i < D; ++i) xs[i] = static_cast<float>(rng.Normal());
-    } while (!FarFromKinks(layout, params, xs));
-    b.labels.push_back(static_cast<int32_t>(rng.Below(layout.num_classes())));
-  }
-  return b;
+MlpBatch DrawBatch(const ModelLayout& layout, const std::vector<float>& params,
+                   int n, uint64_t seed) {
+  return MlpBatchFarFromKinks(layout, params, n, seed, kKinkMargin);
 }
 
 std::vector<float> RandomVector(size_t n, uint64_t seed, double scale) {
@@ -479,7 +405,7 @@ TEST_P(CudaParityTest, ForwardBackwardMatchesCpu) {
   const ParityCase& p = GetParam();
   const ModelLayout layout = ModelLayout::Mlp(p.dims);
   const std::vector<float> params = InitParams(layout, 42 + p.batch);
-  const Batch batch = DrawBatch(layout, params, p.batch, 1000 + p.batch);
+  const MlpBatch batch = DrawBatch(layout, params, p.batch, 1000 + p.batch);
   auto cpu = MakeCpu(layout, 1000);
   auto cuda = MakeCuda(layout, 1000);
   ASSERT_TRUE(cpu && cuda);
@@ -507,7 +433,7 @@ TEST_P(CudaParityTest, EvaluateMatchesCpu) {
   const std::vector<float> params = InitParams(layout, 7 + p.batch);
   // 2.5 chunks of max_batch = batch: full chunks and a partial one.
   const int n = p.batch * 2 + (p.batch + 1) / 2;
-  const Batch batch = DrawBatch(layout, params, n, 2000 + p.batch);
+  const MlpBatch batch = DrawBatch(layout, params, n, 2000 + p.batch);
   auto cpu = MakeCpu(layout, p.batch);
   auto cuda = MakeCuda(layout, p.batch);
   ASSERT_TRUE(cpu && cuda);
@@ -549,7 +475,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Determinism.
 
 std::vector<float> Gradient(Backend* backend, const ModelLayout& layout,
-                            const Batch& batch, float* loss) {
+                            const MlpBatch& batch, float* loss) {
   std::vector<float> grad(layout.num_params());
   auto l =
       backend->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(grad));
@@ -567,8 +493,8 @@ TEST(CudaBackendTest, SameBatchTwiceGivesBitwiseIdenticalGradients) {
   ASSERT_TRUE(cuda->SetWeights(params).ok());
   for (int B : {1000, 63}) {
     SCOPED_TRACE(absl::StrCat("B=", B));
-    const Batch a = DrawBatch(layout, params, B, 3000 + B);
-    const Batch other = DrawBatch(layout, params, 129, 4000 + B);
+    const MlpBatch a = DrawBatch(layout, params, B, 3000 + B);
+    const MlpBatch other = DrawBatch(layout, params, 129, 4000 + B);
     // The first step of a size runs launch by launch, the second captures a
     // graph, the third replays it: all three must agree to the bit.
     float loss[3], unused;
@@ -597,7 +523,7 @@ TEST(CudaBackendTest, GraphsAndEagerLaunchesGiveBitwiseIdenticalGradients) {
   ASSERT_TRUE(eager->SetWeights(params).ok());
   for (int B : {512, 512, 100, 100, 512}) {  // eager, capture, replay
     SCOPED_TRACE(absl::StrCat("B=", B));
-    const Batch batch = DrawBatch(layout, params, B, 5000 + B);
+    const MlpBatch batch = DrawBatch(layout, params, B, 5000 + B);
     float loss_g, loss_e;
     const std::vector<float> g = Gradient(graphs.get(), layout, batch, &loss_g);
     const std::vector<float> e = Gradient(eager.get(), layout, batch, &loss_e);
@@ -619,12 +545,12 @@ TEST(CudaBackendTest, EvaluationsAndManyBatchSizesBetweenReplaysChangeNothing) {
   ASSERT_TRUE(graphs && eager);
   ASSERT_TRUE(graphs->SetWeights(params).ok());
   ASSERT_TRUE(eager->SetWeights(params).ok());
-  const Batch eval = DrawBatch(layout, params, 200, 8800);
+  const MlpBatch eval = DrawBatch(layout, params, 200, 8800);
   // 12 sizes, each three times: more than the graphs kept (8).
   for (int round = 0; round < 3; ++round) {
     for (int B = 16; B <= 256; B += 20) {
       SCOPED_TRACE(absl::StrCat("round ", round, ", B=", B));
-      const Batch batch = DrawBatch(layout, params, B, 8000 + B);
+      const MlpBatch batch = DrawBatch(layout, params, B, 8000 + B);
       float loss_g, loss_e;
       const std::vector<float> g =
           Gradient(graphs.get(), layout, batch, &loss_g);
@@ -655,7 +581,7 @@ TEST(CudaBackendTest, AFailedGraphCaptureFallsBackToPlainLaunches) {
   // Eager, then the capture (fails), then steps that would replay.
   for (int step = 0; step < 4; ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
-    const Batch batch = DrawBatch(layout, params, 128, 5100 + step);
+    const MlpBatch batch = DrawBatch(layout, params, 128, 5100 + step);
     std::vector<float> g(layout.num_params()), e(layout.num_params());
     auto loss_g =
         failing->ForwardBackward(batch.x, batch.labels, absl::MakeSpan(g));
@@ -673,7 +599,7 @@ TEST(CudaBackendTest, NewWeightsAreUsedByTheNextStep) {
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> p1 = InitParams(layout, 5);
   const std::vector<float> p2 = InitParams(layout, 6);
-  const Batch batch = DrawBatch(layout, p2, 64, 6000);
+  const MlpBatch batch = DrawBatch(layout, p2, 64, 6000);
   auto cpu = MakeCpu(layout, 64);
   auto cuda = MakeCuda(layout, 64);
   ASSERT_TRUE(cpu && cuda);
@@ -696,7 +622,7 @@ TEST(CudaBackendTest, Tf32StaysCloseToFloat32) {
   SKIP_WITHOUT_GPU();
   const ModelLayout layout = ModelLayout::SimpleNet();
   const std::vector<float> params = InitParams(layout, 8);
-  const Batch batch = DrawBatch(layout, params, 512, 7000);
+  const MlpBatch batch = DrawBatch(layout, params, 512, 7000);
   auto fp32 = MakeCuda(layout, 512);
   auto tf32 = MakeCuda(layout, 512, /*graphs=*/true, /*tf32=*/true);
   ASSERT_TRUE(fp32 && tf32);
@@ -838,7 +764,7 @@ TEST(CudaModuleTest, ModuleLoadsAndAgreesWithTheDirectBackend) {
   auto direct = CudaBackend::Create(layout, options);
   ASSERT_TRUE(direct.ok()) << direct.status();
   const std::vector<float> params = InitParams(layout, 3);
-  const Batch batch = DrawBatch(layout, params, 64, 9100);
+  const MlpBatch batch = DrawBatch(layout, params, 64, 9100);
   ASSERT_TRUE((*from_module)->SetWeights(params).ok());
   ASSERT_TRUE((*direct)->SetWeights(params).ok());
   float loss_module, loss_direct;

@@ -203,6 +203,73 @@ TEST(DataPlaneTest, ALingeringSecondProcessOfARankStandsByWithShards) {
   ALingeringSecondProcessStandsBy("auto", 2);
 }
 
+// A worker whose block another computed (a straggler backup) while it was
+// away, and that finds the job steps ahead when it comes back, moves on to
+// the newest version without registering again: rank 0 is held with
+// SIGSTOP while rank 1 backs up its block and then runs on alone, then let
+// go. Its gradient of the old step counts for nothing (the model is the
+// undisturbed job's), and dp-ps registered it once.
+void ABackedUpWorkerMovesOnWithoutRegisteringAgain(const std::string& plane,
+                                                   int shards) {
+  const std::vector<std::string> on_plane = {"--data_plane=" + plane};
+  TempDir dir;
+  std::vector<std::string> flags = {"--max_steps=400",
+                                    "--batch_size=32",
+                                    "--dataset=synthetic",
+                                    "--epochs=1000",
+                                    "--seed=11",
+                                    "--backup_blocks=1",
+                                    "--worker_timeout_s=600",
+                                    "--straggler_min_wait_ms=1"};
+  const std::string reference_path = dir.File("reference.safetensors");
+  flags.push_back("--save_model=" + reference_path);
+  const JobResult undisturbed = RunJob(flags, 2, on_plane, shards);
+  ASSERT_EQ(undisturbed.ps_exit, 0) << undisturbed.ps_output;
+  const std::string reference = ReadModel(reference_path);
+  ASSERT_FALSE(reference.empty());
+
+  const std::string model = dir.File("model.safetensors");
+  flags.back() = "--save_model=" + model;
+  flags.push_back("--workers=2");
+  std::vector<int> ports;
+  auto ps = StartShards(shards, flags, &ports);
+  const int port = ports[0];
+  auto w0 = StartWorker(PsList(ports), 0, on_plane);
+  auto w1 = StartWorker(PsList(ports), 1, on_plane);
+  ASSERT_TRUE(WaitForStep(port, 5, absl::Minutes(2))) << ps[0]->output();
+  w0->Signal(SIGSTOP);
+  const int64_t held_at = CurrentStep(port);
+  ASSERT_TRUE(WaitForStep(port, held_at + 10, absl::Minutes(2)))
+      << ps[0]->output();
+  ASSERT_LT(CurrentStep(port), 400) << "the job ended while rank 0 was held";
+  w0->Signal(SIGCONT);
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+  for (auto& shard : ps) {
+    EXPECT_EQ(shard->Wait(kJobTimeout), 0) << shard->output();
+    EXPECT_EQ(Occurrences(shard->output(), "rank 0 registered"), 1)
+        << shard->output();
+  }
+  EXPECT_EQ(Occurrences(w0->output(), "re-joining"), 0) << w0->output();
+  EXPECT_NE(w0->output().find("rank 0: moving on from step"), std::string::npos)
+      << w0->output();
+  EXPECT_TRUE(ReadModel(model) == reference)
+      << "a backed-up block changed the model";
+}
+
+TEST(DataPlaneTest,
+     ABackedUpWorkerMovesOnWithoutRegisteringAgainOverSharedMemory) {
+  ABackedUpWorkerMovesOnWithoutRegisteringAgain("shm", 1);
+}
+
+TEST(DataPlaneTest, ABackedUpWorkerMovesOnWithoutRegisteringAgainOverGrpc) {
+  ABackedUpWorkerMovesOnWithoutRegisteringAgain("grpc", 1);
+}
+
+TEST(DataPlaneTest, ABackedUpWorkerMovesOnWithoutRegisteringAgainWithShards) {
+  ABackedUpWorkerMovesOnWithoutRegisteringAgain("auto", 2);
+}
+
 // Shared memory has no name: kill -9 of every process leaves nothing that
 // a restarted dp-ps or anyone else could find (and trust).
 TEST(DataPlaneTest, KilledProcessesLeaveNoSharedMemoryBehind) {

@@ -14,26 +14,15 @@
 #include "gtest/gtest.h"
 #include "server/coordinator_mirror.h"
 #include "server/step_coordinator.h"
+#include "tests/coordinator_harness.h"
 #include "tests/same_state.h"
 
 namespace dp {
 namespace {
 
-const DataFingerprint kData{1000, 0x1234};
 const ModelLayout& Layout() {
   static const ModelLayout* l = new ModelLayout(ModelLayout::Mlp({6, 5, 3}));
   return *l;
-}
-
-JobConfig Job(int world, int micro_batches, int min_workers = 1) {
-  JobConfig c;
-  c.schedule.world_size = world;
-  c.schedule.micro_batches = micro_batches;
-  c.schedule.batch_size = 4;
-  c.schedule.epochs = 1;
-  c.dataset = "synthetic";
-  c.min_workers = min_workers;
-  return c;
 }
 
 ElasticOptions Instant() {
@@ -45,14 +34,11 @@ ElasticOptions Instant() {
 // A coordinator with `elastic` whose ranks [0, registered) have joined.
 std::unique_ptr<StepCoordinator> Started(const JobConfig& job, int registered,
                                          const ElasticOptions& elastic) {
-  TrainingState s;
-  s.params = InitParams(Layout(), 1);
-  auto c = std::make_unique<StepCoordinator>(Layout(), job, s);
-  c->SetElastic(elastic);
-  for (int r = 0; r < registered; ++r) {
-    EXPECT_TRUE(c->Register(r, Layout().Fingerprint(), kData).ok());
-  }
-  return c;
+  CoordinatorSetup setup;
+  setup.job = job;
+  setup.elastic = elastic;
+  setup.registered = registered;
+  return MakeTestCoordinator(Layout(), setup);
 }
 
 // The same without straggler backups: they have their own tests, on a
@@ -151,8 +137,7 @@ std::string BlockSum(const Block& b, int step) {
   for (auto& l : leaves) p.push_back(l.data());
   std::vector<float> out(Layout().num_params());
   SumInTreeOrder(p, out.size(), out.data());
-  return std::string(reinterpret_cast<const char*>(out.data()),
-                     out.size() * sizeof(float));
+  return WireBytes(out);
 }
 
 // The step's root written out by hand, in the tree docs/elastic.md draws:
@@ -171,8 +156,7 @@ std::string HandRoot(int k, int step) {
       ADD_FAILURE() << "no tree written out for K = " << k;
     }
   }
-  return std::string(reinterpret_cast<const char*>(out.data()),
-                     out.size() * sizeof(float));
+  return WireBytes(out);
 }
 
 absl::Status PushBlock(StepCoordinator& c, int rank, int step, Block b) {
@@ -184,7 +168,7 @@ absl::Status PushBlock(StepCoordinator& c, int rank, int step, Block b) {
 // whole step by one rank, and as a mix pushed out of order and twice: one
 // state, bit for bit.
 TEST(ElasticCoordinatorTest, TheStateDependsOnTheMicroBatchesNotOnWhoPushed) {
-  const JobConfig job = Job(4, 4);
+  const JobConfig job = TestJob(4, 4);
   const std::vector<std::vector<std::pair<int, Block>>> ways = {
       {{0, {0, 1}}, {1, {1, 1}}, {2, {2, 1}}, {3, {3, 1}}},
       {{0, {0, 2}}, {1, {2, 2}}},
@@ -213,7 +197,7 @@ TEST(ElasticCoordinatorTest, TheStateDependsOnTheMicroBatchesNotOnWhoPushed) {
 // or ranks push the blocks of a plan for 2, summed as workers sum them.
 TEST(ElasticCoordinatorTest, OddStepsAreSummedInTheDocumentedTree) {
   for (const int k : {3, 5}) {
-    const JobConfig job = Job(k, k);
+    const JobConfig job = TestJob(k, k);
     auto by_hand = Make(job, k);
     auto leaves = Make(job, k);
     auto blocks = Make(job, k);
@@ -240,7 +224,7 @@ TEST(ElasticCoordinatorTest, OddStepsAreSummedInTheDocumentedTree) {
 }
 
 TEST(ElasticCoordinatorTest, CopiesCountOnceAndABlockMustBeANode) {
-  auto c = Make(Job(4, 4), 4);
+  auto c = Make(TestJob(4, 4), 4);
   ASSERT_TRUE(PushBlock(*c, 0, 0, {0, 2}).ok());
   auto again =
       c->Push(1, 0, 0, BlockSum({0, 2}, 0), 1.0f, Encoding::kF32, Block{0, 2});
@@ -262,20 +246,20 @@ TEST(ElasticCoordinatorTest, CopiesCountOnceAndABlockMustBeANode) {
 }
 
 TEST(ElasticCoordinatorTest, ThePlanSplitsTheStepAmongTheLiveRanks) {
-  auto c = Make(Job(4, 4), 3);
+  auto c = Make(TestJob(4, 4), 3);
   EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 1}, {1, 1}, {2, 2}, {}}));
   // Rank 3 joins before anything of the step is in: planned again.
-  ASSERT_TRUE(c->Register(3, Layout().Fingerprint(), kData).ok());
+  ASSERT_TRUE(RegisterRank(*c, 3).ok());
   EXPECT_EQ(c->Status().plan,
             (std::vector<Block>{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
   ASSERT_EQ(c->Pull(2, 0, 0)->block, (Block{2, 1}));
 }
 
 TEST(ElasticCoordinatorTest, AJoinerGetsBlocksFromTheNextStepOn) {
-  auto c = Make(Job(4, 2), 1);
+  auto c = Make(TestJob(4, 2), 1);
   EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 2}, {}, {}, {}}));
   ASSERT_TRUE(PushBlock(*c, 0, 0, {0, 1}).ok());
-  ASSERT_TRUE(c->Register(1, Layout().Fingerprint(), kData).ok());
+  ASSERT_TRUE(RegisterRank(*c, 1).ok());
   EXPECT_TRUE(c->Pull(1, 0, 0)->block.empty()) << "mid-step: nothing yet";
   ASSERT_TRUE(PushBlock(*c, 0, 0, {1, 1}).ok());
   EXPECT_EQ(c->Status().plan, (std::vector<Block>{{0, 1}, {1, 1}, {}, {}}));
@@ -284,13 +268,13 @@ TEST(ElasticCoordinatorTest, AJoinerGetsBlocksFromTheNextStepOn) {
 TEST(ElasticCoordinatorTest, TheFirstStepWaitsForEveryRankUntilTheStartWait) {
   ElasticOptions patient;
   patient.start_wait = absl::Hours(1);
-  auto c = Make(Job(2, 2), 1, patient);
+  auto c = Make(TestJob(2, 2), 1, patient);
   EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty()) << "rank 1 is not there yet";
-  ASSERT_TRUE(c->Register(1, Layout().Fingerprint(), kData).ok());
+  ASSERT_TRUE(RegisterRank(*c, 1).ok());
   EXPECT_EQ(c->Pull(0, 0, 0)->block, (Block{0, 1}));
   ElasticOptions impatient;
   impatient.start_wait = absl::ZeroDuration();
-  auto d = Make(Job(2, 2), 1, impatient);
+  auto d = Make(TestJob(2, 2), 1, impatient);
   EXPECT_EQ(d->Pull(0, 0, 0)->block, (Block{0, 2}));
 }
 
@@ -299,10 +283,10 @@ TEST(ElasticCoordinatorTest, TheFirstStepWaitsForEveryRankUntilTheStartWait) {
 TEST(ElasticCoordinatorTest, PlanningTheStepKeepsWhatIsIn) {
   ElasticOptions patient;
   patient.start_wait = absl::Hours(1);
-  auto c = Make(Job(2, 2), 1, patient);
+  auto c = Make(TestJob(2, 2), 1, patient);
   ASSERT_TRUE(PushBlock(*c, 0, 0, {0, 1}).ok());
   const auto before = c->Observe();
-  ASSERT_TRUE(c->Register(1, Layout().Fingerprint(), kData).ok());
+  ASSERT_TRUE(RegisterRank(*c, 1).ok());
   EXPECT_EQ(c->Status().pushed_ranks, std::vector<int>{0});
   const auto after = c->Observe();
   ASSERT_EQ(after.sums.size(), 1u);
@@ -314,9 +298,9 @@ TEST(ElasticCoordinatorTest, PlanningTheStepKeepsWhatIsIn) {
 }
 
 TEST(ElasticCoordinatorTest, StepsWaitForMinWorkers) {
-  auto c = Make(Job(3, 2, /*min_workers=*/2), 1);
+  auto c = Make(TestJob(3, 2, /*min_workers=*/2), 1);
   EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty());
-  ASSERT_TRUE(c->Register(1, Layout().Fingerprint(), kData).ok());
+  ASSERT_TRUE(RegisterRank(*c, 1).ok());
   EXPECT_EQ(c->Pull(0, 0, 0)->block, (Block{0, 1}));
   EXPECT_EQ(c->Pull(1, 0, 0)->block, (Block{1, 1}));
 }
@@ -326,10 +310,9 @@ TEST(ElasticCoordinatorTest, StepsWaitForMinWorkers) {
 // no one (the step waits) until a second rank is live; then to rank 1.
 TEST(ElasticCoordinatorTest,
      BelowMinWorkersALostRanksBlockWaitsForEnoughRanks) {
-  auto c = Make(Job(3, 3, /*min_workers=*/2), 0);
-  const uint64_t fp = Layout().Fingerprint();
-  auto r0 = c->Register(0, fp, kData);
-  ASSERT_TRUE(r0.ok() && c->Register(1, fp, kData).ok());
+  auto c = Make(TestJob(3, 3, /*min_workers=*/2), 0);
+  auto r0 = RegisterRank(*c, 0);
+  ASSERT_TRUE(r0.ok() && RegisterRank(*c, 1).ok());
   ASSERT_EQ(c->Status().plan, (std::vector<Block>{{0, 2}, {2, 1}, {}}));
   ASSERT_TRUE(PushBlock(*c, 1, 0, {2, 1}).ok());
   const std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);
@@ -341,7 +324,7 @@ TEST(ElasticCoordinatorTest,
   EXPECT_EQ(c->Status().waits_for, std::vector<int>{0});
   // Rank 2 joins: two live. Rank 0's block goes to the rank that waits;
   // the joiner gets blocks from the next step on.
-  ASSERT_TRUE(c->Register(2, fp, kData).ok());
+  ASSERT_TRUE(RegisterRank(*c, 2).ok());
   EXPECT_EQ(Handed(*wait), (Block{0, 2}));
   EXPECT_EQ(c->Status().elastic.blocks_reassigned, 1);
   EXPECT_TRUE(c->Pull(2, 0, 0)->block.empty());
@@ -354,12 +337,11 @@ TEST(ElasticCoordinatorTest,
 // handed on) has no block in it: the step does not wait for its old one,
 // and it gets none back when it returns mid-step, only from the plan after.
 TEST(ElasticCoordinatorTest, ARankLeftOutOfThePlanKeepsNoOldBlock) {
-  auto c = Make(Job(3, 3), 0);
-  const uint64_t fp = Layout().Fingerprint();
-  auto r0 = c->Register(0, fp, kData);
+  auto c = Make(TestJob(3, 3), 0);
+  auto r0 = RegisterRank(*c, 0);
   ASSERT_TRUE(r0.ok());
-  ASSERT_TRUE(c->Register(1, fp, kData).ok());
-  ASSERT_TRUE(c->Register(2, fp, kData).ok());
+  ASSERT_TRUE(RegisterRank(*c, 1).ok());
+  ASSERT_TRUE(RegisterRank(*c, 2).ok());
   ASSERT_TRUE(PushBlock(*c, 2, 0, {2, 1}).ok());
   const std::shared_ptr<Wait> wait = WaitIdle(*c, 2, 0);
   c->ConnectionClosed(0, r0->session);
@@ -375,7 +357,7 @@ TEST(ElasticCoordinatorTest, ARankLeftOutOfThePlanKeepsNoOldBlock) {
   EXPECT_EQ(c->Status().waits_for, std::vector<int>{1});
   // Rank 0 is back while a block of step 1 is in: nothing for it yet, so
   // it waits for the next step.
-  ASSERT_TRUE(c->Register(0, fp, kData).ok());
+  ASSERT_TRUE(RegisterRank(*c, 0).ok());
   EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty())
       << c->Pull(0, 0, 0)->block.ToString();
   const std::shared_ptr<Wait> back = WaitIdle(*c, 0, 1);
@@ -389,7 +371,7 @@ TEST(ElasticCoordinatorTest, ARankLeftOutOfThePlanKeepsNoOldBlock) {
 // Rank 0 goes silent past its lease while rank 1 waits: its block is
 // handed to rank 1's wait, and the step completes without rank 0.
 TEST(ElasticCoordinatorTest, ALostRanksBlockGoesToARankThatWaits) {
-  auto c = Make(Job(2, 2), 2);
+  auto c = Make(TestJob(2, 2), 2);
   ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
   Block handed;
   absl::Notification woken;
@@ -425,15 +407,10 @@ TEST(ElasticCoordinatorTest, ALostRanksBlockGoesToARankThatWaits) {
 // A closed connection (the Attend call of the rank's registration ended)
 // makes the rank missing at once, long before its lease would run out.
 TEST(ElasticCoordinatorTest, AClosedConnectionHandsTheBlockOnAtOnce) {
-  TrainingState s;
-  s.params = InitParams(Layout(), 1);
-  StepCoordinator c(Layout(), Job(2, 2), s);
-  ElasticOptions elastic = Instant();
-  elastic.backup_blocks = 0;
-  c.SetElastic(elastic);
-  const uint64_t fp = Layout().Fingerprint();
-  auto r0 = c.Register(0, fp, kData);
-  auto r1 = c.Register(1, fp, kData);
+  auto owned = Make(TestJob(2, 2), 0);
+  StepCoordinator& c = *owned;
+  auto r0 = RegisterRank(c, 0);
+  auto r1 = RegisterRank(c, 1);
   ASSERT_TRUE(r0.ok() && r1.ok());
   ASSERT_NE(r0->session, r1->session);
   ASSERT_TRUE(c.Attend(0, r0->session).ok());
@@ -458,7 +435,7 @@ TEST(ElasticCoordinatorTest, AClosedConnectionHandsTheBlockOnAtOnce) {
   ASSERT_TRUE(PushBlock(c, 1, 0, {0, 1}).ok());
   EXPECT_EQ(c.Status().step, 1);
   // The process comes back: a new registration, live again.
-  auto again = c.Register(0, fp, kData);
+  auto again = RegisterRank(c, 0);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(c.Status().live_ranks, (std::vector<int>{0, 1}));
   events = c.CheckLeases(absl::Hours(1));
@@ -476,10 +453,9 @@ TEST(ElasticCoordinatorTest, ACallHandledAfterTheConnectionClosedRevivesNoOne) {
     ElasticOptions elastic = Instant();
     elastic.on_worker_loss =
         reassign ? OnWorkerLoss::kReassign : OnWorkerLoss::kWait;
-    auto c = Make(Job(2, 2), 0, elastic);
-    const uint64_t fp = Layout().Fingerprint();
-    auto r0 = c->Register(0, fp, kData);
-    auto r1 = c->Register(1, fp, kData);
+    auto c = Make(TestJob(2, 2), 0, elastic);
+    auto r0 = RegisterRank(*c, 0);
+    auto r1 = RegisterRank(*c, 1);
     ASSERT_TRUE(r0.ok() && r1.ok());
     c->ConnectionClosed(1, r1->session);
     (void)PushBlock(*c, 1, 0, {1, 1});  // in flight when it died
@@ -496,7 +472,7 @@ TEST(ElasticCoordinatorTest, ACallHandledAfterTheConnectionClosedRevivesNoOne) {
     (void)PushBlock(*c, 1, 0, {1, 1});
     EXPECT_EQ(c->Status().live_ranks, live);
     EXPECT_TRUE(c->CheckLeases(absl::Hours(1)).empty()) << "back?";
-    ASSERT_TRUE(c->Register(1, fp, kData).ok());
+    ASSERT_TRUE(RegisterRank(*c, 1).ok());
     events = c->CheckLeases(absl::Hours(1));
     ASSERT_EQ(events.size(), 1u);
     EXPECT_EQ(events[0].kind, StepCoordinator::LeaseEvent::kBack);
@@ -507,16 +483,13 @@ TEST(ElasticCoordinatorTest, ACallHandledAfterTheConnectionClosedRevivesNoOne) {
 // process came back, or another took the rank) is nobody's departure, and
 // that old session can no longer attend.
 TEST(ElasticCoordinatorTest, TheEndOfAnOlderRegistrationChangesNothing) {
-  TrainingState s;
-  s.params = InitParams(Layout(), 1);
-  StepCoordinator c(Layout(), Job(2, 2), s);
-  c.SetElastic(Instant());
-  const uint64_t fp = Layout().Fingerprint();
-  auto old = c.Register(0, fp, kData);
+  auto owned = Started(TestJob(2, 2), 0, Instant());
+  StepCoordinator& c = *owned;
+  auto old = RegisterRank(c, 0);
   ASSERT_TRUE(old.ok());
-  auto now = c.Register(0, fp, kData);
+  auto now = RegisterRank(c, 0);
   ASSERT_TRUE(now.ok());
-  ASSERT_TRUE(c.Register(1, fp, kData).ok());
+  ASSERT_TRUE(RegisterRank(c, 1).ok());
   EXPECT_EQ(c.Attend(0, old->session).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(c.Attend(1, now->session).code(),
@@ -538,29 +511,27 @@ TEST(ElasticCoordinatorTest, TheEndOfAnOlderRegistrationChangesNothing) {
 // as given.
 struct TwoProcesses {
   explicit TwoProcesses(absl::Duration lease, bool reassign = true,
-                        const JobConfig& job = Job(2, 2))
-      : c(Layout(), job, [] {
-          TrainingState s;
-          s.params = InitParams(Layout(), 1);
-          return s;
-        }()) {
-    ElasticOptions elastic = Instant();
-    elastic.backup_blocks = 0;
-    elastic.lease = lease;
-    elastic.on_worker_loss =
-        reassign ? OnWorkerLoss::kReassign : OnWorkerLoss::kWait;
-    c.SetElastic(elastic);
-    auto r0 = c.Register(0, Layout().Fingerprint(), kData, "host/1");
-    auto r1 = c.Register(1, Layout().Fingerprint(), kData, "host/2");
+                        const JobConfig& job = TestJob(2, 2))
+      : owned([&] {
+          ElasticOptions elastic = Instant();
+          elastic.lease = lease;
+          elastic.on_worker_loss =
+              reassign ? OnWorkerLoss::kReassign : OnWorkerLoss::kWait;
+          return Make(job, 0, elastic);
+        }()),
+        c(*owned) {
+    auto r0 = Register(0, "host/1");
+    auto r1 = Register(1, "host/2");
     EXPECT_TRUE(r0.ok() && r1.ok());
     if (r0.ok()) session0 = r0->session;
     EXPECT_TRUE(c.Attend(0, session0).ok());
   }
   absl::StatusOr<StepCoordinator::Registration> Register(
       int rank, absl::string_view worker_id) {
-    return c.Register(rank, Layout().Fingerprint(), kData, worker_id);
+    return RegisterRank(c, rank, kTestData, worker_id);
   }
-  StepCoordinator c;
+  std::unique_ptr<StepCoordinator> owned;
+  StepCoordinator& c;
   uint64_t session0 = 0;
 };
 
@@ -579,7 +550,7 @@ TEST(ElasticCoordinatorTest, AHeldRankRefusesAnotherProcessAndNothingChanges) {
             std::string::npos)
       << second.status();
   auto any = job.c.Register(StepCoordinator::kAnyRank, Layout().Fingerprint(),
-                            kData, "host/3", /*preferred=*/0);
+                            kTestData, "host/3", /*preferred=*/0);
   EXPECT_EQ(any.status().code(), absl::StatusCode::kResourceExhausted)
       << any.status();
   auto anonymous = job.Register(1, "");
@@ -623,7 +594,7 @@ TEST(ElasticCoordinatorTest,
     TwoProcesses rankless(absl::Hours(1), reassign);
     rankless.c.ConnectionClosed(0, rankless.session0);
     auto any = rankless.c.Register(StepCoordinator::kAnyRank,
-                                   Layout().Fingerprint(), kData, "host/4");
+                                   Layout().Fingerprint(), kTestData, "host/4");
     ASSERT_TRUE(any.ok()) << any.status();
     EXPECT_EQ(any->rank, 0);
   }
@@ -653,7 +624,7 @@ TEST(ElasticCoordinatorTest, AHeldRankGoesToTheNewcomerOnceItsLeaseRunsOut) {
 // Once every step is applied nothing is left to take: one standing by
 // joins at the end (and exits 0), the holder live or not.
 TEST(ElasticCoordinatorTest, AfterTheLastStepAHeldRankRefusesNoOne) {
-  JobConfig one_step = Job(2, 2);
+  JobConfig one_step = TestJob(2, 2);
   one_step.schedule.max_steps = 1;
   TwoProcesses job(absl::Hours(1), true, one_step);
   ASSERT_EQ(job.Register(0, "host/3").status().code(),
@@ -669,7 +640,7 @@ TEST(ElasticCoordinatorTest, AfterTheLastStepAHeldRankRefusesNoOne) {
 // A lost rank's block handed to a rank that is lost in turn goes on to the
 // next rank that waits.
 TEST(ElasticCoordinatorTest, ABlockHandedToARankLostInTurnIsHandedOnAgain) {
-  auto c = Make(Job(3, 3), 3);
+  auto c = Make(TestJob(3, 3), 3);
   std::vector<Block> handed(3);
   auto wait = [&](int rank) {
     auto t = c->WaitForStep(
@@ -698,7 +669,7 @@ TEST(ElasticCoordinatorTest, ABlockHandedToARankLostInTurnIsHandedOnAgain) {
 TEST(ElasticCoordinatorTest, WithoutReassignTheStepWaitsForALostRank) {
   ElasticOptions wait = Instant();
   wait.on_worker_loss = OnWorkerLoss::kWait;
-  auto c = Make(Job(2, 2), 2, wait);
+  auto c = Make(TestJob(2, 2), 2, wait);
   ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
   auto ticket =
       c->WaitForStep(1, 0, [](const absl::Status&, int64_t, Block) {});
@@ -710,19 +681,20 @@ TEST(ElasticCoordinatorTest, WithoutReassignTheStepWaitsForALostRank) {
 }
 
 TEST(ElasticCoordinatorTest, AnyRankPicksAFreeRankAndKeepsAWorkersOwn) {
-  TrainingState s;
-  s.params = InitParams(Layout(), 1);
-  StepCoordinator c(Layout(), Job(2, 2), s);
-  const uint64_t fp = Layout().Fingerprint();
-  auto a = c.Register(StepCoordinator::kAnyRank, fp, kData, "host/1");
-  auto b = c.Register(StepCoordinator::kAnyRank, fp, kData, "host/2");
+  CoordinatorSetup nobody;
+  nobody.job = TestJob(2, 2);
+  nobody.registered = 0;
+  auto owned = MakeTestCoordinator(Layout(), nobody);
+  StepCoordinator& c = *owned;
+  auto a = RegisterRank(c, StepCoordinator::kAnyRank, kTestData, "host/1");
+  auto b = RegisterRank(c, StepCoordinator::kAnyRank, kTestData, "host/2");
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->rank, 0);
   EXPECT_EQ(b->rank, 1);
-  auto again = c.Register(StepCoordinator::kAnyRank, fp, kData, "host/2");
+  auto again = RegisterRank(c, StepCoordinator::kAnyRank, kTestData, "host/2");
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->rank, 1);
-  auto full = c.Register(StepCoordinator::kAnyRank, fp, kData, "host/3");
+  auto full = RegisterRank(c, StepCoordinator::kAnyRank, kTestData, "host/3");
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
@@ -731,16 +703,11 @@ TEST(ElasticCoordinatorTest, AnyRankPicksAFreeRankAndKeepsAWorkersOwn) {
 // 0's block is handed to rank 1 as well. Rank 0 then sits out the next
 // plan, and its late copy is a duplicate.
 TEST(ElasticCoordinatorTest, ALateBlockIsBackedUpByAnIdleRank) {
-  TrainingState s;
-  s.params = InitParams(Layout(), 1);
-  StepCoordinator c(Layout(), Job(2, 2), s);
   ElasticOptions fast;
   fast.straggler_factor = 1.5;
   fast.straggler_min_wait = absl::Milliseconds(1);
-  c.SetElastic(fast);
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(c.Register(r, Layout().Fingerprint(), kData).ok());
-  }
+  auto owned = Started(TestJob(2, 2), 2, fast);
+  StepCoordinator& c = *owned;
   ASSERT_TRUE(PushBlock(c, 1, 0, {1, 1}).ok());
   Block handed;
   absl::Notification woken;
@@ -771,7 +738,7 @@ TEST(ElasticCoordinatorTest, ALateBlockIsBackedUpByAnIdleRank) {
 TEST(ElasticCoordinatorTest, ABlockIsLateAtTheFactorTimesTheFirstPush) {
   ManualClock clock;
   const absl::Time start = clock.Now();
-  auto c = MakeOnClock(Job(2, 2), 2, &clock, /*backup_blocks=*/1);
+  auto c = MakeOnClock(TestJob(2, 2), 2, &clock, /*backup_blocks=*/1);
   clock.Advance(absl::Milliseconds(100));
   ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
   const std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);
@@ -792,7 +759,7 @@ TEST(ElasticCoordinatorTest, ABlockIsLateAtTheFactorTimesTheFirstPush) {
 TEST(ElasticCoordinatorTest, ABlockIsNotLateBeforeTheMinimumWait) {
   ManualClock clock;
   const absl::Time start = clock.Now();
-  auto c = MakeOnClock(Job(2, 2), 2, &clock, /*backup_blocks=*/1);
+  auto c = MakeOnClock(TestJob(2, 2), 2, &clock, /*backup_blocks=*/1);
   clock.Advance(absl::Milliseconds(5));
   ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
   const std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);
@@ -812,7 +779,7 @@ TEST(ElasticCoordinatorTest, ABlockIsNotLateBeforeTheMinimumWait) {
 // with the next step, whose deadline is counted from that step's start.
 TEST(ElasticCoordinatorTest, AtMostBackupBlocksAStepAreHandedOut) {
   ManualClock clock;
-  auto c = MakeOnClock(Job(4, 4), 4, &clock, /*backup_blocks=*/2);
+  auto c = MakeOnClock(TestJob(4, 4), 4, &clock, /*backup_blocks=*/2);
   clock.Advance(absl::Milliseconds(10));
   ASSERT_TRUE(PushBlock(*c, 3, 0, {3, 1}).ok());
   clock.Advance(absl::Milliseconds(30));  // late at 3 x 10 ms
@@ -846,10 +813,41 @@ TEST(ElasticCoordinatorTest, AtMostBackupBlocksAStepAreHandedOut) {
   EXPECT_EQ(c->Status().elastic.backups_handed, 3);
 }
 
+// A step whose blocks are all with one rank (the other sits out as a
+// straggler) may get no push to count from: if that rank stops, its block
+// is late at the factor times the step before's length, and the idle rank
+// backs it up, instead of the step waiting for the lease.
+TEST(ElasticCoordinatorTest,
+     AStepWithNoPushIsLateAtTheFactorTimesTheStepBefore) {
+  ManualClock clock;
+  auto c = MakeOnClock(TestJob(2, 2), 2, &clock, /*backup_blocks=*/1);
+  // Step 0 lasts 30 ms: rank 1 pushes at 10 ms and backs up rank 0's
+  // block, late at 3 x 10 ms.
+  clock.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
+  std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);
+  clock.Advance(absl::Milliseconds(20));
+  c->BackUpLateBlocks();
+  ASSERT_EQ(Handed(*wait), (Block{0, 1}));
+  ASSERT_TRUE(PushBlock(*c, 1, 0, {0, 1}).ok());
+  ASSERT_EQ(c->Status().plan, (std::vector<Block>{{}, {0, 2}}));
+  // Step 1: rank 1 computes everything and pushes nothing; rank 0 waits.
+  const absl::Time step1 = clock.Now();
+  wait = WaitIdle(*c, 0, 1);
+  EXPECT_EQ(c->BackUpLateBlocks(), step1 + absl::Milliseconds(90));
+  clock.Advance(absl::Milliseconds(90) - absl::Nanoseconds(1));
+  c->BackUpLateBlocks();
+  EXPECT_EQ(c->Status().elastic.backups_handed, 1) << "before its time";
+  clock.Advance(absl::Nanoseconds(1));
+  c->BackUpLateBlocks();
+  EXPECT_EQ(Handed(*wait), (Block{0, 2}));
+  EXPECT_EQ(c->Status().elastic.backups_handed, 2);
+}
+
 // --backup_blocks=0: no block is ever handed out twice, however late.
 TEST(ElasticCoordinatorTest, NoBackupsWithZeroBackupBlocks) {
   ManualClock clock;
-  auto c = MakeOnClock(Job(2, 2), 2, &clock, /*backup_blocks=*/0);
+  auto c = MakeOnClock(TestJob(2, 2), 2, &clock, /*backup_blocks=*/0);
   clock.Advance(absl::Milliseconds(10));
   ASSERT_TRUE(PushBlock(*c, 1, 0, {1, 1}).ok());
   const std::shared_ptr<Wait> wait = WaitIdle(*c, 1, 0);

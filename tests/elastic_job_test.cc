@@ -44,6 +44,45 @@ TEST(ElasticJobTest, OneTwoThreeAndFourWorkersGiveOneModel) {
   EXPECT_TRUE(ModelOf(dir, 2, /*shards=*/2) == four) << "2 workers, 2 shards";
 }
 
+// AdamW with warm-up, cosine decay and clipping (at 0.05, well below
+// SimpleNet's gradient norms early in training): the global norm is one
+// sum in a fixed order
+// on dp-ps, so the model is still the same, byte for byte, on one worker
+// and one update thread as on two workers and three threads. Each setting
+// must also change the model - else the comparison proves nothing.
+TEST(ElasticJobTest, AdamWScheduleAndClippingGiveOneModelOnAnyNumberOfWorkers) {
+  constexpr int kFew = 40;
+  TempDir dir;
+  const std::vector<std::string> optimiser = {
+      "--optimizer=adamw",    "--weight_decay=0.05", "--lr=3e-3",
+      "--lr_schedule=cosine", "--warmup_steps=8",    "--lr_min=1e-4",
+      "--clip_grad_norm=0.05"};
+  auto model = [&](const std::string& name, int workers,
+                   std::vector<std::string> extra) {
+    const std::string path = dir.File(name + ".safetensors");
+    std::vector<std::string> flags = Flags(path, kFew);
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    JobResult r = RunJob(flags, workers);
+    EXPECT_EQ(r.ps_exit, 0) << r.ps_output;
+    return ReadModel(path);
+  };
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> flags = optimiser;
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return flags;
+  };
+  const std::string one = model("one", 1, with({"--update_threads=1"}));
+  ASSERT_FALSE(one.empty());
+  EXPECT_TRUE(model("two", 2, with({"--update_threads=3"})) == one)
+      << "2 workers, 3 update threads";
+  EXPECT_FALSE(model("unclipped", 2, with({"--clip_grad_norm=0"})) == one)
+      << "clipping changed nothing";
+  EXPECT_FALSE(model("adam", 2,
+                     {"--lr=3e-3", "--lr_schedule=cosine", "--warmup_steps=8",
+                      "--lr_min=1e-4", "--clip_grad_norm=0.05"}) == one)
+      << "AdamW's decay changed nothing";
+}
+
 // An odd number of micro-batches a step: a worker's block is then summed
 // in a tree whose mirror image differs (3: (g0 + g1) + g2; 5: ((g0 + g1) +
 // g2) + (g3 + g4)), where with 4 every plan's blocks are pairs or leaves,

@@ -2,11 +2,13 @@
 // the same update as 1 worker with batch N*b, up to float rounding. Runs the
 // real coordinator and CPU backend on Fashion-MNIST, in one process.
 #include <cmath>
+#include <memory>
 
 #include "common/data_order.h"
 #include "common/dataset.h"
 #include "gtest/gtest.h"
 #include "server/step_coordinator.h"
+#include "tests/coordinator_harness.h"
 #include "worker/backend.h"
 #include "worker/backend_choice.h"
 
@@ -18,18 +20,17 @@ constexpr int kSteps = 5;
 
 std::vector<float> Train(const Dataset& data, int world) {
   const ModelLayout layout = ModelLayout::SimpleNet();
-  JobConfig config;
-  config.schedule.world_size = world;
-  config.schedule.batch_size = kGlobalBatch / world;
-  config.schedule.seed = 11;
-  config.dataset = "fashion-mnist";
-  TrainingState state;
-  state.params = InitParams(layout, 11);
-  StepCoordinator coordinator(layout, config, state);
-  for (int r = 0; r < world; ++r) {
-    EXPECT_TRUE(coordinator.Register(r, layout.Fingerprint(), data.fingerprint).ok());
-  }
-  Schedule schedule = config.schedule;
+  CoordinatorSetup setup;
+  setup.job = TestJob(world);
+  setup.job.schedule.batch_size = kGlobalBatch / world;
+  setup.job.schedule.seed = 11;
+  setup.job.dataset = "fashion-mnist";
+  setup.init_seed = 11;
+  setup.data = data.fingerprint;
+  const std::unique_ptr<StepCoordinator> owned =
+      MakeTestCoordinator(layout, setup);
+  StepCoordinator& coordinator = *owned;
+  Schedule schedule = setup.job.schedule;
   schedule.num_samples = data.num_samples;
   BatchSampler sampler(schedule);
   BackendOptions options;
@@ -46,9 +47,7 @@ std::vector<float> Train(const Dataset& data, int world) {
       GatherBatch(data, sampler.Indices(step, r), x.data(), y.data());
       auto loss = (*backend)->ForwardBackward(x, y, absl::MakeSpan(grad));
       EXPECT_TRUE(loss.ok());
-      std::string bytes(reinterpret_cast<const char*>(grad.data()),
-                        grad.size() * sizeof(float));
-      EXPECT_TRUE(coordinator.Push(r, step, 0, bytes, *loss).ok());
+      EXPECT_TRUE(coordinator.Push(r, step, 0, WireBytes(grad), *loss).ok());
     }
   }
   EXPECT_EQ(coordinator.Snapshot().step, kSteps);
@@ -66,8 +65,8 @@ double RelativeL2(const std::vector<float>& a, const std::vector<float>& ref) {
 
 TEST(EquivalenceTest, OneBy64TwoBy32FourBy16GiveTheSameWeightsAfterFiveSteps) {
   auto data = LoadIdx(kDefaultFashionMnistDir, Split::kTrain);
-  ASSERT_TRUE(data.ok()) << data.status()
-                         << " (scripts/setup.sh installs dataset-fashion-mnist)";
+  ASSERT_TRUE(data.ok())
+      << data.status() << " (scripts/setup.sh installs dataset-fashion-mnist)";
   const std::vector<float> one = Train(*data, 1);
   const std::vector<float> init = InitParams(ModelLayout::SimpleNet(), 11);
   // The comparison means something only if training moved the weights

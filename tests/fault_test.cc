@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <random>
 
@@ -218,6 +219,92 @@ TEST(FaultTest, CheckpointOfAnotherJobIsRefused) {
       << more->output();
   more->Signal(SIGTERM);
   EXPECT_EQ(more->Wait(absl::Seconds(30)), kExitInterrupted) << more->output();
+}
+
+// Every file of `dir` and its bytes: what a refused start must leave as it
+// was.
+std::map<std::string, std::string> FilesIn(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    auto bytes = ReadFile(e.path().string());
+    files[e.path().filename().string()] = bytes.ok() ? *bytes : "unreadable";
+  }
+  return files;
+}
+
+// The optimiser's settings shape every update to come: a resume that
+// changes them is refused, naming each change, with nothing written - the
+// checkpoints stay as they were, no model is saved - unless
+// --allow_hyperparameter_change, which logs what changed from which step.
+// Under a cosine schedule the job's length is its T, so a longer job is a
+// change too.
+TEST(FaultTest, ResumeWithOtherOptimiserSettingsIsRefusedUnlessAllowed) {
+  TempDir dir;
+  const std::string ckpt = "--checkpoint_dir=" + dir.File("ckpt");
+  const std::vector<std::string> saved = {
+      "--global_batch=16",    "--micro_batch=16", ckpt,
+      "--lr_schedule=cosine", "--warmup_steps=2", "--clip_grad_norm=1"};
+  std::vector<std::string> first = saved;
+  first.push_back("--max_steps=5");
+  JobResult r = RunJob(first, 1);
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  const auto before = FilesIn(dir.File("ckpt"));
+  ASSERT_FALSE(before.empty());
+  const std::string model = dir.File("model.safetensors");
+
+  struct Case {
+    std::vector<std::string> flags;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{"--max_steps=10"},
+       "other optimiser settings: --epochs/--max_steps: the cosine "
+       "schedule's total steps=10 (saved: 5) (--allow_hyperparameter_change "
+       "resumes with the new ones)\n"},
+      {{"--max_steps=5", "--lr_schedule=step", "--lr_step_every=2",
+        "--clip_grad_norm=0.5", "--lr=0.002"},
+       "other optimiser settings: --lr=0.002 (saved: 0.001), "
+       "--lr_schedule=step (saved: cosine), --lr_step_every=2 (saved: 0), "
+       "--clip_grad_norm=0.5 (saved: 1) (--allow_hyperparameter_change"},
+      {{"--max_steps=5", "--optimizer=adamw", "--beta1=0.8", "--beta2=0.99",
+        "--eps=1e-06", "--weight_decay=0.01"},
+       "other optimiser settings: --optimizer=adamw (saved: adam), "
+       "--beta1=0.8 (saved: 0.9), --beta2=0.99 (saved: 0.999), --eps=1e-06 "
+       "(saved: 1e-08), --weight_decay=0.01 (saved: 0)"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {DP_PS_BINARY, "--port=0",
+                                     "--save_model=" + model};
+    argv.insert(argv.end(), saved.begin(), saved.end());
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    Subprocess refused(argv);
+    EXPECT_EQ(refused.Wait(absl::Seconds(30)), kExitConfigError)
+        << refused.output();
+    EXPECT_NE(refused.output().find(c.error), std::string::npos)
+        << refused.output();
+    EXPECT_TRUE(FilesIn(dir.File("ckpt")) == before) << c.flags.back();
+    EXPECT_FALSE(std::filesystem::exists(model)) << c.flags.back();
+  }
+
+  std::vector<std::string> allowed = saved;
+  allowed.insert(allowed.end(),
+                 {"--max_steps=10", "--lr_schedule=step", "--lr_step_every=2",
+                  "--allow_hyperparameter_change"});
+  int port = 0;
+  auto ps = StartServer(allowed, &port);
+  EXPECT_NE(ps->output().find("resuming from the checkpoint of step 5"),
+            std::string::npos)
+      << ps->output();
+  EXPECT_NE(ps->output().find(
+                "--allow_hyperparameter_change: the updates from step 5 on "
+                "use other optimiser settings than the checkpoint's: "
+                "--lr_schedule=step (saved: cosine), --lr_step_every=2 "
+                "(saved: 0)\n"),
+            std::string::npos)
+      << ps->output();
+  EXPECT_EQ(CurrentStep(port), 5);
+  ps->Signal(SIGTERM);
+  EXPECT_EQ(ps->Wait(absl::Seconds(30)), kExitInterrupted) << ps->output();
 }
 
 TEST(FaultTest, StoppedWorkerIsReportedAndFailPolicyEndsTheJob) {

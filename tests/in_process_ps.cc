@@ -2,24 +2,23 @@
 #include "tests/in_process_ps.h"
 
 #include "absl/strings/str_cat.h"
-#include "proto/grpc_server.h"
 #include "common/status_macros.h"
+#include "proto/grpc_server.h"
+#include "tests/coordinator_harness.h"
 
 namespace dp {
 
 absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
     const InProcessPsOptions& options) {
   std::unique_ptr<InProcessPs> ps(new InProcessPs());
-  JobConfig config;
-  config.schedule.world_size = options.world_size;
-  config.schedule.batch_size = 8;
-  config.schedule.max_steps = options.max_steps;
-  config.dataset = "synthetic";
-  config.weight_encoding = options.weight_encoding;
-  TrainingState state;
-  state.params = InitParams(ps->layout_, 3);
-  ps->coordinator_ =
-      std::make_unique<StepCoordinator>(ps->layout_, config, state);
+  CoordinatorSetup setup;
+  setup.job = TestJob(options.world_size);
+  setup.job.schedule.batch_size = 8;
+  setup.job.schedule.max_steps = options.max_steps;
+  setup.job.weight_encoding = options.weight_encoding;
+  setup.init_seed = 3;
+  setup.registered = 0;  // the tests' clients register
+  ps->coordinator_ = MakeTestCoordinator(ps->layout_, setup);
   if (ServerMetrics* metrics = options.metrics) {
     ps->coordinator_->SetUpdateObserver(
         [metrics](absl::Duration d) { metrics->ObserveUpdate(d); });

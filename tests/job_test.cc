@@ -106,6 +106,58 @@ TEST(JobTest, SameJobTwiceSavesByteIdenticalModels) {
   EXPECT_NE(*params, InitParams(ModelLayout::SimpleNet(), 5));
 }
 
+// --save_model_every takes models out while the job runs: with {step} in
+// the path, a file per save, each exactly the model of a job that ends
+// there (the data order does not depend on --max_steps), the last one the
+// final model. Over shared memory and gRPC alike.
+TEST(JobTest, ModelsTakenOutMidRunAreTheWeightsOfTheirSteps) {
+  TempDir dir;
+  const std::vector<std::string> job = {"--batch_size=16", "--seed=4",
+                                        "--dataset=synthetic", "--epochs=50"};
+  std::vector<std::string> every = job;
+  every.insert(every.end(),
+               {"--max_steps=60", "--save_model_every=20",
+                "--save_model=" + dir.File("every-{step}.safetensors")});
+  const JobResult r = RunJob(every, 2, {"--data_plane=grpc"});
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  for (int step : {20, 40}) {
+    EXPECT_NE(r.ps_output.find(
+                  absl::StrFormat("saved the model of step %d to", step)),
+              std::string::npos)
+        << r.ps_output;
+  }
+  for (int step : {20, 40, 60}) {
+    SCOPED_TRACE(step);
+    std::vector<std::string> until = job;
+    const std::string reference =
+        dir.File(absl::StrCat("until-", step, ".safetensors"));
+    until.insert(until.end(), {absl::StrCat("--max_steps=", step),
+                               "--save_model=" + reference});
+    const JobResult u = RunJob(until, 2, {"--data_plane=shm"});
+    ASSERT_EQ(u.ps_exit, 0) << u.ps_output;
+    const std::string taken =
+        ReadModel(dir.File(absl::StrCat("every-", step, ".safetensors")));
+    ASSERT_FALSE(taken.empty());
+    EXPECT_TRUE(taken == ReadModel(reference))
+        << "the model of step " << step << " is not that job's";
+  }
+}
+
+TEST(JobTest, SaveModelEveryNeedsTheFileAndOneDpPs) {
+  Subprocess alone({DP_PS_BINARY, "--save_model_every=10"});
+  EXPECT_EQ(alone.Wait(absl::Seconds(30)), kExitConfigError);
+  EXPECT_NE(alone.output().find("--save_model_every needs --save_model"),
+            std::string::npos)
+      << alone.output();
+  Subprocess sharded({DP_PS_BINARY, "--save_model_every=10",
+                      "--save_model=/tmp/m.safetensors", "--shards=2",
+                      "--shard=0"});
+  EXPECT_EQ(sharded.Wait(absl::Seconds(30)), kExitConfigError);
+  EXPECT_NE(sharded.output().find("the whole model in one dp-ps"),
+            std::string::npos)
+      << sharded.output();
+}
+
 TEST(JobTest, UnknownFlagIsAConfigurationErrorNamingTheFlag) {
   Subprocess ps({DP_PS_BINARY, "--bogus_flag=1"});
   EXPECT_EQ(ps.Wait(absl::Seconds(30)), kExitConfigError);

@@ -90,6 +90,8 @@ TEST(MetricsTest, WorkerSeriesCarryRoleAndRankAndCountWhatHappened) {
   m.AddSentBytes(1000);
   m.AddReceivedBytes(2000);
   m.CountResync();
+  m.CountCatchUp();
+  m.CountCatchUp();
   auto s = ParseExposition(m.Text());
   EXPECT_EQ(Sample(s, "dp_worker_samples_total", w), 128);
   EXPECT_EQ(Sample(s, "dp_worker_step_duration_seconds_count", w), 2);
@@ -100,6 +102,7 @@ TEST(MetricsTest, WorkerSeriesCarryRoleAndRankAndCountWhatHappened) {
   EXPECT_EQ(Sample(s, "dp_sent_bytes_total", w), 1000);
   EXPECT_EQ(Sample(s, "dp_received_bytes_total", w), 2000);
   EXPECT_EQ(Sample(s, "dp_worker_resyncs_total", w), 1);
+  EXPECT_EQ(Sample(s, "dp_worker_catch_ups_total", w), 2);
   EXPECT_EQ(
       Sample(s, "dp_build_info",
              {{"role", "worker"}, {"rank", "1"}, {"version", DP_VERSION}}),

@@ -3,12 +3,12 @@
 #include "common/micro_batch_tree.h"
 
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/same_state.h"
 
 namespace dp {
 namespace {
@@ -100,11 +100,6 @@ std::vector<float> TreeSum(std::vector<std::vector<float>> leaves, int first,
   std::vector<float> out(n);
   SumInTreeOrder(p, n, out.data());
   return out;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // SumInTreeOrder against the tree written out by hand (docs/elastic.md),

@@ -14,6 +14,7 @@
 #include "proto/grpc_server.h"
 #include "server/coordinator_mirror.h"
 #include "tests/in_process_ps.h"
+#include "tests/job_runner.h"
 #include "tests/raw_client.h"
 #include "tests/same_state.h"
 #include "worker/ps_group.h"
@@ -322,6 +323,11 @@ struct SharedMemoryJob {
     registration.model_fingerprint = layout.Fingerprint();
     registration.data = DataFingerprint{1000, 7};
     ASSERT_TRUE(client->Register(registration).ok());
+    // The client's Attend call follows its registration on a thread of its
+    // own: once it is in, nothing but the test's requests changes state.
+    ASSERT_TRUE(PollUntil(
+        [&]() -> bool { return ps->coordinator().Observe().attended[0]; },
+        absl::Seconds(30)));
   }
   std::unique_ptr<InProcessPs> ps;
   std::unique_ptr<PsGroup> client;

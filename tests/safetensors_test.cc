@@ -22,6 +22,7 @@
 #include "common/file_util.h"
 #include "common/model_layout.h"
 #include "gtest/gtest.h"
+#include "tests/same_state.h"
 
 namespace dp {
 namespace {
@@ -64,11 +65,6 @@ std::vector<float> SmallParams() {
   }
   return ::testing::AssertionFailure()
          << "\"" << text << "\" does not contain \"" << sub << "\"";
-}
-
-bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 std::string Le64(uint64_t v) {
@@ -151,7 +147,7 @@ TEST(SafetensorsEncode, MetadataComesFirstAndIsEscaped) {
       << header;
   auto decoded = DecodeSafetensors(Small(), bytes);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  EXPECT_TRUE(BitEqual(*decoded, SmallParams()));
+  EXPECT_TRUE(SameBits(*decoded, SmallParams()));
 }
 
 // --- Round trips ------------------------------------------------------------
@@ -160,7 +156,7 @@ TEST(SafetensorsRoundTrip, SmallLayoutIsBitExact) {
   auto decoded =
       DecodeSafetensors(Small(), EncodeSafetensors(Small(), SmallParams()));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  EXPECT_TRUE(BitEqual(*decoded, SmallParams()));
+  EXPECT_TRUE(SameBits(*decoded, SmallParams()));
 }
 
 class TempDirTest : public ::testing::Test {
@@ -201,7 +197,7 @@ TEST_F(SafetensorsFileTest, SimpleNetRoundTripsThroughAFileBitExactly) {
   auto loaded = LoadSafetensors(path, layout);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->size(), 235146u);
-  EXPECT_TRUE(BitEqual(*loaded, p));
+  EXPECT_TRUE(SameBits(*loaded, p));
   EXPECT_EQ(Entries(), std::set<std::string>{"model.safetensors"});
 }
 
@@ -240,7 +236,7 @@ TEST(SafetensorsDecode, AcceptsWhitespaceEscapesAndAnyTensorOrder) {
   file.append(reinterpret_cast<const char*>(p.data()), kSmallDataBytes);
   auto decoded = DecodeSafetensors(Small(), file);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  EXPECT_TRUE(BitEqual(*decoded, p));
+  EXPECT_TRUE(SameBits(*decoded, p));
 }
 
 TEST(SafetensorsDecode, TensorsAreReadFromTheirOwnOffsets) {

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "proto/grpc_server.h"
 #include "server/ps_service.h"
+#include "tests/coordinator_harness.h"
 #include "tests/raw_client.h"
 #include "tests/same_state.h"
 #include "tests/test_certs.h"
@@ -41,13 +42,11 @@ void WriteTextFile(const std::string& path, const std::string& text,
 class Server {
  public:
   explicit Server(const SecurityFlags& flags, KeepaliveOptions keepalive = {}) {
-    JobConfig config;
-    config.schedule.world_size = 2;
-    config.schedule.batch_size = 4;
-    config.dataset = "synthetic";
-    TrainingState state;
-    state.params = InitParams(Layout(), 7);
-    coordinator_ = std::make_unique<StepCoordinator>(Layout(), config, state);
+    CoordinatorSetup setup;
+    setup.job = TestJob(2);
+    setup.init_seed = 7;
+    setup.registered = 0;
+    coordinator_ = MakeTestCoordinator(Layout(), setup);
     auto security = LoadServerSecurity(flags);
     EXPECT_TRUE(security.ok()) << security.status();
     if (!security.ok()) return;

@@ -12,7 +12,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "common/flags.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
 #include "tests/job_runner.h"
@@ -147,11 +149,11 @@ TEST(ShardTest, AWorkerLateForTheEndStillFindsEveryShard) {
   for (const int shards : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(shards, " shard(s)"));
     std::vector<int> ports;
-    auto ps = StartShards(shards,
-                          {"--dataset=synthetic", "--workers=2",
-                           "--max_steps=40", "--batch_size=8",
-                           "--worker_timeout_s=600"},
-                          &ports);
+    auto ps =
+        StartShards(shards,
+                    {"--dataset=synthetic", "--workers=2", "--max_steps=40",
+                     "--batch_size=8", "--worker_timeout_s=600"},
+                    &ports);
     auto w0 = StartWorker(PsList(ports), 0);
     auto w1 = StartWorker(PsList(ports), 1, {"--retry_for_s=10"});
     ASSERT_TRUE(WaitForStep(ports[0], 5, kJobTimeout)) << ps[0]->output();
@@ -222,6 +224,69 @@ TEST(ShardTest, ANameThatResolvesToEveryShardReachesThemAll) {
   EXPECT_EQ(s1.Wait(kJobTimeout), 0) << s1.output();
   EXPECT_EQ(s0->Wait(kJobTimeout), 0) << s0->output();
   EXPECT_TRUE(ReadModel(model) == reference);
+}
+
+// dp-ps --export_checkpoint turns the checkpoints of a job's last step
+// into the model the job saved, without a job: one dp-ps's file, or one of
+// each shard's in any order. Files that are not one whole model of one
+// step are refused (exit 2) naming the problem, and nothing is written.
+void CheckpointsExportToTheSavedModel(int shards) {
+  TempDir dir;
+  const std::string saved = dir.File("saved.safetensors");
+  RestartableShards ps(shards,
+                       {"--workers=2", "--max_steps=40", "--batch_size=16",
+                        "--dataset=synthetic", "--epochs=100", "--seed=6",
+                        "--checkpoint_every=20", "--save_model=" + saved},
+                       dir);
+  auto w0 = StartWorker(ps.list(), 0);
+  auto w1 = StartWorker(ps.list(), 1);
+  EXPECT_EQ(w0->Wait(kJobTimeout), 0) << w0->output();
+  EXPECT_EQ(w1->Wait(kJobTimeout), 0) << w1->output();
+  ps.ExpectAllExitZero();
+  std::vector<std::string> last, earlier;  // shard 1 first: any order
+  for (int k = shards - 1; k >= 0; --k) {
+    const std::string ckpt = dir.File(absl::StrCat("ckpt", k));
+    last.push_back(absl::StrCat(ckpt, "/", CheckpointFileName(40)));
+    earlier.push_back(absl::StrCat(ckpt, "/", CheckpointFileName(20)));
+  }
+  const std::string out = dir.File("exported.safetensors");
+  Subprocess exported({DP_PS_BINARY,
+                       "--export_checkpoint=" + absl::StrJoin(last, ","),
+                       "--save_model=" + out});
+  ASSERT_EQ(exported.Wait(absl::Seconds(60)), 0) << exported.output();
+  EXPECT_NE(exported.output().find("wrote the model of step 40"),
+            std::string::npos)
+      << exported.output();
+  EXPECT_TRUE(ReadModel(out) == ReadModel(saved))
+      << "the exported model is not the one the job saved";
+
+  const std::string corrupt = dir.File("corrupt.dpckpt");
+  ASSERT_TRUE(WriteFileAtomic(corrupt, "not a checkpoint").ok());
+  std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{corrupt}, "bad magic"}, {{dir.File("none.dpckpt")}, "none.dpckpt"}};
+  if (shards > 1) {
+    bad.push_back({{last[0]}, "is missing"});
+    bad.push_back({{last[0], last[0]}, "given twice"});
+    bad.push_back({{last[0], earlier[1]}, "is not of the job of"});
+  }
+  const std::string refused = dir.File("refused.safetensors");
+  for (const auto& [files, message] : bad) {
+    SCOPED_TRACE(message);
+    Subprocess p({DP_PS_BINARY,
+                  "--export_checkpoint=" + absl::StrJoin(files, ","),
+                  "--save_model=" + refused});
+    EXPECT_EQ(p.Wait(absl::Seconds(60)), kExitConfigError) << p.output();
+    EXPECT_NE(p.output().find(message), std::string::npos) << p.output();
+    EXPECT_FALSE(std::filesystem::exists(refused)) << "a refused export wrote";
+  }
+}
+
+TEST(ShardTest, OneDpPsCheckpointExportsToTheSavedModel) {
+  CheckpointsExportToTheSavedModel(1);
+}
+
+TEST(ShardTest, EveryShardsCheckpointTogetherExportToTheSavedModel) {
+  CheckpointsExportToTheSavedModel(2);
 }
 
 TEST(ShardTest, ShardsOfDifferentJobsAreRefusedNamingBoth) {

@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/flags.h"
-#include "proto/grpc_server.h"
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
+#include "proto/grpc_server.h"
 #include "server/checkpoint.h"
 #include "tests/health_client.h"
 #include "tests/job_runner.h"
@@ -348,6 +348,57 @@ TEST(DryRunTest, RefusesBadElasticFlagsNamingThem) {
   EXPECT_EQ(off.Wait(kStopDeadline), kExitOk) << off.output();
 }
 
+// The optimiser's flags: torch's ranges (eps > 0, too), each refusal naming
+// the flag and the bound it broke, and the checks that relate them.
+TEST(DryRunTest, RefusesBadOptimiserFlagsNamingThem) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{"--optimizer=sgd"}, "--optimizer must be adam or adamw, got 'sgd'"},
+      {{"--beta1=1"}, "--beta1 must be a number < 1, got 1"},
+      {{"--beta2=-0.1"}, "--beta2 must be a number >= 0, got -0.1"},
+      {{"--eps=0"}, "--eps must be a number > 0, got 0"},
+      {{"--weight_decay=1.5"}, "--weight_decay must be a number <= 1, got 1.5"},
+      {{"--weight_decay=nan"}, "--weight_decay must be a number >= 0, got nan"},
+      {{"--lr_schedule=linear"},
+       "--lr_schedule must be constant, cosine or step, got 'linear'"},
+      {{"--warmup_steps=-1"}, "--warmup_steps must be >= 0, got -1"},
+      {{"--lr_min=-1"}, "--lr_min must be a number >= 0, got -1"},
+      {{"--lr_step_every=-2"}, "--lr_step_every must be >= 0, got -2"},
+      {{"--lr_gamma=0"}, "--lr_gamma must be a number > 0, got 0"},
+      {{"--lr_gamma=2"}, "--lr_gamma must be a number <= 1, got 2"},
+      {{"--clip_grad_norm=-1"}, "--clip_grad_norm must be a number >= 0"},
+      {{"--lr=0.001", "--lr_min=0.01"},
+       "--lr_min must be at most --lr (0.001), got 0.01"},
+      {{"--lr_schedule=step"},
+       "--lr_step_every must be >= 1 for --lr_schedule=step, got 0"},
+      {{"--optimizer=adamw", "--lr=4", "--weight_decay=0.5"},
+       "--optimizer=adamw needs --lr x --weight_decay <= 1 (the weights are "
+       "scaled by 1 - lr x wd each step), got 4 x 0.5"},
+      {{"--clip_grad_norm=1", "--shards=2", "--shard=0"},
+       "--clip_grad_norm needs the whole gradient in one dp-ps, got "
+       "--shards=2"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {DP_PS_BINARY, "--dry_run"};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    Subprocess p(argv);
+    EXPECT_EQ(p.Wait(kStopDeadline), kExitConfigError) << p.output();
+    EXPECT_NE(p.output().find("configuration error: " + c.error),
+              std::string::npos)
+        << c.flags.back() << ": " << p.output();
+  }
+  // Their bounds are accepted.
+  Subprocess edge({DP_PS_BINARY, "--dry_run", "--optimizer=adamw", "--lr=2",
+                   "--weight_decay=0.5", "--beta1=0", "--beta2=0.999999",
+                   "--eps=1e-30", "--lr_schedule=step", "--lr_step_every=1",
+                   "--lr_gamma=1", "--lr_min=2", "--warmup_steps=0",
+                   "--clip_grad_norm=0", "--shards=2", "--shard=1"});
+  EXPECT_EQ(edge.Wait(kStopDeadline), kExitOk) << edge.output();
+}
+
 // The configuration dp-ps hands to workers, as GetStatus shows it.
 dp::v1::JobConfig ServedConfig(std::vector<std::string> flags) {
   flags.push_back("--dataset=synthetic");
@@ -369,6 +420,37 @@ TEST(ElasticFlagsTest, DefaultsKeepOneMicroBatchOfBatchSizePerWorker) {
   EXPECT_EQ(c.batch_size(), 8);
   EXPECT_EQ(c.micro_batches(), 3);
   EXPECT_EQ(c.min_workers(), 1);
+}
+
+// The optimiser's flags reach the job's configuration, and the defaults are
+// torch.optim.Adam's.
+TEST(ElasticFlagsTest, OptimiserFlagsReachTheJobsConfiguration) {
+  const dp::v1::Optimizer d = ServedConfig({}).optimizer();
+  EXPECT_FALSE(d.adamw());
+  EXPECT_EQ(d.beta1(), 0.9);
+  EXPECT_EQ(d.beta2(), 0.999);
+  EXPECT_EQ(d.eps(), 1e-8);
+  EXPECT_EQ(d.weight_decay(), 0.0);
+  EXPECT_EQ(d.lr_schedule(), dp::v1::LR_SCHEDULE_CONSTANT);
+  EXPECT_EQ(d.clip_grad_norm(), 0.0);
+  const dp::v1::JobConfig c = ServedConfig(
+      {"--optimizer=adamw", "--lr=0.003", "--beta1=0.8", "--beta2=0.99",
+       "--eps=1e-6", "--weight_decay=0.05", "--lr_schedule=cosine",
+       "--warmup_steps=7", "--lr_min=1e-5", "--lr_step_every=11",
+       "--lr_gamma=0.5", "--clip_grad_norm=2.5"});
+  EXPECT_EQ(c.lr(), 0.003);
+  const dp::v1::Optimizer& o = c.optimizer();
+  EXPECT_TRUE(o.adamw());
+  EXPECT_EQ(o.beta1(), 0.8);
+  EXPECT_EQ(o.beta2(), 0.99);
+  EXPECT_EQ(o.eps(), 1e-6);
+  EXPECT_EQ(o.weight_decay(), 0.05);
+  EXPECT_EQ(o.lr_schedule(), dp::v1::LR_SCHEDULE_COSINE);
+  EXPECT_EQ(o.warmup_steps(), 7);
+  EXPECT_EQ(o.lr_min(), 1e-5);
+  EXPECT_EQ(o.lr_step_every(), 11);
+  EXPECT_EQ(o.lr_gamma(), 0.5);
+  EXPECT_EQ(o.clip_grad_norm(), 2.5);
 }
 
 TEST(ElasticFlagsTest, GlobalAndMicroBatchSetTheMicroBatchesOfAStep) {

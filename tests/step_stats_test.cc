@@ -14,7 +14,8 @@ TEST(StepStatsTest, WaitsCountOnlyForRanksThatPushedFromTheirArrival) {
   stats.Arrived(2, t0 + absl::Milliseconds(30));
   stats.CompletedBy(2);
   stats.Applied(/*step=*/5, t0 + absl::Milliseconds(30),
-                t0 + absl::Milliseconds(40), {true, false, true});
+                t0 + absl::Milliseconds(40), {true, false, true},
+                absl::Milliseconds(7));
   EXPECT_TRUE(stats.any_applied());
   EXPECT_EQ(stats.times().wait_time[0], absl::Milliseconds(30));
   EXPECT_EQ(stats.times().wait_time[1], absl::ZeroDuration());
@@ -24,13 +25,15 @@ TEST(StepStatsTest, WaitsCountOnlyForRanksThatPushedFromTheirArrival) {
   stats.Arrived(1, t0 + absl::Milliseconds(50));
   stats.CompletedBy(1);
   stats.Applied(6, t0 + absl::Milliseconds(50), t0 + absl::Milliseconds(53),
-                {false, true, false});
+                {false, true, false}, absl::Milliseconds(9));
   EXPECT_EQ(stats.times().applies, 2);
   EXPECT_EQ(stats.times().apply_time, absl::Milliseconds(13));
   EXPECT_EQ(stats.times().wait_time[1], absl::Milliseconds(3));
   EXPECT_EQ(stats.times().first_applied_step, 5);
   EXPECT_EQ(stats.times().first_apply, t0 + absl::Milliseconds(40));
   EXPECT_EQ(stats.times().last_apply, t0 + absl::Milliseconds(53));
+  EXPECT_EQ(stats.times().first_apply_cpu, absl::Milliseconds(7));
+  EXPECT_EQ(stats.times().last_apply_cpu, absl::Milliseconds(9));
   EXPECT_EQ(stats.last_completed_by(), 1);
   EXPECT_EQ(stats.completed_by(), (std::vector<int64_t>{0, 1, 1}));
 }

@@ -195,12 +195,21 @@ TEST(UserModelJobTest, ACheckpointOfOtherLayersIsRefusedAndKept) {
   TempDir data;
   WriteData(data, /*test=*/false);
   const std::string ckpt = data.File("ckpt");
-  const JobResult r = RunJob({kLayers, "--dataset=npy", "--max_steps=4",
-                              "--batch_size=16", "--checkpoint_dir=" + ckpt},
-                             1, {"--data_dir=" + data.path()});
+  const std::string model = data.File("model");
+  const JobResult r =
+      RunJob({kLayers, "--dataset=npy", "--max_steps=4", "--batch_size=16",
+              "--checkpoint_dir=" + ckpt, "--save_model=" + model},
+             1, {"--data_dir=" + data.path()});
   ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
   const std::string file = ckpt + "/" + CheckpointFileName(4);
   ASSERT_FALSE(ReadModel(file).empty());
+  // --export_checkpoint with the job's --layers gives the model it saved.
+  const std::string exported = data.File("exported");
+  Subprocess ex({DP_PS_BINARY, kLayers, "--export_checkpoint=" + file,
+                 "--save_model=" + exported});
+  EXPECT_EQ(ex.Wait(kJobTimeout), 0) << ex.output();
+  EXPECT_TRUE(ReadModel(exported) == ReadModel(model))
+      << "the export is not the saved model";
   // Another model on the same directory: neither resumed nor started
   // afresh over it (which would remove it).
   Subprocess ps({DP_PS_BINARY, "--port=0", "--layers=20,8,3", "--dataset=npy",

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/cpu_time.h"
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/model_layout.h"
@@ -168,6 +169,10 @@ absl::Status Trainer::Join() {
   }
   logged_shared_memory_ = shm;
   gradient_into_slot_ = !client_->GradientSlot().empty();
+  return PullNewest();
+}
+
+absl::Status Trainer::PullNewest() {
   // The job does not wait for a rank with no block: a version read in
   // place can be overwritten before it is read (ABORTED); the next is.
   absl::Status pulled;
@@ -389,7 +394,7 @@ absl::Status Trainer::Step(absl::Time* computed, absl::Status* exchanged) {
   }
 }
 
-bool Trainer::NeedsRejoin(const absl::Status& exchanged) const {
+bool Trainer::NeedsResync(const absl::Status& exchanged) const {
   // ABORTED: stale or future step; FAILED_PRECONDITION: dp-ps restarted
   // and no longer knows this rank.
   return exchanged.code() == absl::StatusCode::kAborted ||
@@ -397,16 +402,41 @@ bool Trainer::NeedsRejoin(const absl::Status& exchanged) const {
          (exchanged.ok() && (weights_.work_only || weights_.step != step_ + 1));
 }
 
+absl::Status Trainer::Resync(const absl::Status& why) {
+  // ABORTED, or a version other than the next: the job moved on past this
+  // rank's step (another computed its block, a straggler's backup, and the
+  // job ran on) or went back (a rollback). dp-ps still knows this rank: the
+  // newest version is what any rank that waits gets, and registering again
+  // would cost the job a registration per backup. FAILED_PRECONDITION:
+  // dp-ps no longer knows it (it restarted).
+  absl::Status failed = why;
+  if (why.code() != absl::StatusCode::kFailedPrecondition) {
+    Log("rank %d: moving on from step %d: %s", rank_, step_,
+        why.ok() ? "the answer was a version it did not expect"
+                 : why.message());
+    ++stats_.catch_ups;
+    metrics_.CountCatchUp();
+    failed = PullNewest();
+    if (failed.ok()) return failed;
+  }
+  Log("rank %d: re-joining at step %d: %s", rank_, step_, failed.message());
+  ++stats_.resyncs;
+  metrics_.CountResync();
+  return Join();
+}
+
 void Trainer::LogSummary() const {
   const double per_step = stats_.steps ? 1.0 / stats_.steps : 0.0;
   Log("rank %d: finished at step %d: %d steps here (%d gradients), %.3f ms "
-      "compute + %.3f ms exchange per step, %.3f MB sent + %.3f MB received "
-      "per step, %d re-joins, %d barrier timeouts, %d blocks handed over",
+      "compute + %.3f ms exchange per step, CPU %.3f ms per step, %.3f MB "
+      "sent + %.3f MB received "
+      "per step, %d re-joins, %d catch-ups, %d barrier timeouts, %d blocks "
+      "handed over",
       rank_, step_, stats_.steps, stats_.gradients,
       1e3 * stats_.compute_seconds * per_step,
       1e3 * stats_.exchange_seconds * per_step,
-      1e-6 * stats_.bytes_sent * per_step,
-      1e-6 * stats_.bytes_received * per_step, stats_.resyncs,
+      1e3 * stats_.cpu_seconds * per_step, 1e-6 * stats_.bytes_sent * per_step,
+      1e-6 * stats_.bytes_received * per_step, stats_.resyncs, stats_.catch_ups,
       stats_.wait_timeouts, stats_.extra_blocks);
 }
 
@@ -418,6 +448,7 @@ absl::Status Trainer::Run() {
   Log("rank %d: joined at step %d of %d (%d per epoch)", rank, step_, total_,
       schedule_.steps_per_epoch());
 
+  const absl::Duration cpu_at_join = ProcessCpuTime();
   int resyncs_in_a_row = 0;
   while (step_ < total_) {
     if (options_.stop != nullptr && options_.stop->load()) {
@@ -431,19 +462,15 @@ absl::Status Trainer::Run() {
     RETURN_IF_ERROR(Step(&computed, &exchanged));
     // dp-ps ended the job: nothing to re-join or retry.
     if (IsJobFailed(exchanged)) return exchanged;
-    // Join again, adopting the job's plan and step as they are now. A
-    // registration refused for good ends the loop.
-    if (NeedsRejoin(exchanged)) {
-      Log("rank %d: re-joining at step %d: %s", rank, step_,
-          exchanged.ok() ? "unexpected version" : exchanged.message());
+    // In step with the job again, at its step as it is now. A registration
+    // refused for good ends the loop.
+    if (NeedsResync(exchanged)) {
       if (++resyncs_in_a_row > kMaxResyncsInARow) {
         return absl::AbortedError(absl::StrFormat(
-            "rank %d: %d re-joins in a row without progress; last error: %s",
+            "rank %d: %d re-syncs in a row without progress; last error: %s",
             rank, resyncs_in_a_row - 1, exchanged.message()));
       }
-      ++stats_.resyncs;
-      metrics_.CountResync();
-      RETURN_IF_ERROR(Join());
+      RETURN_IF_ERROR(Resync(exchanged));
       continue;
     }
     RETURN_IF_ERROR(exchanged);
@@ -464,6 +491,7 @@ absl::Status Trainer::Run() {
   if (rank_ == 0 && !evaluated_final_ && total_ > 0 && step_ == total_) {
     RETURN_IF_ERROR(Evaluate(total_ - 1));
   }
+  stats_.cpu_seconds = absl::ToDoubleSeconds(ProcessCpuTime() - cpu_at_join);
   LogSummary();
   return absl::OkStatus();
 }

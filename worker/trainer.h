@@ -50,10 +50,12 @@ struct TrainerStats {
   int64_t steps = 0;            // steps completed by this process
   int64_t gradients = 0;        // forward+backward passes (micro-batches)
   int64_t extra_blocks = 0;     // blocks dp-ps handed over mid-step
-  int64_t resyncs = 0;          // re-joins after ABORTED or a lost dp-ps
+  int64_t resyncs = 0;          // re-joins: dp-ps no longer knew this rank
+  int64_t catch_ups = 0;        // moves to the newest version after ABORTED
   int64_t wait_timeouts = 0;    // barrier waits past --wait_timeout_s
   double compute_seconds = 0;   // forward + backward
   double exchange_seconds = 0;  // push, barrier wait, pull
+  double cpu_seconds = 0;       // of the process, from the join to the end
   int64_t bytes_sent = 0;       // message payloads of the exchange
   int64_t bytes_received = 0;
 };
@@ -75,6 +77,8 @@ class Trainer {
   // (Re-)joins: registers, adopts the job's plan and step as dp-ps has them
   // now, and pulls the weights of that step.
   absl::Status Join();
+  // Pulls the weights of the step the job is at now, and adopts them.
+  absl::Status PullNewest();
   // Hands weights_ to the backend: viewed where they lie when some are read
   // in place in shared memory (that memory holds them until the next
   // exchange), else taken from the buffer they were received in.
@@ -95,8 +99,12 @@ class Trainer {
   // error is returned only when a computation itself fails.
   absl::Status Step(absl::Time* computed, absl::Status* exchanged);
   // After Step: the job moved on without this rank (a stale or future step,
-  // an unexpected version) or dp-ps no longer knows it, so it joins again.
-  bool NeedsRejoin(const absl::Status& exchanged) const;
+  // an unexpected version) or dp-ps no longer knows it.
+  bool NeedsResync(const absl::Status& exchanged) const;
+  // Back in step with the job after `why` (NeedsResync): the newest
+  // version, the registration standing; a join again when dp-ps no longer
+  // knows this rank (FAILED_PRECONDITION) or that pull fails.
+  absl::Status Resync(const absl::Status& why);
   // The end line: steps, gradients, time and bytes per step.
   void LogSummary() const;
   // Rank 0: loads the test set into test_ and checks it against the

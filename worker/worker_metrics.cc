@@ -30,8 +30,13 @@ WorkerMetrics::WorkerMetrics(int rank) : Metrics("worker", rank) {
   samples_ = &NewCounter("dp_worker_samples_total",
                          "Training samples in the steps this worker finished.");
   resyncs_ = &NewCounter("dp_worker_resyncs_total",
-                         "Times dp-ps answered ABORTED (stale or future step) "
-                         "and the worker re-joined.");
+                         "Times the worker registered again (dp-ps no longer "
+                         "knew it, or a move to the newest version failed).");
+  catch_ups_ = &NewCounter(
+      "dp_worker_catch_ups_total",
+      "Times dp-ps answered ABORTED (the job moved past this worker's step, "
+      "e.g. a backup computed its block, or rolled back) and the worker "
+      "moved to the newest version without registering again.");
   wait_timeouts_ = &NewCounter(
       "dp_worker_wait_timeouts_total",
       "Barrier waits that outlasted --wait_timeout_s; the worker logged "
@@ -80,6 +85,7 @@ void WorkerMetrics::ObserveStep(absl::Duration d, int64_t samples) {
 }
 
 void WorkerMetrics::CountResync() { resyncs_->Increment(); }
+void WorkerMetrics::CountCatchUp() { catch_ups_->Increment(); }
 
 void WorkerMetrics::CountWaitTimeout() { wait_timeouts_->Increment(); }
 

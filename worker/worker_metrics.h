@@ -26,6 +26,7 @@ class WorkerMetrics final : public Metrics {
   void ObserveStep(absl::Duration d, int64_t samples);
   // dp-ps answered ABORTED (stale or future step) and the worker re-joined.
   void CountResync();
+  void CountCatchUp();
   // A barrier wait outlasted --wait_timeout_s: the worker said whom it
   // waited for and waited again, without computing the step again.
   void CountWaitTimeout();
@@ -44,6 +45,7 @@ class WorkerMetrics final : public Metrics {
   prometheus::Histogram* step_seconds_;
   prometheus::Counter* samples_;
   prometheus::Counter* resyncs_;
+  prometheus::Counter* catch_ups_;
   prometheus::Counter* wait_timeouts_;
   // Created with the first SetSharedMemory, from the trainer's thread only.
   prometheus::Family<prometheus::Gauge>* shared_memory_family_;
