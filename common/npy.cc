@@ -146,6 +146,39 @@ uint32_t LittleEndian(const unsigned char* p, int bytes) {
   return v;
 }
 
+// The header's 'fortran_order': only False (C order) can be read.
+absl::Status ParseOrder(DictReader& r, const std::string& path) {
+  bool fortran = false;
+  if (r.Word("True")) {
+    fortran = true;
+  } else if (!r.Word("False")) {
+    return Malformed(path, "'fortran_order' is neither True nor False");
+  }
+  if (!fortran) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s is in Fortran (column-major) order: save it in C order, e.g. "
+      "np.save(path, np.ascontiguousarray(a))",
+      path));
+}
+
+// The header's 'shape' tuple into h->shape and h->num_elements.
+absl::Status ParseShape(DictReader& r, const std::string& path, NpyHeader* h) {
+  if (!r.Consume('(')) return Malformed(path, "'shape' is no tuple");
+  while (!r.Consume(')')) {
+    int64_t dim = 0;
+    if (!r.Int(&dim)) return Malformed(path, "'shape' holds a non-integer");
+    if (dim != 0 && h->num_elements > INT64_MAX / 8 / dim) {
+      return Malformed(path, "'shape' is implausibly large");
+    }
+    h->shape.push_back(dim);
+    h->num_elements *= dim;
+    if (!r.Consume(',') && !r.Peek(')')) {
+      return Malformed(path, "'shape' cannot be parsed");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view head,
@@ -196,33 +229,10 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view head,
       RETURN_IF_ERROR(ParseDescr(h.descr, path, &h));
       has_descr = true;
     } else if (key == "fortran_order") {
-      bool fortran = false;
-      if (r.Word("True")) {
-        fortran = true;
-      } else if (!r.Word("False")) {
-        return Malformed(path, "'fortran_order' is neither True nor False");
-      }
-      if (fortran) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s is in Fortran (column-major) order: save it in C order, e.g. "
-            "np.save(path, np.ascontiguousarray(a))",
-            path));
-      }
+      RETURN_IF_ERROR(ParseOrder(r, path));
       has_order = true;
     } else if (key == "shape") {
-      if (!r.Consume('(')) return Malformed(path, "'shape' is no tuple");
-      while (!r.Consume(')')) {
-        int64_t dim = 0;
-        if (!r.Int(&dim)) return Malformed(path, "'shape' holds a non-integer");
-        if (dim != 0 && h.num_elements > INT64_MAX / 8 / dim) {
-          return Malformed(path, "'shape' is implausibly large");
-        }
-        h.shape.push_back(dim);
-        h.num_elements *= dim;
-        if (!r.Consume(',') && !r.Peek(')')) {
-          return Malformed(path, "'shape' cannot be parsed");
-        }
-      }
+      RETURN_IF_ERROR(ParseShape(r, path, &h));
       has_shape = true;
     } else if (!r.String(&key) && !r.SkipBalanced()) {
       return Malformed(path, "the header dict cannot be parsed");

@@ -32,9 +32,9 @@ StepCoordinator::ObservableState StepCoordinator::Observe() const {
   o.backed_up = planner_.backed_up();
   o.backups_this_step = planner_.backups_this_step();
   o.waiters = waits_.List();
-  o.has_eval = has_eval_;
-  o.final_eval = final_eval_;
-  o.last_eval = last_eval_;
+  o.has_eval = evals_.has();
+  o.final_eval = evals_.final_came();
+  o.last_eval = evals_.last();
   o.shutdown = shutdown_;
   o.failed = failed_;
   return o;

@@ -30,8 +30,8 @@ CoordinatorStatus StepCoordinator::Status() const {
   s.done = OverLocked();
   s.failed = !failed_.ok();
   s.last_loss = last_loss_;
-  s.has_eval = has_eval_;
-  s.last_eval = last_eval_;
+  s.has_eval = evals_.has();
+  s.last_eval = evals_.last();
   s.times = stats_.times();
   s.snapshots = weights_.snapshots_made();
   return s;

@@ -212,6 +212,26 @@ absl::Status ValidateOptimizer(const ServerFlags& f) {
 }
 
 // The flags of the job itself: what a checkpoint pins and workers adopt.
+// The model's files: where it starts from, where it goes, and the export
+// of a checkpoint.
+void AddModelFileFlags(Flags* flags, ServerFlags* f) {
+  flags->AddString("init_model", &f->init_model,
+                   "start from these weights (safetensors) instead of --seed");
+  flags->AddString("save_model", &f->save_model,
+                   "write the final weights here (safetensors); {step} in "
+                   "the path stands for the weights' step");
+  flags->AddString(
+      "export_checkpoint", &f->export_checkpoint,
+      "write the model in these checkpoint files (one dp-ps's, or one of "
+      "each shard's, comma-separated) to --save_model and exit: no job");
+  flags
+      ->AddInt("save_model_every", &f->save_model_every,
+               "also write the weights to --save_model every this many "
+               "steps, atomically; {step} in --save_model names a file per "
+               "step (0 = only the final weights; one dp-ps)")
+      .AtLeast(0);
+}
+
 void AddJobFlags(Flags* flags, ServerFlags* f) {
   flags
       ->AddInt("workers", &f->workers,
@@ -256,21 +276,7 @@ void AddJobFlags(Flags* flags, ServerFlags* f) {
       ->AddInt("max_steps", &f->max_steps,
                "stop after this many steps (0 = all epochs)")
       .AtLeast(0);
-  flags->AddString("init_model", &f->init_model,
-                   "start from these weights (safetensors) instead of --seed");
-  flags->AddString("save_model", &f->save_model,
-                   "write the final weights here (safetensors); {step} in "
-                   "the path stands for the weights' step");
-  flags->AddString(
-      "export_checkpoint", &f->export_checkpoint,
-      "write the model in these checkpoint files (one dp-ps's, or one of "
-      "each shard's, comma-separated) to --save_model and exit: no job");
-  flags
-      ->AddInt("save_model_every", &f->save_model_every,
-               "also write the weights to --save_model every this many "
-               "steps, atomically; {step} in --save_model names a file per "
-               "step (0 = only the final weights; one dp-ps)")
-      .AtLeast(0);
+  AddModelFileFlags(flags, f);
   flags->AddInt("final_eval_timeout_s", &f->final_eval_timeout_s,
                 "how long to wait for rank 0's final test accuracy; sharded, "
                 "also how long shard 0 waits for a shard that does not answer "

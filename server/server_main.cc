@@ -18,6 +18,7 @@
 #include "common/malloc_tuning.h"
 #include "common/model_layout.h"
 #include "common/safetensors.h"
+#include "common/status_macros.h"
 #include "proto/grpc_server.h"
 #include "proto/security.h"
 #include "server/model_export.h"
@@ -74,6 +75,22 @@ int ExportCheckpoint(const ServerFlags& f) {
   return kExitOk;
 }
 
+// The server's credentials, and (sharded) those shard 0 calls the others
+// with, from the same files.
+absl::Status LoadSecurity(const ServerFlags& f, PsServerOptions* o) {
+  ASSIGN_OR_RETURN(ServerSecurity security, LoadServerSecurity(f.security));
+  Log("security: %s", security.Describe());
+  if (auto warning = PlaintextWarning(f.host, security)) Log("%s", *warning);
+  o->security = std::move(security);
+  if (f.shards > 1) {
+    ASSIGN_OR_RETURN(const ClientSecurity client,
+                     LoadClientSecurity(f.security));
+    o->gather.credentials = client.credentials;
+    o->gather.auth_token = client.auth_token;
+  }
+  return absl::OkStatus();
+}
+
 int Run(int argc, char** argv) {
   SetLogTag("dp-ps");
   ServerFlags f;
@@ -114,18 +131,7 @@ int Run(int argc, char** argv) {
   KeepGrpcForTheProcess();  // starts gRPC's threads: after the mask
 
   // After the signal mask: building credentials starts gRPC's threads.
-  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(f.security);
-  if (!security.ok()) return ConfigError(security.status());
-  Log("security: %s", security->Describe());
-  if (auto warning = PlaintextWarning(f.host, *security)) Log("%s", *warning);
-  o.security = *std::move(security);
-  if (f.shards > 1) {
-    // Shard 0 calls the other shards as a client, with the same files.
-    absl::StatusOr<ClientSecurity> client = LoadClientSecurity(f.security);
-    if (!client.ok()) return ConfigError(client.status());
-    o.gather.credentials = client->credentials;
-    o.gather.auth_token = client->auth_token;
-  }
+  if (absl::Status s = LoadSecurity(f, &o); !s.ok()) return ConfigError(s);
 
   absl::StatusOr<std::unique_ptr<PsServer>> server =
       PsServer::Start(std::move(o));

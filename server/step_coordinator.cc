@@ -472,18 +472,7 @@ absl::Status StepCoordinator::RecordEval(int rank, const EvalReport& r) {
     return OtherStep(rank, "reports the evaluation of", r.step, state_.step);
   }
   roster_.Renew(rank, absl::Now());
-  last_eval_ = r;
-  has_eval_ = true;
-  if (r.final) final_eval_ = true;
-  if (r.num_samples == 0) {  // rank 0 has no test set: the end, unmeasured
-    Log("rank 0 has no test set: no test accuracy (weights of step %d)",
-        r.step);
-  } else {
-    Log("%s test accuracy %.4f, loss %.4f (%d images, weights of step %d, "
-        "epoch %d)",
-        r.final ? "final" : "epoch", r.accuracy, r.loss, r.num_samples, r.step,
-        r.epoch);
-  }
+  evals_.Record(r);
   return absl::OkStatus();
 }
 
@@ -504,9 +493,10 @@ bool StepCoordinator::AwaitDone(absl::Duration timeout) const {
 bool StepCoordinator::AwaitFinalEval(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return shutdown_ || final_eval_;
+    return shutdown_ || evals_.final_came();
   };
-  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) && final_eval_;
+  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) &&
+         evals_.final_came();
 }
 
 void StepCoordinator::Shutdown() {

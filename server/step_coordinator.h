@@ -46,6 +46,7 @@
 #include "server/block_planner.h"
 #include "server/coordinator_status.h"
 #include "server/due_watcher.h"
+#include "server/eval_record.h"
 #include "server/job_data.h"
 #include "server/rank_roster.h"
 #include "server/step_stats.h"
@@ -388,9 +389,7 @@ class StepCoordinator {
   WeightsPublisher weights_ ABSL_GUARDED_BY(mu_);
   float last_loss_ ABSL_GUARDED_BY(mu_) = 0.0f;
   WaitQueue waits_ ABSL_GUARDED_BY(mu_);
-  bool has_eval_ ABSL_GUARDED_BY(mu_) = false;
-  bool final_eval_ ABSL_GUARDED_BY(mu_) = false;
-  EvalReport last_eval_ ABSL_GUARDED_BY(mu_);
+  EvalRecord evals_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, StepHook>> step_hooks_ ABSL_GUARDED_BY(mu_);
