@@ -238,6 +238,42 @@ std::map<std::string, std::string> FilesIn(const std::string& dir) {
 // --allow_hyperparameter_change, which logs what changed from which step.
 // Under a cosine schedule the job's length is its T, so a longer job is a
 // change too.
+// A resume with another learning rate (--allow_hyperparameter_change)
+// trains the model of an uninterrupted job whose rate changes at that
+// step: 20 steps at 0.01, a checkpoint, then 20 at 0.005, against a step
+// schedule that halves 0.01 at step 20 (halving a double is exact).
+TEST(FaultTest, AResumeWithANewRateIsTheJobThatChangesItThere) {
+  TempDir dir;
+  const std::vector<std::string> job = {"--batch_size=16", "--seed=8",
+                                        "--dataset=synthetic", "--epochs=100"};
+  std::vector<std::string> reference = job;
+  const std::string uninterrupted = dir.File("uninterrupted.safetensors");
+  reference.insert(reference.end(),
+                   {"--max_steps=40", "--lr=0.01", "--lr_schedule=step",
+                    "--lr_step_every=20", "--lr_gamma=0.5",
+                    "--save_model=" + uninterrupted});
+  JobResult r = RunJob(reference, 2);
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+
+  const std::string ckpt = "--checkpoint_dir=" + dir.File("ckpt");
+  std::vector<std::string> first = job;
+  first.insert(first.end(), {"--max_steps=20", "--lr=0.01", ckpt});
+  r = RunJob(first, 2);
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  const std::string resumed = dir.File("resumed.safetensors");
+  std::vector<std::string> second = job;
+  second.insert(second.end(),
+                {"--max_steps=40", "--lr=0.005", ckpt,
+                 "--allow_hyperparameter_change", "--save_model=" + resumed});
+  r = RunJob(second, 2);
+  ASSERT_EQ(r.ps_exit, 0) << r.ps_output;
+  EXPECT_NE(r.ps_output.find("resuming from the checkpoint of step 20"),
+            std::string::npos)
+      << r.ps_output;
+  EXPECT_TRUE(ReadModel(resumed) == ReadModel(uninterrupted))
+      << "the resumed job is not the job that changes its rate at step 20";
+}
+
 TEST(FaultTest, ResumeWithOtherOptimiserSettingsIsRefusedUnlessAllowed) {
   TempDir dir;
   const std::string ckpt = "--checkpoint_dir=" + dir.File("ckpt");
