@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""The PyTorch baseline of scripts/perf.sh: SimpleNet on Fashion-MNIST with
+"""The PyTorch baseline of scripts/perf.sh: SimpleNet on Fashion-MNIST (or
+any MLP, --layers, on the train_x.npy/train_y.npy of --data) with
 torch.optim.Adam, either one process with batch N*b or DDP (gloo) with N
 processes of batch b, the same global data order as dp-ps (a permutation per
 epoch, rank r takes the r-th slice of each global batch). Prints one line:
@@ -21,7 +22,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-from simplenet_torch import SimpleNet
+from simplenet_torch import Mlp
 
 DATA = "/usr/share/datasets/fashion-mnist"
 
@@ -36,6 +37,13 @@ def load(split):
     return torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
 
 
+def load_npy(directory):
+    x = np.load(os.path.join(directory, "train_x.npy"), mmap_mode="r")
+    y = np.load(os.path.join(directory, "train_y.npy"))
+    return (torch.from_numpy(np.array(x, dtype=np.float32)),
+            torch.from_numpy(y.astype(np.int64)))
+
+
 def train(rank, world, args, port, results):
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -43,8 +51,8 @@ def train(rank, world, args, port, results):
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    x, y = load("train")
-    model = SimpleNet()
+    x, y = load_npy(args.data) if args.data else load("train")
+    model = Mlp([int(d) for d in args.layers.split(",")])
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     b = args.batch
@@ -64,11 +72,17 @@ def train(rank, world, args, port, results):
             step += 1
             if step == 1:
                 start = time.perf_counter()
+            if step == args.max_steps:
+                break
+        if step == args.max_steps:
+            break
     elapsed = time.perf_counter() - start
     if rank == 0:
-        tx, ty = load("test")
-        with torch.no_grad():
-            accuracy = (model(tx).argmax(1) == ty).float().mean().item()
+        accuracy = 0.0  # --data: the training files only
+        if not args.data:
+            tx, ty = load("test")
+            with torch.no_grad():
+                accuracy = (model(tx).argmax(1) == ty).float().mean().item()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         results.put(((step - 1) * global_batch / elapsed, accuracy, step,
                      usage.ru_utime + usage.ru_stime, usage.ru_maxrss))
@@ -83,6 +97,9 @@ def main():
     p.add_argument("--batch", type=int, default=64, help="per process")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", default="784,256,128,10")
+    p.add_argument("--data", default="", help="a directory of .npy files")
+    p.add_argument("--max_steps", type=int, default=0, help="0: all epochs")
     args = p.parse_args()
     world = args.workers if args.mode == "ddp" else 1
     if args.mode == "single":

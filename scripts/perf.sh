@@ -12,7 +12,9 @@
 #  4. server update time for N = 1, 2, 4, 8, and the loopback call costs;
 #  5. the exchange alone (workers with the null backend, as on GPUs), N = 1,
 #     2, 4, 8, both data planes, against dp-ps's update alone
-#     (scripts/perf-null.sh, which also runs on its own).
+#     (scripts/perf-null.sh, which also runs on its own);
+#  6. a wider model (--layers=3072,1024,512,10, CIFAR-shaped .npy data):
+#     dp-ps vs PyTorch DDP and a single process, samples/s.
 # Installs Debian's python3-torch when missing. Not a test: prints numbers.
 # Usage: scripts/perf.sh [epochs, default 3] [repeats, default 3]
 set -euo pipefail
@@ -190,6 +192,45 @@ build/bench/exchange_bench
 echo
 echo "== 5. the exchange alone"
 scripts/perf-null.sh "$repeats"
+# 6. A model of the user's: 3072-1024-512-10 (4.7 M parameters, 19 MB of
+# float32 a tensor exchange) on CIFAR-shaped random .npy data.
+wide=$work/wide wide_layers=3072,1024,512,10 wide_steps=60
+/usr/bin/python3 - "$wide" <<'PY'
+import os, sys
+import numpy as np
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+rng = np.random.default_rng(0)
+np.save(os.path.join(d, "train_x.npy"),
+        rng.standard_normal((4096, 3072), dtype=np.float32))
+np.save(os.path.join(d, "train_y.npy"), rng.integers(0, 10, 4096))
+PY
+for row in wide_dp wide_ddp wide_single; do : >"$work/$row"; done
+for ((i = 1; i <= repeats; i++)); do
+  if dir=$(launch_run wide --workers 2 --dataset=npy --layers=$wide_layers \
+    --data_dir "$wide" --batch_size=64 --max_steps=$wide_steps); then
+    field 's/.* \([0-9]*\) samples\/s while training.*/\1/p' \
+      "$(cat "$dir/dp-ps.log")" >>"$work/wide_dp"
+    rm -rf "$dir"
+  fi
+  for mode in ddp single; do
+    /usr/bin/python3 bench/torch_ddp.py --mode $mode --layers $wide_layers \
+      --data "$wide" --max_steps $wide_steps --epochs 100 2>&1 |
+      sed -n 's/^RESULT .*samples_per_s=\([0-9]*\).*/\1/p' >>"$work/wide_$mode"
+  done
+done
+wide_dp=$(median <"$work/wide_dp")
+wide_ddp=$(median <"$work/wide_ddp")
+wide_single=$(median <"$work/wide_single")
+echo
+echo "== 6. your own model: --layers=$wide_layers on CIFAR-shaped .npy data (4096 x 3072),"
+echo "   2 workers x 64 (default data plane), $wide_steps steps, median of $repeats runs"
+printf "%-17s %9s %6s %6s\n" system samples/s vsDDP vs1p
+printf "%-17s %9s %6s %6s\n" "dp-ps 2x64" "$wide_dp" \
+  "$(calc "%.2fx" "a / b" "$wide_dp" "$wide_ddp")" \
+  "$(calc "%.2fx" "a / b" "$wide_dp" "$wide_single")"
+printf "%-17s %9s\n" "torch DDP 2x64" "$wide_ddp" "torch 1x128" "$wide_single"
+
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo; echo "GPU present: see scripts/gpu-check.sh for the CUDA table"
 fi
