@@ -353,7 +353,12 @@ absl::StatusOr<StepCoordinator::PushResult> StepCoordinator::Push(
     result.step = state_.step;
   }
   WaitQueue::Run(after.wakes);
-  for (const StepHook& hook : after.hooks) hook(after.state, after.generation);
+  // Each hook its copy; the last takes the one taken under the lock.
+  for (size_t i = 0; i < after.hooks.size(); ++i) {
+    after.hooks[i](
+        i + 1 < after.hooks.size() ? after.state : std::move(after.state),
+        after.generation);
+  }
   return result;
 }
 

@@ -114,6 +114,18 @@ int Occurrences(const std::string& output, const std::string& text) {
   return n;
 }
 
+// The model that `flags` (ending in --save_model=PATH) train on 2 workers on
+// `plane` and `shards` shards, undisturbed; empty, with a failure, if the
+// job failed.
+std::string UndisturbedModel(const std::vector<std::string>& flags,
+                             const std::vector<std::string>& on_plane,
+                             int shards) {
+  const JobResult undisturbed = RunJob(flags, 2, on_plane, shards);
+  EXPECT_EQ(undisturbed.ps_exit, 0) << undisturbed.ps_output;
+  if (undisturbed.ps_exit != 0) return "";
+  return ReadModel(flags.back().substr(std::string("--save_model=").size()));
+}
+
 // A second process of rank 1 (a pod's replacement while the pod, on a
 // partitioned node, still runs) stands by instead of taking the rank: the
 // first never re-joins, and no dp-ps registers rank 1 again while the job
@@ -131,11 +143,8 @@ void ALingeringSecondProcessStandsBy(const std::string& plane, int shards) {
       "--max_steps=1000",      "--batch_size=32", "--dataset=synthetic",
       "--epochs=1000",         "--seed=11",       "--backup_blocks=0",
       "--worker_timeout_s=600"};
-  const std::string reference_path = dir.File("reference.safetensors");
-  flags.push_back("--save_model=" + reference_path);
-  const JobResult undisturbed = RunJob(flags, 2, on_plane);
-  ASSERT_EQ(undisturbed.ps_exit, 0) << undisturbed.ps_output;
-  const std::string reference = ReadModel(reference_path);
+  flags.push_back("--save_model=" + dir.File("reference.safetensors"));
+  const std::string reference = UndisturbedModel(flags, on_plane, 1);
   ASSERT_FALSE(reference.empty());
 
   const std::string model = dir.File("model.safetensors");
@@ -221,11 +230,8 @@ void ABackedUpWorkerMovesOnWithoutRegisteringAgain(const std::string& plane,
                                     "--backup_blocks=1",
                                     "--worker_timeout_s=600",
                                     "--straggler_min_wait_ms=1"};
-  const std::string reference_path = dir.File("reference.safetensors");
-  flags.push_back("--save_model=" + reference_path);
-  const JobResult undisturbed = RunJob(flags, 2, on_plane, shards);
-  ASSERT_EQ(undisturbed.ps_exit, 0) << undisturbed.ps_output;
-  const std::string reference = ReadModel(reference_path);
+  flags.push_back("--save_model=" + dir.File("reference.safetensors"));
+  const std::string reference = UndisturbedModel(flags, on_plane, shards);
   ASSERT_FALSE(reference.empty());
 
   const std::string model = dir.File("model.safetensors");
