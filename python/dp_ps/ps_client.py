@@ -1,0 +1,188 @@
+"""One dp-ps over gRPC, as worker/ps_client.cc speaks to it: every call
+with a deadline; UNAVAILABLE (dp-ps starting or restarting) and a call
+cancelled by a draining dp-ps retried with exponential backoff and full
+jitter for retry_for_s; the Attend call held open while registered, so
+that dp-ps learns at once when this process goes; errors as dp_ps.errors."""
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from . import errors
+from ._proto import dp_pb2, dp_pb2_grpc
+
+
+@dataclass
+class Tls:
+    """dp-worker's --tls_ca, --tls_cert, --tls_key and --tls_server_name:
+    PEM file paths; ca alone verifies dp-ps, cert and key are the client's
+    certificate for mTLS."""
+    ca: str = None
+    cert: str = None
+    key: str = None
+    server_name: str = None
+
+    @classmethod
+    def of(cls, tls):
+        """A Tls from None, a Tls, or a dict of its fields."""
+        if tls is None or isinstance(tls, cls):
+            return tls
+        unknown = set(tls) - {"ca", "cert", "key", "server_name"}
+        if unknown:
+            raise errors.ConfigError(f"tls: unknown keys {sorted(unknown)} "
+                                     "(ca, cert, key, server_name)")
+        return cls(**tls)
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _channel(address, tls, max_message_bytes):
+    options = [("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", max_message_bytes)]
+    if tls is None:
+        return grpc.insecure_channel(address, options)
+    if (tls.cert is None) != (tls.key is None):
+        raise errors.ConfigError("tls: cert and key go together (the client's certificate)")
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.ca) if tls.ca else None,
+        private_key=_read(tls.key) if tls.key else None,
+        certificate_chain=_read(tls.cert) if tls.cert else None)
+    return grpc.secure_channel(address, credentials, options)
+
+
+def error_of(e, address):
+    """The dp_ps.errors exception for a failed call, its gRPC code kept
+    (e.code) for the callers that act on it (ABORTED: re-sync, ...)."""
+    code, details = e.code(), e.details() or ""
+    if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("the job failed"):
+        cls = errors.JobFailed
+    elif code == grpc.StatusCode.FAILED_PRECONDITION and "different data" in details:
+        cls = errors.DataMismatch
+    elif code == grpc.StatusCode.FAILED_PRECONDITION and "different model" in details:
+        cls = errors.ModelMismatch
+    elif code == grpc.StatusCode.UNAUTHENTICATED:
+        cls = errors.Unauthenticated
+    elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                  grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DATA_LOSS):
+        cls = errors.ConfigError
+    else:
+        cls = errors.WorkerFailure
+    err = cls(f"dp-ps at {address}: {code.name}: {details}")
+    err.code = code
+    return err
+
+
+_READY = 2  # grpc_connectivity_state GRPC_CHANNEL_READY
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+class PsClient:
+    def __init__(self, address, tls=None, token=None, call_timeout_s=30.0,
+                 wait_timeout_s=30.0, retry_for_s=120.0, max_message_bytes=4 << 20):
+        self.address = address
+        self.call_timeout_s = call_timeout_s
+        self.wait_timeout_s = wait_timeout_s
+        self.retry_for_s = retry_for_s
+        self._tls = Tls.of(tls)
+        self._metadata = (("authorization", "Bearer " + token),) if token else ()
+        self._max_message_bytes = max_message_bytes
+        self._channel = _channel(address, self._tls, max_message_bytes)
+        self._stub = dp_pb2_grpc.ParameterServerStub(self._channel)
+        self._attendance = None
+
+    def close(self):
+        self.end_attendance()
+        self._channel.close()
+
+    def fit_messages(self, num_params):
+        """A channel with room for the model's tensors (gRPC's 4 MiB default
+        holds only small ones)."""
+        need = num_params * 4 + (1 << 20)
+        if need > self._max_message_bytes:
+            self.end_attendance()
+            self._channel.close()
+            self._max_message_bytes = need
+            self._channel = _channel(self.address, self._tls, need)
+            self._stub = dp_pb2_grpc.ParameterServerStub(self._channel)
+
+    def call(self, method, request, timeout_s=None):
+        """stub.method(request) with deadlines and retries (see module doc)."""
+        timeout_s = timeout_s or self.call_timeout_s
+        give_up = time.monotonic() + self.retry_for_s
+        backoff, attempt = 0.05, 0
+        while True:
+            attempt += 1
+            # A retry waits for the channel to connect instead of failing
+            # fast on one that failed before (worker/ps_client.cc's reason).
+            deadline = timeout_s if attempt == 1 else min(timeout_s, max(give_up - time.monotonic(), 0.01))
+            try:
+                return getattr(self._stub, method)(request, timeout=deadline, metadata=self._metadata,
+                                                   wait_for_ready=attempt > 1)
+            except grpc.RpcError as e:
+                code = e.code()
+                waited_for_connection = (attempt > 1 and code == grpc.StatusCode.DEADLINE_EXCEEDED
+                                         and self._channel_state_not_ready())
+                if code not in _RETRYABLE and not waited_for_connection:
+                    raise error_of(e, self.address) from None
+                if time.monotonic() + backoff > give_up:
+                    raise errors.PsUnreachable(
+                        f"dp-ps at {self.address} is unavailable for {method} after {attempt} "
+                        f"attempts over {self.retry_for_s:.0f} s: {e.details()} (when dp-ps is "
+                        "up, this is also how a TLS mismatch shows)") from None
+                time.sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(backoff * 2, 2.0)
+
+    def _channel_state_not_ready(self):
+        # A retry's deadline that passed while the channel never connected
+        # waited for dp-ps, not for a step. grpc's Python API tells the state
+        # only to subscribers: the channel's core object is asked directly.
+        try:
+            return self._channel._channel.check_connectivity_state(False) != _READY
+        except AttributeError:
+            return True
+
+    def register(self, request):
+        """Register, then attend with the registration's session."""
+        response = self.call("Register", request)
+        self.end_attendance()
+        self.fit_messages(response.num_params)
+        if response.session != 0:
+            self._attendance = _Attendance(self._stub, self._metadata, response.rank,
+                                           response.session)
+        return response
+
+    def end_attendance(self):
+        """dp-ps counts this registration gone, its rank free."""
+        if self._attendance is not None:
+            self._attendance.end()
+            self._attendance = None
+
+
+class _Attendance:
+    """The Attend call, read to its end on a thread of its own: dp-ps
+    ending it (shutdown, another registration of the rank) is no error."""
+
+    def __init__(self, stub, metadata, rank, session):
+        self._call = stub.Attend(dp_pb2.AttendRequest(rank=rank, session=session),
+                                 metadata=metadata)
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self):
+        try:
+            for _ in self._call:
+                pass
+        except grpc.RpcError:
+            pass
+
+    def end(self):
+        self._call.cancel()
+        self._thread.join()
