@@ -1,0 +1,136 @@
+"""What the Python worker's tests share: their command line, named checks,
+real dp-ps and worker processes (each output kept, every wait with a
+deadline, waits on events: a log line, an exit), and the model's sha256."""
+
+import argparse
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER_SCRIPT = os.path.join(HERE, "job_worker.py")
+
+
+class Checks:
+    """Named checks, each printed as it is made; result() is the exit code."""
+
+    def __init__(self):
+        self.failed = []
+
+    def check(self, ok, what):
+        print(("ok    " if ok else "FAIL  ") + what, flush=True)
+        if not ok:
+            self.failed.append(what)
+        return ok
+
+    def result(self):
+        if self.failed:
+            print(f"{len(self.failed)} check(s) failed", flush=True)
+            return 1
+        print("all checks passed", flush=True)
+        return 0
+
+
+def args(extra=()):
+    """--ps, --worker, --source_dir and the test's own flags."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--ps", required=True)
+    p.add_argument("--worker", required=True)
+    p.add_argument("--source_dir", required=True)
+    for flag in extra:
+        p.add_argument(flag, required=True)
+    return p.parse_args()
+
+
+class Proc:
+    """A process whose output lines are collected as they come."""
+
+    def __init__(self, name, argv, env=None):
+        self.name = name
+        self.lines = []
+        self._cond = threading.Condition()
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=env)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_line(self, pattern, timeout=60):
+        """The first match of `pattern` in the output; None by the deadline or exit."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    m = regex.search(line)
+                    if m:
+                        return m
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.p.poll() is not None and self.p.stdout.closed):
+                    return None
+                self._cond.wait(min(left, 0.5))
+
+    def wait(self, timeout=300):
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+            return None
+
+    def output(self):
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def show(self):
+        print(f"----- {self.name} output -----\n{self.output()}\n-----", flush=True)
+
+
+def start_ps(binary, flags, name="dp-ps"):
+    """dp-ps on a free port: (Proc, "127.0.0.1:port"); None address if it
+    never listened."""
+    ps = Proc(name, [binary, "--host=127.0.0.1", "--port=0"] + flags)
+    m = ps.wait_line(r"listening on [^:]+:(\d+)", timeout=60)
+    if m is None:
+        ps.show()
+        return ps, None
+    return ps, f"127.0.0.1:{m.group(1)}"
+
+
+def python_env():
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", os.path.join(HERE, "..", "..", "python"))
+    return env
+
+
+def start_python_worker(name, address, flags=()):
+    """tests/python/job_worker.py (dp_ps.train on Fashion-MNIST) against `address`."""
+    return Proc(name, [sys.executable, WORKER_SCRIPT, "--ps", address] + list(flags), env=python_env())
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def temp_dir():
+    return tempfile.TemporaryDirectory(prefix="dp-python-test-")
+
+
+def finish(checks, procs, timeout=300):
+    """Waits for every process; each must exit 0 (its output shown if not)."""
+    for pr in procs:
+        code = pr.wait(timeout)
+        if not checks.check(code == 0, f"{pr.name} exits 0 (got {code})"):
+            pr.show()
