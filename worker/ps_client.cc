@@ -303,7 +303,8 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
   absl::Status s;
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext context;
-    absl::Time deadline = absl::Now() + timeout;
+    const absl::Time sent = absl::Now();
+    absl::Time deadline = sent + timeout;
     if (attempt > 1) {
       // dp-ps was unavailable: wait for the channel to connect rather than
       // fail at once. gRPC keeps a channel that failed to connect failing
@@ -323,8 +324,12 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
     if (attempt > 1 && result.code() == absl::StatusCode::kDeadlineExceeded &&
         rpc_->channel->GetState(/*try_to_connect=*/false) !=
             GRPC_CHANNEL_READY) {
-      result = absl::UnavailableError(absl::StrFormat(
-          "no connection within %s", absl::FormatDuration(timeout)));
+      // The wait that passed, which give_up may have cut shorter than
+      // `timeout`.
+      result = absl::UnavailableError(
+          absl::StrFormat("no connection within %s",
+                          absl::FormatDuration(absl::Trunc(
+                              deadline - sent, absl::Milliseconds(1)))));
     }
     const bool gave_up = attempt > 1 &&
                          result.code() == absl::StatusCode::kDeadlineExceeded &&
