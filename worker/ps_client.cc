@@ -23,6 +23,7 @@
 #include "proto/security.h"
 #include "proto/tensor_message.h"
 #include "proto/wire.h"
+#include "worker/backend.h"
 #include "worker/exit_code.h"
 
 namespace dp {
@@ -422,8 +423,7 @@ absl::StatusOr<JobStatus> PsClient::RegisterOnce(
   // The previous registration's call ends (dp-ps ignores the end of a
   // session that is no longer the rank's), then this one's starts.
   attendance_.reset();
-  RETURN_IF_ERROR(CheckMlpDims(status.config.layers, "the job's layers"));
-  const ModelLayout layout = ModelLayout::Mlp(status.config.layers);
+  ASSIGN_OR_RETURN(const ModelLayout layout, JobMlp(status.config));
   // The channel's limits were made for the default model: a larger one's
   // tensors need a channel with room for them (the attendance, on the old
   // channel, has ended).
