@@ -202,8 +202,10 @@ class HandWorker {
 
   void MapSlot(const dp::v1::RegisterResponse& response, Shard* s) {
     ASSERT_FALSE(response.shm_socket().empty()) << "no shared memory offered";
+    // The weights, the gradient slot and the step channel's page (unused:
+    // this worker pushes with calls).
     absl::StatusOr<std::vector<int>> fds =
-        FetchSharedMemory(response.shm_socket(), response.shm_ticket(), 2);
+        FetchSharedMemory(response.shm_socket(), response.shm_ticket(), 3);
     ASSERT_TRUE(fds.ok()) << fds.status();
     s->fds = *fds;
     void* p = mmap(nullptr, s->length * sizeof(float), PROT_READ | PROT_WRITE,
