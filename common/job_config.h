@@ -12,6 +12,7 @@
 
 #include "common/data_order.h"
 #include "common/micro_batch_tree.h"
+#include "common/model_layout.h"
 #include "common/tensor_codec.h"
 
 namespace dp {
@@ -61,8 +62,12 @@ struct JobConfig {
   Schedule schedule;
   std::string dataset = "fashion-mnist";
   // The MLP's widths, inputs first (ModelLayout::Mlp); SimpleNet's by
-  // default.
+  // default. Unused when `tensors` is not empty.
   std::vector<int> layers = {784, 256, 128, 10};
+  // A model that is not an MLP: its tensors' names and shapes, in the
+  // order of the flat vector (offset and size 0; LayoutOfJob lays them
+  // out). Empty for an MLP.
+  std::vector<TensorInfo> tensors;
   AdamOptions adam;
   Encoding grad_encoding = Encoding::kF32;
   // How dp-ps sends the weights; it keeps and updates them in float32.
@@ -72,7 +77,7 @@ struct JobConfig {
   int live_minimum() const { return std::max(min_workers, 1); }
   bool operator==(const JobConfig& o) const {
     return schedule == o.schedule && dataset == o.dataset &&
-           layers == o.layers && adam == o.adam &&
+           layers == o.layers && tensors == o.tensors && adam == o.adam &&
            grad_encoding == o.grad_encoding &&
            weight_encoding == o.weight_encoding &&
            live_minimum() == o.live_minimum();

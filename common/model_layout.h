@@ -1,9 +1,12 @@
-// The flat parameter layout of an MLP (SimpleNet by default), in PyTorch
-// state_dict order: fc1.weight [out,in], fc1.bias [out], fc2.weight, ...
+// The flat parameter layout of a model: its named float32 tensors, one
+// after another in one vector. An MLP's (SimpleNet by default) lie in
+// PyTorch state_dict order: fc1.weight [out,in], fc1.bias [out], fc2.weight,
+// ...; any other model's in the order it names them (FromTensors).
 #ifndef DP_COMMON_MODEL_LAYOUT_H_
 #define DP_COMMON_MODEL_LAYOUT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,7 +21,13 @@ struct TensorInfo {
   std::vector<int64_t> shape;  // {256, 784}
   int64_t offset = 0;          // in floats, into the flat buffer
   int64_t size = 0;            // in floats
+  bool operator==(const TensorInfo& o) const {
+    return name == o.name && shape == o.shape && offset == o.offset &&
+           size == o.size;
+  }
 };
+
+struct JobConfig;
 
 class ModelLayout {
  public:
@@ -28,22 +37,37 @@ class ModelLayout {
   // dims[l] -> dims[l+1]; ReLU after every layer but the last. `dims` must
   // pass CheckMlpDims.
   static ModelLayout Mlp(std::vector<int> dims);
+  // Any model: `tensors`' names and shapes (their offset and size are
+  // computed), laid out in the order given. Tensors that are an MLP's in
+  // its order make that MLP. INVALID_ARGUMENT naming the tensor unless every
+  // name is non-empty and unique and every dimension at least 1 (a shape of
+  // none is a scalar), and there are some, at most kMaxModelParams in all.
+  static absl::StatusOr<ModelLayout> FromTensors(
+      std::vector<TensorInfo> tensors);
 
-  const std::vector<int>& dims() const { return dims_; }
-  int num_layers() const { return static_cast<int>(dims_.size()) - 1; }
-  int input_dim() const { return dims_.front(); }
-  int num_classes() const { return dims_.back(); }
+  // An MLP's: dims(), weight() and bias() are only for those (and the
+  // process stops when asked of another model).
+  bool is_mlp() const { return !dims_.empty(); }
+  const std::vector<int>& dims() const;
+  int num_layers() const { return static_cast<int>(dims().size()) - 1; }
+  int input_dim() const { return dims().front(); }
+  int num_classes() const { return dims().back(); }
   int64_t num_params() const { return num_params_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   // Weight of layer l is (dims[l+1], dims[l]) row-major.
-  const TensorInfo& weight(int layer) const { return tensors_[2 * layer]; }
-  const TensorInfo& bias(int layer) const { return tensors_[2 * layer + 1]; }
-  // Identifies the architecture (dims and names); workers and dp-ps must agree.
+  const TensorInfo& weight(int layer) const;
+  const TensorInfo& bias(int layer) const;
+  // Identifies the architecture: FNV-1a over the tensors' names and shapes
+  // in order; workers and dp-ps must agree.
   uint64_t Fingerprint() const;
+  // "MLP 784,256,128,10, 235146 parameters" or "5 tensors (conv1.weight
+  // [4,1,3,3], ...), 4268 parameters": for logs.
+  std::string Describe() const;
 
  private:
   explicit ModelLayout(std::vector<int> dims);
-  std::vector<int> dims_;
+  ModelLayout() = default;
+  std::vector<int> dims_;  // empty: not an MLP
   std::vector<TensorInfo> tensors_;
   int64_t num_params_ = 0;
 };
@@ -63,11 +87,23 @@ inline constexpr int64_t kMaxModelParams = (int64_t{1} << 29) - (1 << 16);
 absl::StatusOr<std::vector<int>> ParseMlpDims(absl::string_view text,
                                               absl::string_view what);
 
+// The widths of the MLP whose tensors `tensors` are, in any order (names
+// fc1.weight, fc1.bias, ... with chained shapes, nothing else); nullopt
+// when they are not an MLP's.
+std::optional<std::vector<int>> MlpDimsOfTensors(
+    const std::vector<TensorInfo>& tensors);
+
+// A job's model (its layers, or its tensors when it is not an MLP);
+// INVALID_ARGUMENT, naming `what`, when they make none.
+absl::StatusOr<ModelLayout> LayoutOfJob(const JobConfig& job,
+                                        absl::string_view what);
+
 // {784, 256, 128, 10} -> "784,256,128,10".
 std::string MlpDimsString(const std::vector<int>& dims);
 
 // PyTorch's default nn.Linear initialisation: every weight and bias of layer l
 // ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), drawn deterministically from `seed`.
+// Only for an MLP: another model starts from a file (dp-ps --init_model).
 std::vector<float> InitParams(const ModelLayout& layout, uint64_t seed);
 
 }  // namespace dp

@@ -313,10 +313,16 @@ struct Range {
   const std::string* name;
 };
 
-absl::StatusOr<Range> CheckTensorEntry(const TensorInfo& t, const Json& entry,
-                                       uint64_t data_size) {
-  const auto malformed = [&t](absl::string_view what) {
-    return absl::DataLossError(absl::StrCat("tensor \"", t.name, "\": ", what));
+// What one header entry says of its tensor.
+struct Entry {
+  std::string dtype;
+  std::vector<uint64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& entry) {
+  const auto malformed = [&name](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("tensor \"", name, "\": ", what));
   };
   if (entry.kind != Json::kObject) return malformed("entry is not an object");
   const Json* dtype = nullptr;
@@ -346,15 +352,24 @@ absl::StatusOr<Range> CheckTensorEntry(const TensorInfo& t, const Json& entry,
       offsets->values[1].kind != Json::kInt) {
     return malformed("\"data_offsets\" is not [begin,end]");
   }
-  std::vector<uint64_t> dims;
+  Entry e{dtype->str, {}, offsets->values[0].num, offsets->values[1].num};
   for (const Json& d : shape->values) {
     if (d.kind != Json::kInt) return malformed("\"shape\" holds a non-integer");
-    dims.push_back(d.num);
+    e.shape.push_back(d.num);
   }
+  return e;
+}
 
-  if (dtype->str != "F32") {
+absl::StatusOr<Range> CheckTensorEntry(const TensorInfo& t, const Json& json,
+                                       uint64_t data_size) {
+  const auto malformed = [&t](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("tensor \"", t.name, "\": ", what));
+  };
+  ASSIGN_OR_RETURN(const Entry entry, ParseEntry(t.name, json));
+  const std::vector<uint64_t>& dims = entry.shape;
+  if (entry.dtype != "F32") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", t.name, "\" has dtype ", dtype->str, ", expected F32"));
+        "tensor \"", t.name, "\" has dtype ", entry.dtype, ", expected F32"));
   }
   const std::vector<uint64_t> want(t.shape.begin(), t.shape.end());
   if (dims != want) {
@@ -362,8 +377,8 @@ absl::StatusOr<Range> CheckTensorEntry(const TensorInfo& t, const Json& entry,
         absl::StrCat("tensor \"", t.name, "\" has shape ", ShapeString(dims),
                      ", expected ", ShapeString(want)));
   }
-  const uint64_t begin = offsets->values[0].num;
-  const uint64_t end = offsets->values[1].num;
+  const uint64_t begin = entry.begin;
+  const uint64_t end = entry.end;
   const uint64_t want_bytes = static_cast<uint64_t>(t.size) * sizeof(float);
   if (end < begin || end - begin != want_bytes) {
     return malformed(absl::StrCat("data_offsets [", begin, ",", end,
@@ -454,68 +469,52 @@ absl::StatusOr<Json> ParseHeader(absl::string_view bytes,
   return root;
 }
 
-// The "shape" of header entry `name` as widths; nullopt when there is no
-// such entry or its shape is not a list of integers that fit an int.
-std::optional<std::vector<int>> EntryShape(const Json& root,
-                                           absl::string_view name) {
-  for (size_t i = 0; i < root.keys.size(); ++i) {
-    if (root.keys[i] != name || root.values[i].kind != Json::kObject) continue;
-    const Json& entry = root.values[i];
-    for (size_t k = 0; k < entry.keys.size(); ++k) {
-      if (entry.keys[k] != "shape" || entry.values[k].kind != Json::kArray) {
-        continue;
-      }
-      std::vector<int> dims;
-      for (const Json& d : entry.values[k].values) {
-        if (d.kind != Json::kInt || d.num > INT32_MAX) return std::nullopt;
-        dims.push_back(static_cast<int>(d.num));
-      }
-      return dims;
-    }
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
-absl::StatusOr<std::vector<int>> MlpDimsOfSafetensors(absl::string_view bytes) {
+absl::StatusOr<ModelLayout> SafetensorsModel(absl::string_view bytes) {
   absl::string_view data;
   ASSIGN_OR_RETURN(const Json root, ParseHeader(bytes, &data));
-  std::vector<int> dims;
-  for (int l = 1;; ++l) {
-    const std::string name = absl::StrCat("fc", l, ".weight");
-    const std::optional<std::vector<int>> shape = EntryShape(root, name);
-    if (!shape.has_value()) break;
-    if (shape->size() != 2) {
+  std::vector<std::pair<uint64_t, TensorInfo>> by_offset;
+  for (size_t i = 0; i < root.keys.size(); ++i) {
+    const std::string& name = root.keys[i];
+    if (name == "__metadata__") continue;  // DecodeSafetensors checks it
+    ASSIGN_OR_RETURN(const Entry e, ParseEntry(name, root.values[i]));
+    if (e.dtype != "F32") {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", name, "\" has shape [",
-                       absl::StrJoin(*shape, ","), "], not [out,in]"));
+          absl::StrCat("tensor \"", name, "\" has dtype ", e.dtype,
+                       ": dp-ps trains float32 (F32) tensors only"));
     }
-    if (l == 1) dims.push_back((*shape)[1]);
-    if ((*shape)[1] != dims.back()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", name, "\" takes ", (*shape)[1], " inputs, but fc", l - 1,
-          " has ", dims.back(), " outputs"));
+    TensorInfo t{name, {}};
+    for (uint64_t d : e.shape) {
+      if (d > static_cast<uint64_t>(kMaxModelParams)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", name, "\" has a dimension of ", d, ", too large"));
+      }
+      t.shape.push_back(static_cast<int64_t>(d));
     }
-    dims.push_back((*shape)[0]);
+    by_offset.push_back({e.begin, std::move(t)});
   }
-  if (dims.empty()) {
-    return absl::InvalidArgumentError(
-        "no tensor \"fc1.weight\": not a model of fc1.weight, fc1.bias, "
-        "fc2.weight, ... (an MLP)");
+  // The data's order is the file's own (dp-ps writes a model in its order;
+  // safetensors.torch.save_file sorts by dtype, then name), unlike the
+  // header's, which JSON writers are free to reorder.
+  std::stable_sort(by_offset.begin(), by_offset.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<TensorInfo> tensors;
+  for (auto& [offset, t] : by_offset) tensors.push_back(std::move(t));
+  if (std::optional<std::vector<int>> dims = MlpDimsOfTensors(tensors)) {
+    return ModelLayout::Mlp(*std::move(dims));
   }
-  RETURN_IF_ERROR(CheckMlpDims(dims, "the model's tensors"));
-  return dims;
+  return ModelLayout::FromTensors(std::move(tensors));
 }
 
-absl::StatusOr<std::vector<int>> LoadMlpDims(const std::string& path) {
+absl::StatusOr<ModelLayout> LoadSafetensorsModel(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path));
-  absl::StatusOr<std::vector<int>> dims = MlpDimsOfSafetensors(bytes);
-  if (!dims.ok()) {
-    return absl::Status(dims.status().code(),
-                        absl::StrCat(path, ": ", dims.status().message()));
+  absl::StatusOr<ModelLayout> layout = SafetensorsModel(bytes);
+  if (!layout.ok()) {
+    return absl::Status(layout.status().code(),
+                        absl::StrCat(path, ": ", layout.status().message()));
   }
-  return dims;
+  return layout;
 }
 
 absl::StatusOr<std::vector<float>> DecodeSafetensors(const ModelLayout& layout,

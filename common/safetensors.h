@@ -30,15 +30,17 @@ std::string EncodeSafetensors(
 absl::StatusOr<std::vector<float>> DecodeSafetensors(const ModelLayout& layout,
                                                      absl::string_view bytes);
 
-// The widths of the MLP whose tensors a safetensors file image holds, read
-// from the shapes of fc1.weight, fc2.weight, ... ([out, in] each, every
-// layer's inputs the previous one's outputs): {in, out1, out2, ...}.
-// DATA_LOSS for a malformed header; INVALID_ARGUMENT when there is no
-// fc1.weight or the shapes do not chain. The other tensors (the biases,
-// anything unexpected) are DecodeSafetensors' to check.
-absl::StatusOr<std::vector<int>> MlpDimsOfSafetensors(absl::string_view bytes);
-// ReadFile + MlpDimsOfSafetensors; errors name the path.
-absl::StatusOr<std::vector<int>> LoadMlpDims(const std::string& path);
+// The model whose tensors a safetensors file image holds: the MLP when
+// they are an MLP's (fc1.weight [out,in], fc1.bias [out], fc2.weight, ...,
+// shapes chained, in any order in the file), else exactly the file's
+// tensors in the order of their data offsets (dp-ps's writer keeps the
+// model's order; safetensors.torch.save_file's is by name). DATA_LOSS for a malformed
+// header; INVALID_ARGUMENT naming the tensor for a dtype other than F32 or
+// a shape no model has (ModelLayout::FromTensors), and for no tensors. The
+// data (its ranges, its values) is DecodeSafetensors' to check.
+absl::StatusOr<ModelLayout> SafetensorsModel(absl::string_view bytes);
+// ReadFile + SafetensorsModel; errors name the path.
+absl::StatusOr<ModelLayout> LoadSafetensorsModel(const std::string& path);
 
 // EncodeSafetensors + WriteFileAtomic.
 [[nodiscard]] absl::Status SaveSafetensors(const std::string& path,

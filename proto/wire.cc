@@ -24,7 +24,20 @@ void ToProto(const JobConfig& config, dp::v1::JobConfig* out) {
   out->set_shuffle(s.shuffle);
   out->set_max_steps(s.max_steps);
   out->set_dataset(config.dataset);
-  for (int width : config.layers) out->add_layers(width);
+  // Every job's tensors, an MLP's too, for workers that compute any model;
+  // widths only for an MLP, so that one of them is not read as another.
+  if (config.tensors.empty()) {
+    for (int width : config.layers) out->add_layers(width);
+  }
+  if (absl::StatusOr<ModelLayout> layout = LayoutOfJob(config, "the model");
+      layout.ok()) {
+    for (const TensorInfo& t : layout->tensors()) {
+      dp::v1::TensorSpec* spec = out->add_tensors();
+      spec->set_name(t.name);
+      for (int64_t d : t.shape) spec->add_shape(d);
+    }
+    out->set_model_fingerprint(layout->Fingerprint());
+  }
   out->set_lr(config.adam.lr);
   const AdamOptions& adam = config.adam;
   dp::v1::Optimizer* optimizer = out->mutable_optimizer();
@@ -55,9 +68,17 @@ JobConfig FromProto(const dp::v1::JobConfig& c) {
   config.schedule.shuffle = c.shuffle();
   config.schedule.max_steps = c.max_steps();
   config.dataset = c.dataset();
-  // A dp-ps that sends no layers trains SimpleNet, JobConfig's default.
+  // A dp-ps that sends no layers trains SimpleNet, JobConfig's default,
+  // unless it sends tensors: then the model is those. An MLP's tensors
+  // repeat its widths.
   if (c.layers_size() > 0) {
     config.layers.assign(c.layers().begin(), c.layers().end());
+  } else if (c.tensors_size() > 0) {
+    config.layers.clear();
+    for (const dp::v1::TensorSpec& spec : c.tensors()) {
+      config.tensors.push_back(
+          {spec.name(), {spec.shape().begin(), spec.shape().end()}});
+    }
   }
   config.adam.lr = c.lr();
   if (c.has_optimizer()) {

@@ -221,7 +221,7 @@ absl::Status CheckpointStore::CheckSameModel() const {
     const absl::Status s = DecodeCheckpoint(layout_, *bytes).status();
     if (s.code() == absl::StatusCode::kFailedPrecondition) {
       return absl::FailedPreconditionError(absl::StrFormat(
-          "%s: %s (another --layers?); use another --checkpoint_dir, or "
+          "%s: %s (another --layers or --init_model?); use another --checkpoint_dir, or "
           "remove the checkpoints to start afresh",
           path, s.message()));
     }

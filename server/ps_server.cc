@@ -2,6 +2,8 @@
 #include "server/ps_server.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <utility>
@@ -46,6 +48,39 @@ ServerMetrics::Progress ProgressOf(const CoordinatorStatus& s) {
   return p;
 }
 
+// The options' model. They come checked (ServerOptionsFromFlags, or a
+// test's own), so a model that is none is a bug.
+ModelLayout LayoutOfOptions(const PsServerOptions& o) {
+  absl::StatusOr<ModelLayout> layout = LayoutOfJob(o.config, "the model");
+  if (!layout.ok()) {
+    Log("fatal: %s", layout.status().message());
+    std::abort();
+  }
+  return *std::move(layout);
+}
+
+// INVALID_ARGUMENT naming the tensor and index of the first value that is
+// NaN or infinite: Adam would carry it into every weight it touches.
+absl::Status CheckFinite(const ModelLayout& layout,
+                         const std::vector<float>& params) {
+  for (const TensorInfo& t : layout.tensors()) {
+    for (int64_t i = 0; i < t.size; ++i) {
+      if (!std::isfinite(params[t.offset + i])) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "tensor \"%s\" holds %g at index %d: the weights must be finite",
+            t.name, params[t.offset + i], i));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `s` with `file` before its message.
+absl::Status Naming(const std::string& file, const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(file, ": ", s.message()));
+}
+
 // --save_model with "{step}" replaced by the weights' step.
 std::string ModelPath(const std::string& pattern, int64_t step) {
   return absl::StrReplaceAll(pattern, {{"{step}", absl::StrCat(step)}});
@@ -62,7 +97,7 @@ int DefaultUpdateThreads(int64_t values, int usable_cpus) {
 
 PsServer::PsServer(PsServerOptions options)
     : options_(std::move(options)),
-      layout_(ModelLayout::Mlp(options_.config.layers)) {}
+      layout_(LayoutOfOptions(options_)) {}
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     PsServerOptions options) {
@@ -77,12 +112,19 @@ absl::StatusOr<TrainingState> PsServer::InitialState() const {
   if (!options_.init_model.empty()) {
     absl::StatusOr<std::vector<float>> loaded =
         LoadSafetensors(options_.init_model, layout_);
-    if (!loaded.ok()) {
-      return absl::Status(
-          loaded.status().code(),
-          absl::StrCat("--init_model: ", loaded.status().message()));
+    // LoadSafetensors' errors name the file; CheckFinite's do not.
+    absl::Status s = loaded.ok()
+                         ? Naming(options_.init_model, CheckFinite(layout_, *loaded))
+                         : loaded.status();
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("--init_model: ", s.message()));
     }
     params = *std::move(loaded);
+  } else if (!layout_.is_mlp()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model (", layout_.Describe(),
+        ") is not an MLP: its weights come from --init_model"));
   } else {
     params = InitParams(layout_, options_.config.schedule.seed);
   }

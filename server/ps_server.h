@@ -179,7 +179,7 @@ class PsServer {
   void ShutdownServers(absl::Duration grace);
 
   const PsServerOptions options_;
-  const ModelLayout layout_;  // options_.config.layers
+  const ModelLayout layout_;  // options_.config's layers or tensors
   ShardSpec shard_;
   // A shard other than 0: the generation (StepCoordinator: new at every
   // rollback) whose final weights shard 0 has collected. A rollback after a

@@ -165,7 +165,21 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       restore_(options.restore),
       on_rewound_(options.on_rewound),
       on_weights_collected_(options.on_weights_collected),
-      weight_encoding_(coordinator->Status().config.weight_encoding) {}
+      weight_encoding_(coordinator->Status().config.weight_encoding) {
+  if (shared_ != nullptr) {
+    shared_->ServeSteps(
+        [this](int rank, uint64_t slot_id, const ChannelRequest& request,
+               StepChannels::Answer answer) {
+          ServeStepChannel(rank, slot_id, request, std::move(answer));
+        },
+        options.step_spin);
+  }
+}
+
+PsService::~PsService() {
+  // The channels' threads call this service.
+  if (shared_ != nullptr) shared_->StopSteps();
+}
 
 void PsService::DescribeShard(const CoordinatorStatus& s,
                               dp::v1::ShardInfo* out) const {
@@ -390,21 +404,32 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
   ReceivedTensor tensor;
   RETURN_IF_ERROR(ParseWithTensor(
       bytes, dp::v1::PushRequest::kGradientFieldNumber, request, &tensor));
+  // The token first: a stranger learns nothing about ranks or slots.
+  RETURN_IF_ERROR(token_.Check(ctx->client_metadata()));
   // One buffer per gRPC thread, reused by every call it serves: the
   // gradient is copied out of it before the handler returns.
   thread_local std::string scratch;
-  absl::string_view gradient = tensor.Contiguous(&scratch);
-  if (request->idle()) {
-    if (!gradient.empty() || request->gradient_in_shm()) {
+  absl::StatusOr<StepCoordinator::PushResult> pushed =
+      ReceiveCheckedPush(*request, tensor.Contiguous(&scratch));
+  if (pushed.ok() && !request->idle()) {
+    metrics_->AddReceivedBytes(bytes.Length());
+  }
+  return pushed;
+}
+
+absl::StatusOr<StepCoordinator::PushResult> PsService::ReceiveCheckedPush(
+    const dp::v1::PushRequest& request, absl::string_view gradient) {
+  if (request.idle()) {
+    if (!gradient.empty() || request.gradient_in_shm()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "Push from rank %d says it is idle and carries a gradient",
-          request->rank()));
+          request.rank()));
     }
     dp::v1::BarrierRequest wait;
-    wait.set_rank(request->rank());
-    wait.set_step(request->step());
-    RETURN_IF_ERROR(CheckCall(ctx, wait));
-    return StepCoordinator::PushResult{request->step(), false};
+    wait.set_rank(request.rank());
+    wait.set_step(request.step());
+    RETURN_IF_ERROR(CheckRequest(validator_, wait));
+    return StepCoordinator::PushResult{request.step(), false};
   }
   // A gradient in the rank's slot is read in place - once, by the
   // coordinator, into its own memory - and the slot kept alive (a new
@@ -412,32 +437,91 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceivePush(
   // one this process of the rank was given: an older process of the rank
   // still holds its own, and is refused.
   std::shared_ptr<const SharedRegion> slot;
-  if (request->gradient_in_shm()) {
+  if (request.gradient_in_shm()) {
     if (!gradient.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "Push from rank %d carries a gradient and says it is in shared "
           "memory",
-          request->rank()));
+          request.rank()));
     }
     if (shared_ == nullptr) {
       return absl::FailedPreconditionError(
           "this dp-ps offers no shared memory (--shared_memory=false)");
     }
-    // The token first: a stranger learns nothing about slots.
-    if (absl::Status s = token_.Check(ctx->client_metadata()); !s.ok()) {
-      return s;
-    }
-    ASSIGN_OR_RETURN(slot, shared_->Slot(request->rank(), request->shm_slot()));
+    ASSIGN_OR_RETURN(slot, shared_->Slot(request.rank(), request.shm_slot()));
     gradient = absl::string_view(slot->data(), slot->size());
   }
-  RETURN_IF_ERROR(CheckCall(ctx, *request, gradient));
-  metrics_->AddReceivedBytes(bytes.Length());
-  const Block block = FromProto(request->block());
+  RETURN_IF_ERROR(CheckRequest(validator_, request, gradient));
+  const Block block = FromProto(request.block());
   absl::StatusOr<StepCoordinator::PushResult> pushed = coordinator_->Push(
-      request->rank(), request->step(), request->offset(), gradient,
-      request->loss(), FromProto(request->encoding()), block);
-  if (pushed.ok()) metrics_->SawRank(request->rank());
+      request.rank(), request.step(), request.offset(), gradient,
+      request.loss(), FromProto(request.encoding()), block);
+  if (pushed.ok()) metrics_->SawRank(request.rank());
   return pushed;
+}
+
+void PsService::ServeStepChannel(int rank, uint64_t slot_id,
+                                 const ChannelRequest& r,
+                                 StepChannels::Answer answer) {
+  // The request as PushPull would have it: the gradient in the rank's
+  // slot, the weights back in shared memory. The page was handed over for
+  // a registration that passed the token; holding it is the credential, as
+  // holding the slot is.
+  dp::v1::PushRequest request;
+  request.set_rank(rank);
+  request.set_step(r.step);
+  request.set_offset(coordinator_->shard().range.offset);
+  request.set_loss(r.loss);
+  request.set_num_samples(r.num_samples);
+  request.set_encoding(static_cast<dp::v1::Encoding>(r.encoding));
+  request.set_idle(r.idle);
+  request.set_gradient_in_shm(!r.idle);
+  request.set_shm_slot(slot_id);
+  if (r.block_count != 0) {
+    request.mutable_block()->set_first(r.block_first);
+    request.mutable_block()->set_count(r.block_count);
+  }
+  auto refuse = [this, answer](const absl::Status& s) {
+    metrics_->CountRejected(s.code());
+    ChannelResponse response;
+    response.code = s.code();
+    response.message = std::string(s.message());
+    answer(response);
+  };
+  if (auto pushed = ReceiveCheckedPush(request, {}); !pushed.ok()) {
+    return refuse(pushed.status());
+  }
+  const absl::Time arrived = absl::Now();
+  // Filled on whichever thread the step is applied (or work handed) on.
+  auto respond = [this, rank, arrived, answer, refuse](int64_t step,
+                                                       Block work) {
+    metrics_->ObserveBarrierWait(rank, absl::Now() - arrived);
+    ChannelResponse response;
+    response.step = step;
+    response.work_only = !work.empty();
+    if (work.empty()) {
+      absl::StatusOr<StepCoordinator::Version> v =
+          PublishInSharedMemory(rank, std::nullopt);
+      if (!v.ok()) return refuse(v.status());
+      response.step = v->step;
+      work = v->block;
+      response.done = coordinator_->done();
+    }
+    response.block_first = work.first;
+    response.block_count = work.count;
+    metrics_->CountRejected(absl::StatusCode::kOk);
+    answer(response);
+  };
+  absl::StatusOr<StepCoordinator::WaitTicket> ticket =
+      coordinator_->WaitForStep(
+          rank, r.step,
+          [respond, refuse](const absl::Status& s, int64_t step, Block work) {
+            if (s.ok()) return respond(step, work);
+            refuse(s);
+          });
+  if (!ticket.ok()) return refuse(ticket.status());
+  metrics_->SawRank(rank);  // a waiting rank is active
+  if (ticket->ready) respond(ticket->step, ticket->work);
 }
 
 ServerUnaryReactor* PsService::Push(CallbackServerContext* ctx,

@@ -26,6 +26,8 @@ struct PsServiceOptions {
   std::string auth_token;  // required on every call when not empty
   // Offered to workers that ask for it (not owned; null: none).
   SharedPlane* shared_memory = nullptr;
+  // How long a step channel's thread spins before it parks.
+  ChannelSpin step_spin;
   // Sharded jobs (Rollback): the steps this shard can restore besides 0,
   // and the state of one of them or of step 0. Unset: only step 0 is
   // restorable, and Rollback is UNIMPLEMENTED.
@@ -99,6 +101,7 @@ class PsService final : public ParameterServerBase {
   explicit PsService(StepCoordinator* coordinator,
                      ServerMetrics* metrics = nullptr,
                      const PsServiceOptions& options = {});
+  ~PsService() override;
 
   // Call before the server's Shutdown: ends the Attend streams (they
   // would hold Shutdown up until its deadline) and refuses new ones; their
@@ -160,6 +163,16 @@ class PsService final : public ParameterServerBase {
   absl::StatusOr<StepCoordinator::PushResult> ReceivePush(
       const grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& bytes,
       dp::v1::PushRequest* request);
+  // ReceivePush once the caller is known to be allowed (the token, or a
+  // step channel's page): the checks and the coordinator's push of
+  // `request` with `gradient` (empty: in the rank's slot, or idle).
+  absl::StatusOr<StepCoordinator::PushResult> ReceiveCheckedPush(
+      const dp::v1::PushRequest& request, absl::string_view gradient);
+  // A request posted through `rank`'s step channel (registration `slot_id`):
+  // PushPull's push and wait, answered with the weights in shared memory.
+  void ServeStepChannel(int rank, uint64_t slot_id,
+                        const ChannelRequest& request,
+                        StepChannels::Answer answer);
   // Finishes the call once `step` is applied (a barrier wait, observed as
   // such): with respond(new step)'s status, which fills the response.
   // Or, when the rank is handed work at it first, with respond(current

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -106,21 +107,37 @@ absl::Status CheckEncoding(const char* flag, const std::string& value) {
   return absl::OkStatus();
 }
 
-// The MLP's widths: --layers, else those of --init_model's tensors, else
-// SimpleNet's. With both, the model file must match --layers, which
-// PsServer checks when it loads it.
-absl::StatusOr<std::vector<int>> Layers(const ServerFlags& f) {
-  if (!f.layers.empty()) return ParseMlpDims(f.layers, "--layers");
+// The job's model: --layers, else --init_model's tensors (an MLP's or any
+// other model's), else SimpleNet. With both, the file must be an MLP's, of
+// --layers' widths, which PsServer checks when it loads it.
+absl::Status SetModel(const ServerFlags& f, JobConfig* config) {
+  std::optional<ModelLayout> file;
   if (!f.init_model.empty()) {
-    absl::StatusOr<std::vector<int>> dims = LoadMlpDims(f.init_model);
-    if (!dims.ok()) {
+    absl::StatusOr<ModelLayout> layout = LoadSafetensorsModel(f.init_model);
+    if (!layout.ok()) {
       return absl::Status(
-          dims.status().code(),
-          absl::StrCat("--init_model: ", dims.status().message()));
+          layout.status().code(),
+          absl::StrCat("--init_model: ", layout.status().message()));
     }
-    return dims;
+    file = *std::move(layout);
   }
-  return JobConfig().layers;
+  if (!f.layers.empty()) {
+    if (file.has_value() && !file->is_mlp()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--layers=", f.layers, " and --init_model=", f.init_model,
+          ": the file's model is not an MLP (", file->Describe(),
+          "); drop --layers, the model is the file's"));
+    }
+    ASSIGN_OR_RETURN(config->layers, ParseMlpDims(f.layers, "--layers"));
+  } else if (file.has_value() && file->is_mlp()) {
+    config->layers = file->dims();
+  } else if (file.has_value()) {
+    config->layers.clear();
+    for (const TensorInfo& t : file->tensors()) {
+      config->tensors.push_back({t.name, t.shape});
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The optimiser's flags (docs/optimizer.md): torch.optim.Adam's or AdamW's
@@ -428,7 +445,7 @@ absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f) {
   schedule.shuffle = f.shuffle;
   o.config.min_workers = f.min_workers;
   o.config.dataset = f.dataset;
-  ASSIGN_OR_RETURN(o.config.layers, Layers(f));
+  RETURN_IF_ERROR(SetModel(f, &o.config));
   AdamOptions& adam = o.config.adam;
   adam.lr = f.lr;
   adam.beta1 = f.beta1;

@@ -57,10 +57,12 @@ int ConfigError(const absl::Status& s) {
 
 // --export_checkpoint: the model in checkpoint files to --save_model, and
 // no job. Bad files are the caller's input: exit 2, nothing written. The
-// model is --layers' (checked with the flags), by default SimpleNet.
-int ExportCheckpoint(const ServerFlags& f) {
-  const ModelLayout layout = ModelLayout::Mlp(
-      f.layers.empty() ? JobConfig().layers : *ParseMlpDims(f.layers, ""));
+// model is the job's (--layers, or --init_model's tensors, checked with the
+// flags), by default SimpleNet.
+int ExportCheckpoint(const ServerFlags& f, const JobConfig& job) {
+  absl::StatusOr<ModelLayout> job_layout = LayoutOfJob(job, "the model");
+  if (!job_layout.ok()) return ConfigError(job_layout.status());
+  const ModelLayout& layout = *job_layout;
   const std::vector<std::string> files =
       absl::StrSplit(f.export_checkpoint, ',', absl::SkipEmpty());
   absl::StatusOr<ExportedModel> model = ModelFromCheckpoints(layout, files);
@@ -97,7 +99,7 @@ int Run(int argc, char** argv) {
   Flags flags("dp-ps",
               "Parameter server for synchronous data-parallel "
               "training of an MLP (--layers; SimpleNet, 784-256-128-10, by "
-              "default).");
+              "default) or of any named float32 tensors (--init_model).");
   AddServerFlags(&flags, &f);
   if (std::optional<int> exit =
           ParseCommandLine(&flags, &f.dry_run, argc, argv)) {
@@ -108,7 +110,9 @@ int Run(int argc, char** argv) {
   absl::StatusOr<PsServerOptions> options = ServerOptionsFromFlags(f);
   if (!options.ok()) return ConfigError(options.status());
   if (f.dry_run) return FinishDryRun(flags);
-  if (!f.export_checkpoint.empty()) return ExportCheckpoint(f);
+  if (!f.export_checkpoint.empty()) {
+    return ExportCheckpoint(f, options->config);
+  }
   WarnUnknownEnvironment(flags);
   Log("dp-ps %s starting: %s", DP_VERSION, flags.Effective());
   const Schedule& schedule = options->config.schedule;
@@ -119,8 +123,7 @@ int Run(int argc, char** argv) {
       f.min_workers == f.workers
           ? absl::StrFormat("%d worker%s", f.workers, f.workers == 1 ? "" : "s")
           : absl::StrFormat("%d to %d workers", f.min_workers, f.workers));
-  Log("the model: MLP %s, %d parameters", MlpDimsString(options->config.layers),
-      ModelLayout::Mlp(options->config.layers).num_params());
+  Log("the model: %s", LayoutOfJob(options->config, "")->Describe());
   PsServerOptions o = *std::move(options);
 
   // A write beyond a file-size limit must be an error, not a crash.

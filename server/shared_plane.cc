@@ -52,20 +52,43 @@ absl::StatusOr<std::unique_ptr<SharedPlane>> SharedPlane::Start(
 absl::StatusOr<SharedPlane::Offer> SharedPlane::OfferTo(int rank) {
   ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region,
                    SharedRegion::Create("dp-ps gradient slot", slot_bytes_));
-  const int slot_fd = dup(region->fd());
-  if (slot_fd < 0) {
-    return absl::InternalError("dup of a gradient slot's descriptor");
+  std::vector<int> fds;
+  // Closes what was made for the ticket when the offer fails.
+  auto fail = [&fds](absl::Status s) {
+    for (int fd : fds) close(fd);
+    return s;
+  };
+  absl::StatusOr<int> weights_fd;
+  {
+    absl::MutexLock lock(&mu_);
+    weights_fd = weights_->ReadOnlyDescriptor();
+  }
+  if (!weights_fd.ok()) return weights_fd.status();
+  fds.push_back(*weights_fd);
+  fds.push_back(dup(region->fd()));
+  if (fds.back() < 0) {
+    fds.pop_back();
+    return fail(absl::InternalError("dup of a gradient slot's descriptor"));
+  }
+  const uint64_t id = NewSlotId();
+  if (channels_ != nullptr) {
+    // Opened before the slot is the rank's: a push through the new slot
+    // cannot come before its page is served.
+    absl::StatusOr<int> page = channels_->Open(rank, id);
+    if (!page.ok()) return fail(page.status());
+    fds.push_back(*page);
   }
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<int> weights_fd = weights_->ReadOnlyDescriptor();
-  if (!weights_fd.ok()) {
-    close(slot_fd);
-    return weights_fd.status();
-  }
-  slots_[rank] = GradientSlot{NewSlotId(), std::move(region)};
-  return Offer{offer_->socket_name(),
-               offer_->IssueTicket(rank, {*weights_fd, slot_fd}),
-               slots_[rank].id};
+  slots_[rank] = GradientSlot{id, std::move(region)};
+  return Offer{offer_->socket_name(), offer_->IssueTicket(rank, fds), id};
+}
+
+void SharedPlane::ServeSteps(StepChannels::Handler handler, ChannelSpin spin) {
+  channels_ = std::make_unique<StepChannels>(std::move(handler), spin);
+}
+
+void SharedPlane::StopSteps() {
+  if (channels_ != nullptr) channels_->StopAll();
 }
 
 absl::StatusOr<std::shared_ptr<const SharedRegion>> SharedPlane::Slot(

@@ -1,10 +1,12 @@
 // dp-ps's shared memory for the workers on its host (common/shared_memory.h):
 // the weights, published once per version where every worker reads them,
-// and one gradient slot per registration of a rank, that only the process
-// that registered can write. gRPC stays the control plane: a push or pull
-// says "in shared memory" instead of carrying the tensor, and everything
-// else about it - the checks, the tree sum, the status codes -
-// is the same.
+// one gradient slot per registration of a rank, that only the process that
+// registered can write, and with it the page of its step channel
+// (common/step_channel.h), through which the worker's every step is posted
+// without a call. gRPC stays for the rest: registration, attendance,
+// pulls, evaluation reports, and every step of a worker without the page.
+// A push through either says "in shared memory" instead of carrying the
+// tensor; the checks, the tree sum and the status codes are the same.
 #ifndef DP_SERVER_SHARED_PLANE_H_
 #define DP_SERVER_SHARED_PLANE_H_
 
@@ -19,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/shared_memory.h"
 #include "common/tensor_codec.h"
+#include "server/step_channels.h"
 
 namespace dp {
 
@@ -43,6 +46,12 @@ class SharedPlane {
   // never took the offer, or a newer process of the rank registered since).
   absl::StatusOr<std::shared_ptr<const SharedRegion>> Slot(
       int rank, uint64_t slot_id) const;
+  // From now on every offer hands the worker a step channel's page too
+  // (common/step_channel.h), whose requests `handler` serves. Called once,
+  // before the first offer.
+  void ServeSteps(StepChannels::Handler handler, ChannelSpin spin);
+  // Serves no step channel any more: before what the handler calls goes.
+  void StopSteps();
   // Writes the weights of version `step` (every value, encoded in the
   // job's weight encoding as they are written) unless that version is
   // there already.
@@ -64,6 +73,7 @@ class SharedPlane {
   std::unique_ptr<SharedRegion> weights_ ABSL_GUARDED_BY(mu_);
   int64_t published_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<GradientSlot> slots_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<StepChannels> channels_;  // set before the first offer
 };
 
 }  // namespace dp

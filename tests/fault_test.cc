@@ -385,7 +385,7 @@ TEST(FaultTest, KilledWorkerEndsAFailPolicyJobAtOnce) {
             std::string::npos)
       << ps->output();
   const auto w0_exit = w0->Wait(absl::Seconds(60));
-  ASSERT_TRUE(w0_exit.has_value());
+  ASSERT_TRUE(w0_exit.has_value()) << w0->output();
   EXPECT_NE(*w0_exit, 0);
 }
 

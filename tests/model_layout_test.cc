@@ -35,6 +35,94 @@ TEST(ModelLayoutTest, FingerprintDiffersBetweenArchitectures) {
             ModelLayout::Mlp({784, 128, 256, 10}).Fingerprint());
 }
 
+// Workers of every version present it: it must not move.
+TEST(ModelLayoutTest, SimpleNetsFingerprintIsPinned) {
+  EXPECT_EQ(ModelLayout::SimpleNet().Fingerprint(), 0x97d43e5109664b8aULL);
+}
+
+std::vector<TensorInfo> Cnn() {
+  return {{"conv1.weight", {4, 1, 3, 3}}, {"conv1.bias", {4}},
+          {"fc.weight", {10, 100}},       {"fc.bias", {10}},
+          {"scale", {}}};
+}
+
+TEST(ModelLayoutTest, FromTensorsLaysThemOutInTheOrderGiven) {
+  absl::StatusOr<ModelLayout> l = ModelLayout::FromTensors(Cnn());
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(l->is_mlp());
+  const int64_t sizes[] = {36, 4, 1000, 10, 1};
+  int64_t offset = 0;
+  ASSERT_EQ(l->tensors().size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(l->tensors()[i].name, Cnn()[i].name);
+    EXPECT_EQ(l->tensors()[i].offset, offset);
+    EXPECT_EQ(l->tensors()[i].size, sizes[i]);
+    offset += sizes[i];
+  }
+  EXPECT_EQ(l->num_params(), offset);
+  EXPECT_NE(l->Describe().find("5 tensors (conv1.weight [4,1,3,3]"),
+            std::string::npos)
+      << l->Describe();
+}
+
+TEST(ModelLayoutTest, AnMlpsTensorsInItsOrderAreThatMlp) {
+  std::vector<TensorInfo> tensors = ModelLayout::SimpleNet().tensors();
+  for (TensorInfo& t : tensors) t.offset = t.size = 0;
+  absl::StatusOr<ModelLayout> l = ModelLayout::FromTensors(tensors);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_TRUE(l->is_mlp());
+  EXPECT_EQ(l->dims(), ModelLayout::SimpleNet().dims());
+  EXPECT_EQ(l->Fingerprint(), ModelLayout::SimpleNet().Fingerprint());
+}
+
+TEST(ModelLayoutTest, AnotherOrderShapeOrNameIsAnotherFingerprint) {
+  const uint64_t base = ModelLayout::FromTensors(Cnn())->Fingerprint();
+  std::vector<TensorInfo> swapped = Cnn();
+  std::swap(swapped[0], swapped[1]);
+  std::vector<TensorInfo> reshaped = Cnn();
+  reshaped[2].shape = {100, 10};
+  std::vector<TensorInfo> renamed = Cnn();
+  renamed[4].name = "scale2";
+  for (const auto& other : {swapped, reshaped, renamed}) {
+    absl::StatusOr<ModelLayout> l = ModelLayout::FromTensors(other);
+    ASSERT_TRUE(l.ok()) << l.status();
+    EXPECT_NE(l->Fingerprint(), base);
+  }
+  EXPECT_EQ(ModelLayout::FromTensors(Cnn())->Fingerprint(), base);
+}
+
+TEST(ModelLayoutTest, FromTensorsRefusesWhatNoModelIsNamingTheTensor) {
+  struct Case {
+    std::vector<TensorInfo> tensors;
+    std::string says;
+  };
+  std::vector<TensorInfo> twice = Cnn();
+  twice[3].name = "conv1.bias";
+  std::vector<TensorInfo> zero = Cnn();
+  zero[2].shape = {10, 0};
+  std::vector<TensorInfo> unnamed = Cnn();
+  unnamed[1].name = "";
+  const Case cases[] = {
+      {{}, "a model needs a tensor"},
+      {twice, "tensor \"conv1.bias\" [10]: named twice"},
+      {zero, "tensor \"fc.weight\" [10,0]: every dimension must be at least 1"},
+      {unnamed, "a tensor needs a name"},
+      {{{"huge", {int64_t{1} << 20, int64_t{1} << 20, 3}}},
+       "tensor \"huge\" [1048576,1048576,3]: the model has more than"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = ModelLayout::FromTensors(c.tensors).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.says;
+    EXPECT_TRUE(absl::StrContains(s.message(), c.says)) << s;
+  }
+}
+
+TEST(ModelLayoutDeathTest, MlpAccessorsStopTheProcessOnAnotherModel) {
+  const ModelLayout l = *ModelLayout::FromTensors(Cnn());
+  EXPECT_DEATH(l.dims(), "is_mlp");
+  EXPECT_DEATH(l.weight(0), "is_mlp");
+}
+
 TEST(InitParamsTest, SameSeedGivesIdenticalBytesOtherSeedDiffers) {
   const ModelLayout l = ModelLayout::SimpleNet();
   const std::vector<float> a = InitParams(l, 7), b = InitParams(l, 7),

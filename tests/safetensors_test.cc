@@ -1,6 +1,8 @@
 // Specification of the safetensors codec and of the atomic file writer.
 #include "common/safetensors.h"
 
+#include <algorithm>
+
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/fsuid.h>
@@ -574,40 +576,70 @@ TEST_F(WriteFileAtomicTest, ReadOnlyDirectoryFailsAndKeepsTheOldContents) {
   EXPECT_EQ(Entries(), std::set<std::string>{"f"});
 }
 
-TEST(SafetensorsDims, TheWidthsOfAnyMlpAreReadFromItsWeightShapes) {
+TEST(SafetensorsModel, TheWidthsOfAnyMlpAreReadFromItsWeightShapes) {
   for (const std::vector<int>& dims :
        {std::vector<int>{20, 64, 32, 3}, std::vector<int>{6, 4},
         std::vector<int>{784, 256, 128, 10}}) {
     const ModelLayout l = ModelLayout::Mlp(dims);
     const std::string bytes =
         EncodeSafetensors(l, std::vector<float>(l.num_params(), 0.5f));
-    absl::StatusOr<std::vector<int>> got = MlpDimsOfSafetensors(bytes);
+    absl::StatusOr<ModelLayout> got = SafetensorsModel(bytes);
     ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(*got, dims);
+    ASSERT_TRUE(got->is_mlp());
+    EXPECT_EQ(got->dims(), dims);
   }
 }
 
-TEST(SafetensorsDims, ShapesThatDoNotChainOrNoFc1AreRefusedByName) {
+// A file whose tensors are an MLP's in another order is that MLP, laid
+// out in the MLP's order.
+TEST(SafetensorsModel, AnMlpsTensorsInAnyOrderAreThatMlp) {
+  std::vector<TensorInfo> reversed = ModelLayout::Mlp({6, 5, 4}).tensors();
+  std::reverse(reversed.begin(), reversed.end());
+  for (TensorInfo& t : reversed) t.offset = t.size = 0;
+  absl::StatusOr<ModelLayout> file = ModelLayout::FromTensors(reversed);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_FALSE(file->is_mlp());  // laid out in the order given
+  absl::StatusOr<ModelLayout> got = SafetensorsModel(EncodeSafetensors(
+      *file, std::vector<float>(file->num_params(), 1.0f)));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->is_mlp());
+  EXPECT_EQ(got->dims(), (std::vector<int>{6, 5, 4}));
+}
+
+TEST(SafetensorsModel, OtherTensorsAreTheModelInTheOrderOfTheirData) {
   const ModelLayout l = ModelLayout::Mlp({20, 64, 32, 3});
   const std::string good =
       EncodeSafetensors(l, std::vector<float>(l.num_params(), 0.0f));
-  // fc2 takes 33 inputs where fc1 gives 64 (the header's length is kept).
+  // fc2 takes 33 inputs where fc1 gives 64 (the header's length is kept):
+  // no MLP, a model of these six tensors in the file's order.
   const std::string broken =
       absl::StrReplaceAll(good, {{"\"shape\":[32,64]", "\"shape\":[32,33]"}});
   ASSERT_NE(broken, good);
-  absl::Status s = MlpDimsOfSafetensors(broken).status();
+  absl::StatusOr<ModelLayout> got = SafetensorsModel(broken);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->is_mlp());
+  ASSERT_EQ(got->tensors().size(), 6u);
+  EXPECT_EQ(got->tensors()[2].name, "fc2.weight");
+  EXPECT_EQ(got->tensors()[2].shape, (std::vector<int64_t>{32, 33}));
+  EXPECT_EQ(got->tensors()[3].offset, 20 * 64 + 64 + 32 * 33);
+
+  const std::string bf16 =
+      absl::StrReplaceAll(good, {{"\"dtype\":\"F32\",\"shape\":[64]",
+                                  "\"dtype\":\"I32\",\"shape\":[64]"}});
+  ASSERT_NE(bf16, good);
+  absl::Status s = SafetensorsModel(bf16).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find("\"fc2.weight\" takes 33 inputs, but fc1 has 64 "
-                             "outputs"),
+  EXPECT_NE(s.message().find("tensor \"fc1.bias\" has dtype I32"),
             absl::string_view::npos)
       << s;
-  const std::string renamed = absl::StrReplaceAll(good, {{"fc1.", "fc9."}});
-  s = MlpDimsOfSafetensors(renamed).status();
+  const std::string zero_dim =
+      absl::StrReplaceAll(good, {{"\"shape\":[3]", "\"shape\":[0]"}});
+  s = SafetensorsModel(zero_dim).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find("no tensor \"fc1.weight\""),
+  EXPECT_NE(s.message().find("tensor \"fc3.bias\" [0]"),
             absl::string_view::npos)
       << s;
-  EXPECT_EQ(MlpDimsOfSafetensors("1234").status().code(),
+  EXPECT_EQ(SafetensorsModel("1234").status().code(),
             absl::StatusCode::kDataLoss);
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model_layout.h"
 #include "common/shared_memory.h"
+#include "common/step_channel.h"
 #include "gtest/gtest.h"
 #include "proto/dp.grpc.pb.h"
 #include "tests/job_runner.h"
@@ -56,7 +57,7 @@ class Intruder {
     offset_ = response.shard().offset();
     length_ = response.shard().length();
     auto fds =
-        FetchSharedMemory(response.shm_socket(), response.shm_ticket(), 2);
+        FetchSharedMemory(response.shm_socket(), response.shm_ticket(), 3);
     ASSERT_TRUE(fds.ok()) << fds.status();
     fds_ = *fds;
     void* p = mmap(nullptr, length_ * sizeof(float), PROT_READ | PROT_WRITE,
@@ -66,6 +67,17 @@ class Intruder {
   }
 
   float* slot() { return slot_; }
+  // The step channel's page dp-ps handed over (fds_[2]), as a worker's.
+  ChannelClient& channel() {
+    if (channel_ == nullptr) {
+      auto page = SharedRegion::Map(dup(fds_[2]), kStepChannelBytes, true);
+      EXPECT_TRUE(page.ok()) << page.status();
+      page_ = *std::move(page);
+      channel_ = std::make_unique<ChannelClient>(page_.get());
+    }
+    return *channel_;
+  }
+  char* page() { return channel(), page_->data(); }
   // Writes `value` into every value of the slot.
   void Fill(float value) { std::fill(slot_, slot_ + length_, value); }
   int weights_fd() const { return fds_[0]; }
@@ -117,6 +129,8 @@ class Intruder {
   uint64_t slot_id_ = 0;
   int64_t offset_ = 0;  // the dp-ps's range of the vector (a shard's)
   int64_t length_ = 0;
+  std::unique_ptr<SharedRegion> page_;
+  std::unique_ptr<ChannelClient> channel_;
 };
 
 // Each attack against one dp-ps, and against the last of two shards: every
@@ -270,12 +284,90 @@ TEST_P(SharedMemoryAttackTest, APushThroughAReplacedSlotIsRefused) {
   const grpc::Status stale = old_process.PushPull(0, &response);
   EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
       << stale.error_message();
-  EXPECT_EQ(new_process.Step(), 0) << "the stale push counted";
+  EXPECT_EQ(new_process.Step(), 0) << "the stale push counted" << ps().output();
   const grpc::Status forged =
       new_process.PushPull(0, &response, false, new_process.slot_id() ^ 1);
   EXPECT_EQ(forged.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
       << forged.error_message();
   ASSERT_TRUE(new_process.PushPull(0, &response).ok());
+  EXPECT_EQ(new_process.Step(), 1);
+}
+
+ChannelRequest ChannelPush(int64_t step) {
+  ChannelRequest r;
+  r.step = step;
+  r.loss = 1.0f;
+  r.num_samples = 8;
+  return r;
+}
+
+// Through the step channel's page a worker can post any words: each
+// nonsense request is answered with the refusal a PushPull call would get,
+// nothing is counted, and the page goes on serving.
+TEST_P(SharedMemoryAttackTest, NonsenseThroughTheStepChannelIsRefused) {
+  Intruder w(port_, 0);
+  w.Join();
+  w.Fill(0.001f);
+  ChannelRequest future = ChannelPush(1 << 30);
+  ChannelRequest not_a_node = ChannelPush(0);
+  not_a_node.block_first = 3;
+  not_a_node.block_count = 7;
+  ChannelRequest nan_loss = ChannelPush(0);
+  nan_loss.loss = std::numeric_limits<float>::quiet_NaN();
+  ChannelRequest encoding = ChannelPush(0);
+  encoding.encoding = 77;
+  for (const ChannelRequest& bad : {future, not_a_node, nan_loss, encoding}) {
+    absl::StatusOr<ChannelResponse> a =
+        w.channel().Call(bad, absl::Seconds(60));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_NE(a->code, absl::StatusCode::kOk) << "step " << bad.step;
+    EXPECT_FALSE(a->message.empty());
+    EXPECT_EQ(w.Step(), 0) << a->message;
+  }
+  // A request whose words change while dp-ps reads them: one of them.
+  std::atomic<bool> stop{false};
+  std::thread scribbler([&] {
+    auto* step = reinterpret_cast<std::atomic<int64_t>*>(w.page() + 8);
+    while (!stop.load(std::memory_order_relaxed)) {
+      step->store(0, std::memory_order_relaxed);
+      step->store(-5, std::memory_order_relaxed);
+    }
+  });
+  absl::StatusOr<ChannelResponse> a =
+      w.channel().Call(ChannelPush(0), absl::Seconds(60));
+  stop.store(true);
+  scribbler.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->code == absl::StatusCode::kOk ||
+              a->code == absl::StatusCode::kInvalidArgument)
+      << a->message;
+  const int64_t step = w.Step();
+  a = w.channel().Call(ChannelPush(step), absl::Seconds(60));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->code, absl::StatusCode::kOk) << a->message;
+  EXPECT_EQ(a->step, step + 1);
+  EXPECT_FALSE(ps().Wait(absl::ZeroDuration()).has_value()) << ps().output();
+}
+
+// The page of a registration that a newer process of the rank replaced is
+// closed: the older process's wait ends with the reason, nothing counts.
+TEST_P(SharedMemoryAttackTest, AReplacedRegistrationsStepChannelIsClosed) {
+  Intruder old_process(port_, 0);
+  old_process.Join();
+  old_process.channel();
+  Intruder new_process(port_, 0);
+  new_process.Join();
+  old_process.Fill(0.5f);
+  new_process.Fill(0.001f);
+  absl::StatusOr<ChannelResponse> stale =
+      old_process.channel().Call(ChannelPush(0), absl::Seconds(60));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition)
+      << stale.status();
+  EXPECT_EQ(new_process.Step(), 0) << "the stale push counted";
+  absl::StatusOr<ChannelResponse> a =
+      new_process.channel().Call(ChannelPush(0), absl::Seconds(60));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->code, absl::StatusCode::kOk) << a->message;
   EXPECT_EQ(new_process.Step(), 1);
 }
 

@@ -121,10 +121,11 @@ TEST(UserModelJobTest, OneAndTwoWorkersSaveTheSameBytesAndTheLossFalls) {
   // Read back with the layout the file itself describes, as --init_model
   // without --layers does; the loss of the saved weights is well below that
   // of the initial ones (--seed=5).
-  absl::StatusOr<std::vector<int>> dims = MlpDimsOfSafetensors(saved[0]);
-  ASSERT_TRUE(dims.ok()) << dims.status();
-  EXPECT_EQ(*dims, (std::vector<int>{20, 64, 32, 3}));
-  const ModelLayout layout = ModelLayout::Mlp(*dims);
+  absl::StatusOr<ModelLayout> read = SafetensorsModel(saved[0]);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(read->is_mlp());
+  EXPECT_EQ(read->dims(), (std::vector<int>{20, 64, 32, 3}));
+  const ModelLayout layout = *read;
   absl::StatusOr<std::vector<float>> trained =
       DecodeSafetensors(layout, saved[0]);
   ASSERT_TRUE(trained.ok()) << trained.status();

@@ -6,8 +6,23 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/status_macros.h"
 
 namespace dp {
+
+absl::StatusOr<ModelLayout> JobMlp(const JobConfig& job) {
+  if (!job.tensors.empty()) {
+    absl::StatusOr<ModelLayout> layout = LayoutOfJob(job, "the job's model");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job's model is not an MLP (",
+        layout.ok() ? layout->Describe() : layout.status().message(),
+        "): dp-worker computes MLPs only; train this job with the Python "
+        "worker, the dp_ps package (docs/python.md)"));
+  }
+  RETURN_IF_ERROR(CheckMlpDims(job.layers, "the job's layers (dp-ps)"));
+  return ModelLayout::Mlp(job.layers);
+}
 
 absl::Status Backend::ViewWeights(
     absl::Span<const absl::Span<const float>> tensors) {

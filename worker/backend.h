@@ -19,6 +19,11 @@
 
 namespace dp {
 
+// The MLP a job trains, which is all a backend computes: FAILED_PRECONDITION
+// naming the Python worker when the job's model (JobConfig.tensors) is not
+// an MLP, INVALID_ARGUMENT when its widths make none.
+absl::StatusOr<ModelLayout> JobMlp(const JobConfig& job);
+
 struct EvalResult {
   int64_t correct = 0;    // argmax(logits) == label
   double loss_sum = 0.0;  // sum over samples of the cross-entropy

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
@@ -22,6 +23,7 @@
 #include "proto/security.h"
 #include "proto/tensor_message.h"
 #include "proto/wire.h"
+#include "worker/backend.h"
 #include "worker/exit_code.h"
 
 namespace dp {
@@ -91,9 +93,26 @@ class PsClient::Attendance final
   void OnReadDone(bool ok) override {
     if (ok) StartRead(&response_);
   }
-  void OnDone(const grpc::Status&) override { done_.Notify(); }
+  void OnDone(const grpc::Status&) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      if (channel_ != nullptr) channel_->Close();
+    }
+    done_.Notify();
+  }
+  // `channel`'s waits end once this call does: dp-ps ended it (it shuts
+  // down, or another process took the rank) or its connection is gone.
+  void CloseOnEnd(ChannelClient* channel) {
+    absl::MutexLock lock(&mu_);
+    channel_ = channel;  // null: none any more
+    if (ended_ && channel_ != nullptr) channel_->Close();
+  }
 
  private:
+  absl::Mutex mu_;
+  ChannelClient* channel_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext context_;
   dp::v1::AttendRequest request_;
   dp::v1::AttendResponse response_;
@@ -285,7 +304,8 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
   absl::Status s;
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext context;
-    absl::Time deadline = absl::Now() + timeout;
+    const absl::Time sent = absl::Now();
+    absl::Time deadline = sent + timeout;
     if (attempt > 1) {
       // dp-ps was unavailable: wait for the channel to connect rather than
       // fail at once. gRPC keeps a channel that failed to connect failing
@@ -305,8 +325,12 @@ absl::Status PsClient::WithRetry(const char* what, absl::Duration timeout,
     if (attempt > 1 && result.code() == absl::StatusCode::kDeadlineExceeded &&
         rpc_->channel->GetState(/*try_to_connect=*/false) !=
             GRPC_CHANNEL_READY) {
-      result = absl::UnavailableError(absl::StrFormat(
-          "no connection within %s", absl::FormatDuration(timeout)));
+      // The wait that passed, which give_up may have cut shorter than
+      // `timeout`.
+      result = absl::UnavailableError(
+          absl::StrFormat("no connection within %s",
+                          absl::FormatDuration(absl::Trunc(
+                              deadline - sent, absl::Milliseconds(1)))));
     }
     const bool gave_up = attempt > 1 &&
                          result.code() == absl::StatusCode::kDeadlineExceeded &&
@@ -399,8 +423,7 @@ absl::StatusOr<JobStatus> PsClient::RegisterOnce(
   // The previous registration's call ends (dp-ps ignores the end of a
   // session that is no longer the rank's), then this one's starts.
   attendance_.reset();
-  RETURN_IF_ERROR(CheckMlpDims(status.config.layers, "the job's layers"));
-  const ModelLayout layout = ModelLayout::Mlp(status.config.layers);
+  ASSIGN_OR_RETURN(const ModelLayout layout, JobMlp(status.config));
   // The channel's limits were made for the default model: a larger one's
   // tensors need a channel with room for them (the attendance, on the old
   // channel, has ended).
@@ -420,6 +443,8 @@ absl::StatusOr<JobStatus> PsClient::RegisterOnce(
   in_place_.reset();
   weights_.reset();
   slot_.reset();
+  channel_.reset();
+  channel_page_.reset();
   slot_id_ = response.shm_slot();
   why_not_shm_.clear();
   if (options_.data_plane == DataPlane::kGrpc) return status;
@@ -448,18 +473,27 @@ absl::Status PsClient::TakeSharedMemory(const std::string& socket,
                                         const JobConfig& config,
                                         int64_t num_params) {
   ASSIGN_OR_RETURN(std::vector<int> fds,
-                   FetchSharedMemory(socket, ticket, /*count=*/2));
+                   FetchSharedMemory(socket, ticket, /*count=*/3));
   absl::StatusOr<std::unique_ptr<SharedRegion>> weights = SharedRegion::Map(
       fds[0], WeightsRegionBytes(num_params, config.weight_encoding),
       /*writable=*/false);
   absl::StatusOr<std::unique_ptr<SharedRegion>> slot = SharedRegion::Map(
       fds[1], num_params * BytesPerValue(config.grad_encoding),
       /*writable=*/true);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> page =
+      SharedRegion::Map(fds[2], kStepChannelBytes, /*writable=*/true);
   if (!weights.ok()) return weights.status();
   if (!slot.ok()) return slot.status();
+  if (!page.ok()) return page.status();
   weights_ = *std::move(weights);
   weight_encoding_ = config.weight_encoding;
   slot_ = *std::move(slot);
+  if (options_.step_channel) {
+    channel_page_ = *std::move(page);
+    channel_ = std::make_unique<ChannelClient>(channel_page_.get(),
+                                               options_.step_spin);
+    if (attendance_ != nullptr) attendance_->CloseOnEnd(channel_.get());
+  }
   return absl::OkStatus();
 }
 
@@ -517,13 +551,48 @@ absl::Status PsClient::Barrier(int rank, int64_t step, Block* work) {
 
 absl::Status PsClient::PushPull(const Gradient& gradient, absl::Span<float> all,
                                 Received* received, int64_t* sent_bytes) {
-  const grpc::ByteBuffer request =
-      SerializePush(gradient, PlaceInSlot(gradient));
+  const bool in_slot = PlaceInSlot(gradient);
+  if (channel_ != nullptr && (in_slot || gradient.idle)) {
+    *sent_bytes = 0;
+    absl::Status s = ChannelPushPull(gradient, all, received);
+    // dp-ps went away under the wait: gRPC retries it, and tells whether
+    // the dp-ps that answers knows this registration.
+    if (s.code() != absl::StatusCode::kUnavailable) return s;
+    if (attendance_ != nullptr) attendance_->CloseOnEnd(nullptr);
+    channel_.reset();
+  }
+  const grpc::ByteBuffer request = SerializePush(gradient, in_slot);
   *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer response;
   RETURN_IF_ERROR(
       RawCall(Raw::kPushPull, options_.wait_timeout, request, &response));
   return ReadWeights(response, all, received);
+}
+
+absl::Status PsClient::ChannelPushPull(const Gradient& gradient,
+                                       absl::Span<float> all,
+                                       Received* received) {
+  ChannelRequest request;
+  request.step = gradient.step;
+  request.block_first = gradient.block.first;
+  request.block_count = gradient.block.count;
+  request.loss = gradient.loss;
+  request.num_samples = gradient.num_samples;
+  request.encoding = static_cast<int32_t>(ToProto(gradient.encoding));
+  request.idle = gradient.idle;
+  ASSIGN_OR_RETURN(const ChannelResponse answer,
+                   channel_->Call(request, options_.wait_timeout));
+  if (answer.code != absl::StatusCode::kOk) {
+    return absl::Status(answer.code, answer.message);
+  }
+  received->step = answer.step;
+  received->wire_bytes = 0;
+  received->block = Block{answer.block_first, answer.block_count};
+  received->work_only = answer.work_only;
+  if (answer.work_only) return absl::OkStatus();
+  received->in_place = {};
+  in_place_.reset();
+  return ReadSharedWeights(answer.step, all, received);
 }
 
 absl::Status PsClient::ReportEval(int rank, const EvalReport& report) {

@@ -23,6 +23,7 @@
 #include "common/micro_batch_tree.h"
 #include "common/shard_plan.h"
 #include "common/shared_memory.h"
+#include "common/step_channel.h"
 #include "common/tensor_codec.h"
 
 namespace dp {
@@ -47,6 +48,10 @@ struct PsClientOptions {
   // kAuto: shared memory when offered and reachable, else gRPC; kShm: an
   // error (FAILED_PRECONDITION) when it is not.
   DataPlane data_plane = DataPlane::kAuto;
+  // With shared memory: each step's push and wait through the step
+  // channel's page (common/step_channel.h) instead of a PushPull call.
+  bool step_channel = true;
+  ChannelSpin step_spin;  // how long a wait spins before it parks
 };
 
 // Where a dp-ps stands among the job's shards, as it last answered.
@@ -194,6 +199,10 @@ class PsClient {
   // Puts this shard's range of the gradient into the slot when there is
   // one (unless it is there already); true when it is there.
   bool PlaceInSlot(const Gradient& gradient);
+  // PushPull through the step channel: UNAVAILABLE once dp-ps ended this
+  // registration's attendance (it went away under the wait).
+  absl::Status ChannelPushPull(const Gradient& gradient, absl::Span<float> all,
+                               Received* received);
   // A Push or PushPull request: naming the slot (in_slot), or carrying this
   // shard's range of gradient.wire without a copy.
   grpc::ByteBuffer SerializePush(const Gradient& gradient, bool in_slot) const;
@@ -234,6 +243,9 @@ class PsClient {
   std::optional<SharedWeights> in_place_;
   std::unique_ptr<SharedRegion> slot_;
   uint64_t slot_id_ = 0;  // dp-ps's name for slot_, sent with every push
+  // The step channel of this registration (with slot_), while it works.
+  std::unique_ptr<SharedRegion> channel_page_;
+  std::unique_ptr<ChannelClient> channel_;
   std::string why_not_shm_;
   std::string scratch_;  // received weights that need decoding
 };

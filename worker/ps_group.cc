@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/model_layout.h"
 #include "common/status_macros.h"
+#include "worker/backend.h"
 
 namespace dp {
 namespace {
@@ -210,8 +211,7 @@ absl::StatusOr<std::vector<JobStatus>> PsGroup::RegisterAll(
   // The job's model, as shard 0 has it (every shard's config is the same,
   // checked below); the trainer has checked the widths.
   const JobConfig& job = by_address[order[0]].config;
-  RETURN_IF_ERROR(CheckMlpDims(job.layers, "the job's layers (dp-ps)"));
-  ModelLayout layout = ModelLayout::Mlp(job.layers);
+  ASSIGN_OR_RETURN(ModelLayout layout, JobMlp(job));
   for (int k = 0; k < n; ++k) {
     by_shard[k] = std::move(by_address[order[k]]);
     const JobStatus& s = by_shard[k];

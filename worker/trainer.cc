@@ -44,6 +44,7 @@ absl::Status Timed(WorkerMetrics& metrics, WorkerMetrics::Call what,
 // and the buffers were made for it. (epochs and max_steps may change.)
 absl::Status CheckSameJob(const JobConfig& loaded, const JobConfig& now) {
   if (now.dataset == loaded.dataset && now.layers == loaded.layers &&
+      now.tensors == loaded.tensors &&
       now.schedule.batch_size == loaded.schedule.batch_size &&
       now.schedule.num_micro_batches() == loaded.schedule.num_micro_batches() &&
       now.schedule.seed == loaded.schedule.seed &&
@@ -96,8 +97,7 @@ absl::Status Trainer::Load() {
         loaded_.dataset));
   }
   // The model is the job's, as the data set is: dp-ps says which.
-  RETURN_IF_ERROR(CheckMlpDims(loaded_.layers, "the job's layers (dp-ps)"));
-  const ModelLayout layout = ModelLayout::Mlp(loaded_.layers);
+  ASSIGN_OR_RETURN(const ModelLayout layout, JobMlp(loaded_));
   ASSIGN_OR_RETURN(train_, LoadDataset(loaded_.dataset, options_.data_dir,
                                        s.seed, Split::kTrain));
   RETURN_IF_ERROR(
@@ -142,7 +142,8 @@ absl::Status Trainer::Join() {
   registration_.rank = rank_;
   // Rank 0 evaluates: a worker that dp-ps made rank 0 loads the test set.
   if (rank_ == 0 && !test_.has_value()) {
-    RETURN_IF_ERROR(LoadTestSet(ModelLayout::Mlp(loaded_.layers)));
+    ASSIGN_OR_RETURN(const ModelLayout layout, JobMlp(loaded_));
+    RETURN_IF_ERROR(LoadTestSet(layout));
   }
   Schedule schedule = joined.config.schedule;
   schedule.num_samples = train_.num_samples;

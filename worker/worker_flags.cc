@@ -92,6 +92,15 @@ void AddWorkerFlags(Flags* flags, WorkerFlags* f) {
                   "fused (PushPull, one round trip) | plain (Push, Barrier, "
                   "Pull)")
       .OneOf({"fused", "plain"});
+  flags->AddBool("step_channel", &f->step_channel,
+                 "with shared memory and --protocol=fused: each step's push "
+                 "and wait through a page of shared memory instead of a "
+                 "gRPC call");
+  flags
+      ->AddInt("spin_us", &f->spin_us,
+               "a step channel wait spins this long before it sleeps (0: "
+               "sleeps at once; spinning helps only with a core to spare)")
+      .InRange(0, 10000);
   flags
       ->AddInt("wait_timeout_s", &f->wait_timeout_s,
                "deadline of one barrier wait; on expiry the worker says whom "
@@ -134,6 +143,8 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(const Flags& flags,
   o.cpu_threads = f.threads;
   o.tf32 = f.tf32;
   o.fused = f.protocol == "fused";
+  o.client.step_channel = f.step_channel;
+  o.client.step_spin.spin = absl::Microseconds(f.spin_us);
   o.client.data_plane = f.data_plane == "grpc"  ? DataPlane::kGrpc
                         : f.data_plane == "shm" ? DataPlane::kShm
                                                 : DataPlane::kAuto;

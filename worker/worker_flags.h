@@ -27,6 +27,8 @@ struct WorkerFlags {
   bool tf32 = false;
   std::string data_plane = "auto";
   std::string protocol = "fused";
+  bool step_channel = true;
+  int spin_us = 0;
   int wait_timeout_s = 30;
   int retry_for_s = 120;
   int stop_timeout_s = 20;

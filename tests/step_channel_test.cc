@@ -1,0 +1,183 @@
+// The step channel's two ends over one page, in two threads: what one posts
+// the other reads once and answers; a retried request is the same request;
+// a closed page ends every wait with its status; a worker that wakes dp-ps
+// without posting, or rewrites its request after posting it, changes what
+// dp-ps decided on not at all.
+#include "common/step_channel.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+
+namespace dp {
+namespace {
+
+std::unique_ptr<SharedRegion> NewPage() {
+  auto page = SharedRegion::Create("test step channel", kStepChannelBytes);
+  EXPECT_TRUE(page.ok()) << page.status();
+  return *std::move(page);
+}
+
+ChannelRequest Request(int64_t step) {
+  ChannelRequest r;
+  r.step = step;
+  r.block_first = 2;
+  r.block_count = 2;
+  r.loss = 0.625f;
+  r.num_samples = 64;
+  r.encoding = 1;
+  return r;
+}
+
+TEST(StepChannelTest, ARequestArrivesAsPostedAndItsAnswerComesBack) {
+  auto page = NewPage();
+  ChannelClient client(page.get());
+  ChannelServer server(page.get());
+  std::thread dp_ps([&] {
+    ChannelRequest got;
+    ASSERT_TRUE(server.Next(&got));
+    EXPECT_TRUE(got == Request(41));
+    ChannelResponse answer;
+    answer.step = 42;
+    answer.block_first = 1;
+    answer.block_count = 1;
+    answer.done = true;
+    server.Answer(answer);
+    ASSERT_TRUE(server.Next(&got));
+    EXPECT_TRUE(got.idle);
+    ChannelResponse refused;
+    refused.code = absl::StatusCode::kAborted;
+    refused.message = "step 42 was rolled back";
+    server.Answer(refused);
+  });
+  absl::StatusOr<ChannelResponse> a =
+      client.Call(Request(41), absl::Seconds(60));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->code, absl::StatusCode::kOk);
+  EXPECT_EQ(a->step, 42);
+  EXPECT_EQ(a->block_first, 1);
+  EXPECT_EQ(a->block_count, 1);
+  EXPECT_TRUE(a->done);
+  EXPECT_FALSE(a->work_only);
+  ChannelRequest idle = Request(42);
+  idle.idle = true;
+  a = client.Call(idle, absl::Seconds(60));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->code, absl::StatusCode::kAborted);
+  EXPECT_EQ(a->message, "step 42 was rolled back");
+  dp_ps.join();
+  EXPECT_EQ(server.served(), 2);
+}
+
+TEST(StepChannelTest, AWaitRetriedAfterItsDeadlineIsTheSameRequest) {
+  auto page = NewPage();
+  ChannelClient client(page.get());
+  ChannelServer server(page.get());
+  ChannelRequest got;
+  // No answer yet: the wait ends at its deadline, the request stays posted.
+  EXPECT_EQ(client.Call(Request(7), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(server.Next(&got));
+  std::thread dp_ps([&] {
+    ChannelResponse answer;
+    answer.step = 8;
+    server.Answer(answer);
+  });
+  absl::StatusOr<ChannelResponse> a =
+      client.Call(Request(7), absl::Seconds(60));
+  dp_ps.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->step, 8);
+  EXPECT_EQ(server.served(), 1) << "the retry was posted as a second request";
+}
+
+TEST(StepChannelTest, AClosedPageEndsTheWaitInProgressAndEveryLaterOne) {
+  auto page = NewPage();
+  ChannelClient client(page.get());
+  ChannelServer server(page.get());
+  std::thread dp_ps([&] {
+    ChannelRequest got;
+    ASSERT_TRUE(server.Next(&got));
+    server.Close(absl::FailedPreconditionError("another process registered"));
+    EXPECT_FALSE(server.Next(&got));
+  });
+  absl::StatusOr<ChannelResponse> a = client.Call(Request(3), absl::Hours(1));
+  dp_ps.join();
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a.status().message(), "another process registered");
+  EXPECT_EQ(client.Call(Request(4), absl::Hours(1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(StepChannelTest, ClosingTheClientEndsItsWait) {
+  auto page = NewPage();
+  ChannelClient client(page.get());
+  std::thread attendance_ended([&] {
+    // Once the request is posted (dp-ps never answers it).
+    while (reinterpret_cast<std::atomic<uint32_t>*>(page->data())->load() ==
+           0) {
+      std::this_thread::yield();
+    }
+    client.Close();
+  });
+  EXPECT_EQ(client.Call(Request(3), absl::Hours(1)).status().code(),
+            absl::StatusCode::kUnavailable);
+  attendance_ended.join();
+}
+
+TEST(StepChannelTest, StopEndsAParkedServer) {
+  auto page = NewPage();
+  ChannelServer server(page.get());
+  std::thread dp_ps([&] {
+    ChannelRequest got;
+    EXPECT_FALSE(server.Next(&got));
+  });
+  server.Stop();
+  dp_ps.join();
+}
+
+// The request word is the page's first: a worker may wake dp-ps on it as
+// often as it likes without posting, and rewrite a request after posting
+// it.
+TEST(StepChannelTest, WakesWithoutARequestAndRewritesAfterOneChangeNothing) {
+  auto page = NewPage();
+  auto* word = reinterpret_cast<uint32_t*>(page->data());
+  ChannelServer server(page.get());
+  std::atomic<bool> stop{false};
+  std::thread waker([&] {
+    while (!stop.load()) {
+      syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+    }
+  });
+  absl::Notification read;
+  ChannelRequest got;
+  std::thread dp_ps([&] {
+    ASSERT_TRUE(server.Next(&got));
+    read.Notify();
+  });
+  // However often it is woken, dp-ps reads no request until one is posted.
+  while (server.idle_wakes() < 1000) std::this_thread::yield();
+  EXPECT_FALSE(read.HasBeenNotified());
+  ChannelClient client(page.get());
+  EXPECT_EQ(client.Call(Request(5), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  read.WaitForNotification();
+  dp_ps.join();
+  // Rewritten after dp-ps read it: dp-ps's copy is what was posted.
+  std::memset(page->data() + 8, 0xff, 64 - 8);
+  EXPECT_TRUE(got == Request(5));
+  stop.store(true);
+  waker.join();
+  EXPECT_EQ(server.served(), 1);
+}
+
+}  // namespace
+}  // namespace dp
