@@ -134,3 +134,46 @@ def finish(checks, procs, timeout=300):
         code = pr.wait(timeout)
         if not checks.check(code == 0, f"{pr.name} exits 0 (got {code})"):
             pr.show()
+
+
+def status(address, token=None):
+    """dp-ps's GetStatusResponse."""
+    import grpc
+    from dp_ps._proto import dp_pb2, dp_pb2_grpc
+    with grpc.insecure_channel(address) as channel:
+        metadata = (("authorization", "Bearer " + token),) if token else ()
+        return dp_pb2_grpc.ParameterServerStub(channel).GetStatus(
+            dp_pb2.GetStatusRequest(), timeout=10, metadata=metadata)
+
+
+def wait_until(address, ready, timeout=120, what="the job"):
+    """Polls GetStatus until ready(status) (the event: a step, a rank
+    registered); False by the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if ready(status(address)):
+                return True
+        except Exception:  # dp-ps gone or not yet up: the deadline decides
+            pass
+        time.sleep(0.05)
+    print(f"      {what}: not reached in {timeout} s", flush=True)
+    return False
+
+
+def run_job(ps_binary, ps_flags, model_path, workers, name="job"):
+    """dp-ps with --save_model=model_path and `workers` (a function of the
+    address returning the started Procs); the sha256 of the model (None if
+    any process failed) and the processes."""
+    ps, address = start_ps(ps_binary, ps_flags + [f"--save_model={model_path}"], name=f"{name} dp-ps")
+    if address is None:
+        return None, [ps]
+    procs = workers(address)
+    codes = [pr.wait(600) for pr in procs] + [ps.wait(120)]
+    for pr, code in zip(procs + [ps], codes):
+        if code != 0:
+            print(f"      {pr.name} exited {code}", flush=True)
+            pr.show()
+    if any(c != 0 for c in codes) or not os.path.exists(model_path):
+        return None, procs + [ps]
+    return sha256(model_path), procs + [ps]

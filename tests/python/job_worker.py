@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""A Python worker of the tests' jobs: dp_ps.train of an MLP (fc1..fc3,
+784-256-128-10 or --widths) or a small CNN on Fashion-MNIST, torch made
+deterministic, one thread. Prints `summary {json}` at the end; a
+dp_ps.errors exception prints `error <class>: <message>` and exits with its
+exit_code.
+
+Usage: job_worker.py --ps ADDR [--model mlp|cnn] [--rank R] [--token T]
+       [--data_id S] [--metrics_port P] [--tls_ca F --tls_cert F --tls_key F]
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+
+import models
+import dp_ps
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ps", required=True)
+    p.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    p.add_argument("--widths", default="784,256,128,10")
+    p.add_argument("--rank", type=int, default=-1)
+    p.add_argument("--token")
+    p.add_argument("--data_id")
+    p.add_argument("--metrics_port", type=int, default=0)
+    p.add_argument("--tls_ca")
+    p.add_argument("--tls_cert")
+    p.add_argument("--tls_key")
+    p.add_argument("--no_test_set", action="store_true")
+    a = p.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    model = models.make(a.model, a.widths)
+    tls = None
+    if a.tls_ca or a.tls_cert:
+        tls = {"ca": a.tls_ca, "cert": a.tls_cert, "key": a.tls_key}
+    try:
+        summary = dp_ps.train(model, dp_ps.IdxDataset(), a.ps,
+                              test_set=None if a.no_test_set else dp_ps.IdxDataset(split="test"),
+                              rank=a.rank, token=a.token, data_id=a.data_id,
+                              metrics_port=a.metrics_port, tls=tls, retry_for_s=30)
+    except dp_ps.errors.DpError as e:
+        print(f"error {type(e).__name__}: {e}", flush=True)
+        return e.exit_code
+    print("summary " + json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""python_jobs: a job trained by Python workers (dp_ps.train) gives one
+model to the byte, whoever computes it: the sha256 of dp-ps's saved model
+is the same with 1, 2 and 4 Python workers, and with a worker killed
+(SIGKILL) mid-job and a new one joining. An MLP job, and a CNN (two Conv2d
+and a Linear) started from dp_ps.save_init's file (--init_model).
+
+Usage: jobs_test.py --ps BIN --worker BIN --source_dir DIR
+"""
+
+import os
+import signal
+import sys
+
+import harness
+import models
+import dp_ps
+
+STEPS = 24
+KILL_AT = 8
+
+
+def job_flags(extra):
+    # Four micro-batches a step whatever the number of workers: the global
+    # batch, and so the model, is the job's.
+    return ["--workers=4", "--micro_batch=16", "--global_batch=64", f"--max_steps={STEPS}",
+            "--seed=3"] + extra
+
+
+def workers(n, model):
+    return lambda address: [harness.start_python_worker(f"python worker {i}", address, ["--model", model])
+                            for i in range(n)]
+
+
+def killed_and_replaced(model, joined_at):
+    """Two workers; one killed at step KILL_AT, a new one started. The
+    survivor is held (SIGSTOP) until the new one has joined, or it could
+    finish the job alone before the new process is up."""
+    def start(address):
+        procs = workers(2, model)(address)
+        harness.wait_until(address, lambda s: s.step >= KILL_AT, what=f"step {KILL_AT}")
+        procs[0].p.send_signal(signal.SIGSTOP)
+        procs[1].p.send_signal(signal.SIGKILL)
+        procs[1].p.wait()
+        new = harness.start_python_worker("python worker 2 (new)", address, ["--model", model])
+        joined = new.wait_line(r"joined at step (\d+)", timeout=120)
+        procs[0].p.send_signal(signal.SIGCONT)
+        joined_at.append(int(joined.group(1)) if joined else None)
+        return [procs[0], new]
+    return start
+
+
+def check_model(checks, d, model, extra):
+    shas = {}
+    for n in (1, 2, 4):
+        shas[n], _ = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-{n}.safetensors"),
+                                     workers(n, model), name=f"{model} x{n}")
+        print(f"      {model}, {n} Python worker(s): sha256 {shas[n]}", flush=True)
+    checks.check(shas[1] is not None, f"{model}: the job with one Python worker finishes")
+    checks.check(shas[2] == shas[1] and shas[4] == shas[1],
+                 f"{model}: 1, 2 and 4 Python workers give one sha256")
+    joined_at = []
+    sha, _ = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-killed.safetensors"),
+                             killed_and_replaced(model, joined_at), name=f"{model} killed")
+    checks.check(joined_at and joined_at[0] is not None and KILL_AT <= joined_at[0] < STEPS,
+                 f"{model}: the new worker joined mid-job (at step {joined_at})")
+    print(f"      {model}, a worker killed at step {KILL_AT} and replaced: sha256 {sha}", flush=True)
+    checks.check(sha is not None and sha == shas[1],
+                 f"{model}: a worker killed mid-job and a new one give the same sha256")
+
+
+def main():
+    checks = harness.Checks()
+    with harness.temp_dir() as d:
+        check_model(checks, d, "mlp", [])
+        if ARGS.cnn:
+            init = os.path.join(d, "cnn-init.safetensors")
+            dp_ps.save_init(models.make("cnn"), init)
+            check_model(checks, d, "cnn", [f"--init_model={init}"])
+    return checks.result()
+
+
+if __name__ == "__main__":
+    import argparse
+    ARGS = harness.args()
+    ARGS.cnn = os.environ.get("PYTHON_JOBS_CNN", "1") == "1"
+    sys.exit(main())
