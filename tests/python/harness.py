@@ -161,19 +161,36 @@ def wait_until(address, ready, timeout=120, what="the job"):
     return False
 
 
-def run_job(ps_binary, ps_flags, model_path, workers, name="job"):
-    """dp-ps with --save_model=model_path and `workers` (a function of the
-    address returning the started Procs); the sha256 of the model (None if
-    any process failed) and the processes."""
-    ps, address = start_ps(ps_binary, ps_flags + [f"--save_model={model_path}"], name=f"{name} dp-ps")
-    if address is None:
-        return None, [ps]
-    procs = workers(address)
-    codes = [pr.wait(600) for pr in procs] + [ps.wait(120)]
-    for pr, code in zip(procs + [ps], codes):
+def start_shards(binary, flags, count, name):
+    """`count` dp-ps shards of one job, the last first, so that shard 0 can
+    be told the others' addresses (it collects the model at the end):
+    (Procs, addresses; None if one never listened)."""
+    procs, addresses = [None] * count, [None] * count
+    for k in reversed(range(count)):
+        shard_flags = [f"--shards={count}", f"--shard={k}"] if count > 1 else []
+        if k == 0 and count > 1:
+            shard_flags.append("--shard_addresses=" + ",".join(addresses[1:]))
+        procs[k], addresses[k] = start_ps(binary, flags + shard_flags, name=f"{name} shard {k}")
+        if addresses[k] is None:
+            return [p for p in procs if p], None
+    return procs, addresses
+
+
+def run_job(ps_binary, ps_flags, model_path, workers, name="job", shards=1):
+    """dp-ps (`shards` of them) with --save_model=model_path and `workers` (a
+    function of the comma-separated addresses returning the started Procs);
+    the sha256 of the model (None if any process failed) and the processes."""
+    ps, addresses = start_shards(ps_binary, ps_flags + [f"--save_model={model_path}"], shards, name)
+    if addresses is None:
+        for p in ps:
+            p.p.kill()
+        return None, ps
+    procs = workers(",".join(addresses))
+    codes = [pr.wait(600) for pr in procs] + [p.wait(120) for p in ps]
+    for pr, code in zip(procs + ps, codes):
         if code != 0:
             print(f"      {pr.name} exited {code}", flush=True)
             pr.show()
     if any(c != 0 for c in codes) or not os.path.exists(model_path):
-        return None, procs + [ps]
-    return sha256(model_path), procs + [ps]
+        return None, procs + ps
+    return sha256(model_path), procs + ps

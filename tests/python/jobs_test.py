@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """python_jobs: a job trained by Python workers (dp_ps.train) gives one
 model to the byte, whoever computes it: the sha256 of dp-ps's saved model
-is the same with 1, 2 and 4 Python workers, and with a worker killed
-(SIGKILL) mid-job and a new one joining. An MLP job, and a CNN (two Conv2d
+is the same with 1, 2 and 4 Python workers, on 2 dp-ps shards, and with
+a worker killed (SIGKILL) mid-job and a new one joining. An MLP job, and a CNN (two Conv2d
 and a Linear) started from dp_ps.save_init's file (--init_model).
 
 Usage: jobs_test.py --ps BIN --worker BIN --source_dir DIR
@@ -59,6 +59,10 @@ def check_model(checks, d, model, extra):
     checks.check(shas[1] is not None, f"{model}: the job with one Python worker finishes")
     checks.check(shas[2] == shas[1] and shas[4] == shas[1],
                  f"{model}: 1, 2 and 4 Python workers give one sha256")
+    sha, _ = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-shards.safetensors"),
+                             workers(2, model), name=f"{model} 2 shards", shards=2)
+    print(f"      {model}, 2 Python workers on 2 dp-ps shards: sha256 {sha}", flush=True)
+    checks.check(sha is not None and sha == shas[1], f"{model}: 2 dp-ps shards give the same sha256")
     joined_at = []
     sha, _ = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-killed.safetensors"),
                              killed_and_replaced(model, joined_at), name=f"{model} killed")
