@@ -41,6 +41,8 @@ TEST_PACKAGES=(
   # tests (prometheus: promtool and the server the monitoring test scrapes
   # with; openssl: tests/make_test_certs.sh)
   prometheus openssl yamllint python3 python3-yaml
+  # the Python worker (python/dp_ps) and its tests
+  python3-grpcio python3-protobuf python3-torch python3-prometheus-client
   # the simulated cluster network (scripts/netsim.sh: ip, ip netns, tc)
   iproute2
   # benchmarks (scripts/perf.sh: launch.sh --rusage runs GNU time and

@@ -44,6 +44,7 @@ BUILD_DIR=build-sanitize BUILD_TYPE=None scripts/build.sh \
 cd build-sanitize
 # deploy/ checks run the release binaries in a chroot (no /proc there, which
 # the sanitizers need); they say nothing about memory safety. Neither do the
-# simulated network's (netsim), which ran above.
-ctest --output-on-failure --timeout 900 -j 2 -LE 'deploy|netsim' \
+# simulated network's (netsim), which ran above. The Python worker's
+# (python) are whole-job training tests, as the ones -E names.
+ctest --output-on-failure --timeout 900 -j 2 -LE 'deploy|netsim|python' \
   -E '^(grpc:)?(JobTest|FaultTest|ElasticJobTest|EquivalenceTest|ReplanTest|DataPlaneTest|ShardTest)\.' "$@"
