@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""python_features: what a Python worker is refused, clearly. A module
+with BatchNorm's buffers (save_init and Worker, naming them); a worker
+whose data differ from the job's (another data_id: DataMismatch, exit 2);
+a worker without dp-ps's token or with a wrong one (Unauthenticated, exit
+2), while one with the token trains.
+
+Usage: features_test.py --ps BIN --worker BIN --source_dir DIR
+"""
+
+import os
+import sys
+
+import torch.nn as nn
+
+import harness
+import dp_ps
+
+
+def buffers_refused(checks, d):
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    for what, call in (("save_init", lambda: dp_ps.save_init(model, os.path.join(d, "bn.safetensors"))),
+                       ("Worker", lambda: dp_ps.Worker("127.0.0.1:1", model, (10, 0)))):
+        try:
+            call()
+            message = None
+        except ValueError as e:
+            message = str(e)
+        checks.check(message is not None and "1.running_mean" in message and "BatchNorm" in message,
+                     f"{what} refuses BatchNorm's buffers, naming them: {message}")
+    checks.check(not os.path.exists(os.path.join(d, "bn.safetensors")), "save_init wrote no file")
+
+
+def refused(checks, ps, flags, first, second, error):
+    """A job of 2; worker `first` joins, worker `second` is refused with `error`."""
+    p, address = harness.start_ps(ps, flags)
+    w0 = harness.start_python_worker("first worker", address, first)
+    joined = w0.wait_line(r"joined at step", timeout=120)
+    checks.check(joined is not None, f"the first worker ({' '.join(first)}) joins")
+    w1 = harness.start_python_worker("second worker", address, second)
+    code = w1.wait(300)
+    checks.check(code == 2 and f"error {error}" in w1.output(),
+                 f"a worker with {' '.join(second) or 'no flags'} exits 2 with {error} (got {code}): "
+                 + w1.output().splitlines()[-1] if w1.output() else "")
+    for proc in (w0, p):
+        proc.p.kill()
+        proc.wait(60)
+
+
+def main():
+    a = harness.args()
+    checks = harness.Checks()
+    with harness.temp_dir() as d:
+        buffers_refused(checks, d)
+        job = ["--workers=2", "--max_steps=100000", "--batch_size=16"]
+        refused(checks, a.ps, job, ["--data_id", "set-a"], ["--data_id", "set-b"], "DataMismatch")
+        token = os.path.join(d, "token")
+        with open(token, "w") as f:
+            f.write("s3cret-token-of-the-job\n")
+        secured = job + [f"--auth_token_file={token}"]
+        refused(checks, a.ps, secured, ["--token", "s3cret-token-of-the-job"], ["--token", "wrong"],
+                "Unauthenticated")
+        refused(checks, a.ps, secured, ["--token", "s3cret-token-of-the-job"], [], "Unauthenticated")
+    return checks.result()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
