@@ -30,6 +30,7 @@ COPY server server
 COPY worker worker
 COPY tests tests
 COPY bench bench
+COPY python python
 # Both binaries, in both Dockerfiles: their build stages are the same, so
 # the second image reuses the first one's compile from the layer cache.
 RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDP_ENABLE_CUDA=OFF \
