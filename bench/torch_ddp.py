@@ -7,12 +7,13 @@ epoch, rank r takes the r-th slice of each global batch). Prints one line:
 RESULT mode=... samples_per_s=... accuracy=... steps=... cpu_s=... max_rss_kb=...
 (samples/s over the training phase only, after one warm-up step; steps, CPU
 seconds and peak RSS are rank 0's, over its whole life: data load, training,
-test)."""
+test). --model=cnn: the README's CNN instead of an MLP."""
 import argparse
 import gzip
 import os
 import resource
 import socket
+import sys
 import time
 
 import numpy as np
@@ -23,6 +24,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from simplenet_torch import Mlp
+
+# The README's CNN (python/examples/fashion_cnn.py), for --model=cnn.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "examples"))
 
 DATA = "/usr/share/datasets/fashion-mnist"
 
@@ -52,7 +56,11 @@ def train(rank, world, args, port, results):
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world)
     x, y = load_npy(args.data) if args.data else load("train")
-    model = Mlp([int(d) for d in args.layers.split(",")])
+    if args.model == "cnn":
+        from fashion_cnn import Cnn
+        model = Cnn()
+    else:
+        model = Mlp([int(d) for d in args.layers.split(",")])
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     b = args.batch
@@ -97,6 +105,8 @@ def main():
     p.add_argument("--batch", type=int, default=64, help="per process")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                   help="cnn: the README's CNN (python/examples/fashion_cnn.py)")
     p.add_argument("--layers", default="784,256,128,10")
     p.add_argument("--data", default="", help="a directory of .npy files")
     p.add_argument("--max_steps", type=int, default=0, help="0: all epochs")
