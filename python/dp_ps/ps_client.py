@@ -13,6 +13,9 @@ import grpc
 
 from . import errors
 from ._proto import dp_pb2, dp_pb2_grpc
+from .shared_memory import SharedPlane, why_unusable
+
+DATA_PLANES = ("auto", "grpc", "shm")
 
 
 @dataclass
@@ -85,9 +88,19 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 class PsClient:
+    """data_plane as dp-worker's --data_plane: "auto" takes the shared
+    memory dp-ps offers when it can reach it (its host), else gRPC; "shm"
+    fails where it cannot; "grpc" never asks for it."""
+
     def __init__(self, address, tls=None, token=None, call_timeout_s=30.0,
-                 wait_timeout_s=30.0, retry_for_s=120.0, max_message_bytes=4 << 20):
+                 wait_timeout_s=30.0, retry_for_s=120.0, max_message_bytes=4 << 20,
+                 data_plane="auto"):
+        if data_plane not in DATA_PLANES:
+            raise errors.ConfigError(f"data_plane: {data_plane!r} is none of {', '.join(DATA_PLANES)}")
         self.address = address
+        self.data_plane = data_plane
+        self.plane = None  # SharedPlane since the last Register, or None
+        self.why_not_shm = None
         self.call_timeout_s = call_timeout_s
         self.wait_timeout_s = wait_timeout_s
         self.retry_for_s = retry_for_s
@@ -100,7 +113,13 @@ class PsClient:
 
     def close(self):
         self.end_attendance()
+        self._drop_plane()
         self._channel.close()
+
+    def _drop_plane(self):
+        if self.plane is not None:
+            self.plane.close()
+            self.plane = None
 
     def fit_messages(self, num_params):
         """A channel with room for the model's tensors (gRPC's 4 MiB default
@@ -151,13 +170,36 @@ class PsClient:
 
     def register(self, request):
         """Register, then attend with the registration's session."""
+        if self.data_plane != "grpc":
+            request.shared_memory = True
         response = self.call("Register", request)
         self.end_attendance()
         self.fit_messages(response.num_params)
         if response.session != 0:
             self._attendance = _Attendance(self._stub, self._metadata, response.rank,
                                            response.session)
+        self._take_plane(response)
         return response
+
+    def _take_plane(self, response):
+        # dp-ps gave this registration a new slot and reads the old one no more.
+        self._drop_plane()
+        self.why_not_shm = None
+        if self.data_plane == "grpc":
+            return
+        why = why_unusable()
+        if why is None and not response.shm_socket:
+            why = "dp-ps offers no shared memory (--shared_memory=false, or it could not make any)"
+        if why is None:
+            try:
+                self.plane = SharedPlane(response.shm_socket, response.shm_ticket, response.shard.length,
+                                         response.shm_slot)
+            except errors.DpError as e:
+                why = str(e)
+        if why is not None and self.data_plane == "shm":
+            self.end_attendance()
+            raise errors.ConfigError(f"data_plane='shm': {why}")
+        self.why_not_shm = why
 
     def end_attendance(self):
         """dp-ps counts this registration gone, its rank free."""

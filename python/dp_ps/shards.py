@@ -53,6 +53,9 @@ def plan_join(shards):
 class ShardGroup:
     def __init__(self, addresses, **client_options):
         self.clients = [PsClient(a, **client_options) for a in addresses]
+        # Serialized bytes (sent, received) of the last push_pull, as
+        # dp-worker counts them: headers alone over shared memory.
+        self.wire_bytes = [0, 0]
         self.order = list(range(len(self.clients)))  # client of shard k
         self.ranges = [(0, 0)] * len(self.clients)  # (offset, length) by shard
         self._pool = ThreadPoolExecutor(len(self.clients)) if len(self.clients) > 1 else None
@@ -187,7 +190,8 @@ class ShardGroup:
         """The newest weights (the join's version once) into `flat`: the
         PullResponse of shard 0."""
         version, self._join_version = self._join_version, None
-        request = dp_pb2.PullRequest(rank=rank, offset=self.ranges[0][0])
+        request = dp_pb2.PullRequest(rank=rank, offset=self.ranges[0][0],
+                                     weights_in_shm=self.shard(0).plane is not None)
         if version is not None:
             request.version = version
         head = self.shard(0).call("Pull", request)
@@ -197,17 +201,26 @@ class ShardGroup:
 
     def _pull_followers(self, rank, version, flat):
         def pull(k):
-            r = self.shard(k).call("Pull", dp_pb2.PullRequest(rank=rank, offset=self.ranges[k][0],
-                                                              version=version))
+            r = self.shard(k).call("Pull", dp_pb2.PullRequest(
+                rank=rank, offset=self.ranges[k][0], version=version,
+                weights_in_shm=self.shard(k).plane is not None))
             if r.step != version:
                 e = errors.WorkerFailure(f"the shards answered with versions {version} and {r.step}: re-sync")
                 e.code = grpc.StatusCode.ABORTED
                 raise e
             self._write(k, r, flat)
-        self._each(pull, list(range(1, len(self.clients))))
+            return r.ByteSize()
+        self.wire_bytes[1] += sum(self._each(pull, list(range(1, len(self.clients)))))
 
     def _write(self, k, response, flat):
         offset, length = self.ranges[k]
+        if response.params_in_shm:
+            plane = self.shard(k).plane
+            if plane is None:
+                raise errors.WorkerFailure(f"dp-ps at {self.shard(k).address} answered with weights "
+                                           "in shared memory this worker does not have")
+            plane.read_weights(response.step, flat[offset:offset + length])
+            return
         if response.encoding != dp_pb2.ENCODING_F32 or len(response.params) != 4 * length:
             raise errors.WorkerFailure(
                 f"dp-ps at {self.shard(k).address} sent {len(response.params)} bytes of weights "
@@ -215,7 +228,7 @@ class ShardGroup:
         flat[offset:offset + length] = np.frombuffer(response.params, dtype="<f4")
 
     def push_pull(self, request, gradient, flat):
-        """Pushes each shard its range of `gradient` (float32 bytes), waits
+        """Pushes each shard its range of `gradient` (float32 values), waits
         for the step and gathers the new weights into `flat` (unless the
         answer is more work). shard 0's PullResponse."""
         def request_for(k):
@@ -223,14 +236,24 @@ class ShardGroup:
             r.CopyFrom(request)
             offset, length = self.ranges[k]
             r.offset = offset
-            if not r.idle:
-                r.gradient = gradient[4 * offset:4 * (offset + length)]
+            plane = self.shard(k).plane
+            r.weights_in_shm = plane is not None
+            if r.idle:
+                return r
+            if plane is None:
+                r.gradient = gradient[offset:offset + length].tobytes()
+            else:
+                # dp-ps has read the slot's last gradient before it answered.
+                plane.write_gradient(gradient[offset:offset + length])
+                r.gradient_in_shm, r.shm_slot = True, plane.slot_id
             return r
+        requests = [request_for(k) for k in range(len(self.clients))]
+        self.wire_bytes = [sum(r.ByteSize() for r in requests), 0]
         if not request.idle:
-            self._each(lambda k: self.shard(k).call("Push", request_for(k)),
+            self._each(lambda k: self.shard(k).call("Push", requests[k]),
                        list(range(1, len(self.clients))))
         lead = self.shard(0)
-        head_request = request_for(0)
+        head_request = requests[0]
         while True:
             try:
                 head = lead.call("PushPull", head_request, lead.wait_timeout_s)
@@ -241,6 +264,7 @@ class ShardGroup:
                 # The push is recorded, or sent again with the same bytes:
                 # dp-ps counts a repeat once.
                 print(f"rank {request.rank}: still waiting at step {request.step}", flush=True)
+        self.wire_bytes[1] += head.ByteSize()
         if not head.work_only:
             self._pull_followers(request.rank, head.step, flat)
             self._write(0, head, flat)

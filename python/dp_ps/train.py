@@ -58,7 +58,7 @@ def evaluate(model, loss_fn, test_set, device):
 
 def train(model, train_set, ps, loss_fn=F.cross_entropy, test_set=None, device="cpu", rank=-1,
           tls=None, token=None, data_id=None, metrics_port=0, retry_for_s=120.0,
-          wait_timeout_s=30.0):
+          wait_timeout_s=30.0, data_plane="auto"):
     """Trains `model` in the dp-ps job at `ps` until the job ends; see
     docs/python.md. Returns {"rank", "steps", "gradients", "last_loss",
     "step", "test_accuracy" (rank 0, when it evaluated)}."""
@@ -66,12 +66,13 @@ def train(model, train_set, ps, loss_fn=F.cross_entropy, test_set=None, device="
     metrics = WorkerMetrics(metrics_port) if metrics_port else None
     summary = {"steps": 0, "gradients": 0, "last_loss": None}
     with Worker(ps, model, train_set, rank=rank, tls=tls, token=token, data_id=data_id,
-                retry_for_s=retry_for_s, wait_timeout_s=wait_timeout_s, metrics=metrics) as w:
+                retry_for_s=retry_for_s, wait_timeout_s=wait_timeout_s, metrics=metrics,
+                data_plane=data_plane) as w:
         w.join()
         if metrics:
             metrics.set_rank(w.rank)
         print(f"rank {w.rank}: joined at step {w.step} of {w.total_steps} "
-              f"({w.schedule.steps_per_epoch()} per epoch)", flush=True)
+              f"({w.schedule.steps_per_epoch()} per epoch), tensors over {w.data_plane()}", flush=True)
         evaluated_final = False
         while not w.done:
             start, step = time.monotonic(), w.step

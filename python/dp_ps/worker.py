@@ -48,7 +48,7 @@ class Worker:
     fingerprinted with data_id) or its (num_samples, hash) fingerprint."""
 
     def __init__(self, ps, model, data, rank=-1, tls=None, token=None, data_id=None,
-                 retry_for_s=120.0, wait_timeout_s=30.0, metrics=None):
+                 retry_for_s=120.0, wait_timeout_s=30.0, metrics=None, data_plane="auto"):
         addresses = [a.strip() for a in ps.split(",") if a.strip()]
         if not addresses:
             raise errors.ConfigError(f"ps: no dp-ps address in {ps!r} (host:port, comma-separated)")
@@ -58,7 +58,7 @@ class Worker:
         self.retry_for_s = retry_for_s
         self.metrics = metrics
         self._group = ShardGroup(addresses, tls=tls, token=token, retry_for_s=retry_for_s,
-                                 wait_timeout_s=wait_timeout_s)
+                                 wait_timeout_s=wait_timeout_s, data_plane=data_plane)
         self._request = dp_pb2.RegisterRequest(
             rank=max(rank, 0), any_rank=rank < 0, worker_id=f"{socket.gethostname()}/{os.getpid()}",
             data=dp_pb2.DataFingerprint(num_samples=self.fingerprint[0], hash=self.fingerprint[1]))
@@ -69,6 +69,15 @@ class Worker:
         self._offsets = []
         self._flat = None
         self._sampler = None
+
+    def data_plane(self):
+        """How tensors travel since the last join: "shared memory", or
+        "gRPC" with the reason where shared memory was asked for."""
+        clients = self._group.clients
+        if all(c.plane is not None for c in clients):
+            return "shared memory"
+        why = next((c.why_not_shm for c in clients if c.why_not_shm), None)
+        return f"gRPC ({why})" if why else "gRPC"
 
     def close(self):
         """Ends the attendance: dp-ps counts this worker gone at once."""
@@ -138,12 +147,12 @@ class Worker:
         request = dp_pb2.PushRequest(rank=self.rank, step=self.step, loss=float(loss),
                                      num_samples=self.schedule.batch_size * self.block[1],
                                      block=dp_pb2.Block(first=self.block[0], count=self.block[1]))
-        return self._exchange(request, g.astype("<f4", copy=False).tobytes())
+        return self._exchange(request, g.astype("<f4", copy=False))
 
     def wait(self):
         """Nothing to compute (self.block is None): waits for the step, or
         for work. Returns as push does."""
-        return self._exchange(dp_pb2.PushRequest(rank=self.rank, step=self.step, idle=True), b"")
+        return self._exchange(dp_pb2.PushRequest(rank=self.rank, step=self.step, idle=True), None)
 
     def _exchange(self, request, gradient):
         began = time.monotonic()
@@ -151,8 +160,8 @@ class Worker:
             answer = self._group.push_pull(request, gradient, self._flat)
             if self.metrics:
                 self.metrics.observe("push_pull", time.monotonic() - began)
-                self.metrics.count("sent_bytes", len(gradient))
-                self.metrics.count("received_bytes", 0 if answer.work_only else 4 * len(self._flat))
+                self.metrics.count("sent_bytes", self._group.wire_bytes[0])
+                self.metrics.count("received_bytes", self._group.wire_bytes[1])
         except errors.DpError as e:
             if getattr(e, "code", None) not in (grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION) \
                     or isinstance(e, (errors.JobFailed, errors.ModelMismatch, errors.DataMismatch)):

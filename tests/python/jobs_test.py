@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """python_jobs: a job trained by Python workers (dp_ps.train) gives one
 model to the byte, whoever computes it: the sha256 of dp-ps's saved model
-is the same with 1, 2 and 4 Python workers, on 2 dp-ps shards, and with
-a worker killed (SIGKILL) mid-job and a new one joining. An MLP job, and a CNN (two Conv2d
+is the same with 1, 2 and 4 Python workers, over shared memory and over
+gRPC, on 1 and 2 dp-ps shards, and with a worker killed (SIGKILL) mid-job
+and a new one joining. An MLP job, and a CNN (two Conv2d
 and a Linear) started from dp_ps.save_init's file (--init_model).
 
 Usage: jobs_test.py --ps BIN --worker BIN --source_dir DIR
 """
 
 import os
+import re
 import signal
 import sys
 
@@ -27,9 +29,16 @@ def job_flags(extra):
             "--seed=3"] + extra
 
 
-def workers(n, model):
-    return lambda address: [harness.start_python_worker(f"python worker {i}", address, ["--model", model])
+def workers(n, model, plane="shm"):
+    return lambda address: [harness.start_python_worker(f"python worker {i}", address,
+                                                        ["--model", model, "--data_plane", plane])
                             for i in range(n)]
+
+
+def planes_taken(procs):
+    """How each Python worker said its tensors travel."""
+    return {m.group(1) for pr in procs if pr.name.startswith("python")
+            for m in [re.search(r"tensors over (.*)$", pr.output(), re.M)] if m}
 
 
 def killed_and_replaced(model, joined_at):
@@ -42,7 +51,8 @@ def killed_and_replaced(model, joined_at):
         procs[0].p.send_signal(signal.SIGSTOP)
         procs[1].p.send_signal(signal.SIGKILL)
         procs[1].p.wait()
-        new = harness.start_python_worker("python worker 2 (new)", address, ["--model", model])
+        new = harness.start_python_worker("python worker 2 (new)", address,
+                                          ["--model", model, "--data_plane", "shm"])
         joined = new.wait_line(r"joined at step (\d+)", timeout=120)
         procs[0].p.send_signal(signal.SIGCONT)
         joined_at.append(int(joined.group(1)) if joined else None)
@@ -51,18 +61,27 @@ def killed_and_replaced(model, joined_at):
 
 
 def check_model(checks, d, model, extra):
-    shas = {}
+    shas, planes = {}, set()
     for n in (1, 2, 4):
-        shas[n], _ = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-{n}.safetensors"),
-                                     workers(n, model), name=f"{model} x{n}")
-        print(f"      {model}, {n} Python worker(s): sha256 {shas[n]}", flush=True)
+        shas[n], procs = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-{n}.safetensors"),
+                                         workers(n, model), name=f"{model} x{n}")
+        planes |= planes_taken(procs)
+        print(f"      {model}, {n} Python worker(s) over shared memory: sha256 {shas[n]}", flush=True)
     checks.check(shas[1] is not None, f"{model}: the job with one Python worker finishes")
     checks.check(shas[2] == shas[1] and shas[4] == shas[1],
                  f"{model}: 1, 2 and 4 Python workers give one sha256")
-    sha, _ = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-shards.safetensors"),
-                             workers(2, model), name=f"{model} 2 shards", shards=2)
-    print(f"      {model}, 2 Python workers on 2 dp-ps shards: sha256 {sha}", flush=True)
-    checks.check(sha is not None and sha == shas[1], f"{model}: 2 dp-ps shards give the same sha256")
+    for plane, shards in (("grpc", 1), ("grpc", 2), ("shm", 2)):
+        sha, procs = harness.run_job(ARGS.ps, job_flags(extra),
+                                     os.path.join(d, f"{model}-{plane}-{shards}.safetensors"),
+                                     workers(2, model, plane), name=f"{model} {plane} {shards} shard(s)",
+                                     shards=shards)
+        planes |= planes_taken(procs)
+        print(f"      {model}, 2 Python workers over {plane} on {shards} dp-ps shard(s): sha256 {sha}",
+              flush=True)
+        checks.check(sha is not None and sha == shas[1],
+                     f"{model}: over {plane} on {shards} dp-ps shard(s), the same sha256")
+    checks.check(planes == {"shared memory", "gRPC"},
+                 f"{model}: the workers said they took shared memory or gRPC as asked ({sorted(planes)})")
     joined_at = []
     sha, _ = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-killed.safetensors"),
                              killed_and_replaced(model, joined_at), name=f"{model} killed")
