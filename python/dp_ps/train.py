@@ -2,11 +2,15 @@
 (worker/trainer.cc): compute the block dp-ps hands out, push, take the new
 weights; rank 0 evaluates the test set at every epoch's end."""
 
+import os
+import signal
+import threading
 import time
 
 import torch
 import torch.nn.functional as F
 
+from . import errors
 from .metrics import WorkerMetrics
 from .micro_batch_tree import sum_in_tree_order
 from .worker import Worker
@@ -56,18 +60,65 @@ def evaluate(model, loss_fn, test_set, device):
     return correct / n, loss_sum / n, n
 
 
+class _StopSignals:
+    """SIGTERM and SIGINT as dp-worker takes them (worker/worker_main.cc):
+    the step in progress ends, then train raises Stopped (exit 3); a step
+    that does not end within stop_timeout_s exits the process with 3. Only
+    where signals can be handled (the main thread); elsewhere the caller's
+    handlers stand."""
+
+    def __init__(self, stop_timeout_s):
+        self.signal = None
+        self._timeout = stop_timeout_s
+        self._old = {}
+        self._timer = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer is not None:  # the step ended: train() returns or raises
+            self._timer.cancel()
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+    def _on_signal(self, number, _frame):
+        if self.signal is not None:
+            return
+        self.signal = signal.Signals(number).name
+        print(f"{self.signal}: stopping after the current step", flush=True)
+        self._timer = threading.Timer(self._timeout, self._give_up)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _give_up(self):
+        print(f"the current step did not end within {self._timeout} s; exiting", flush=True)
+        os._exit(errors.Stopped.exit_code)
+
+
 def train(model, train_set, ps, loss_fn=F.cross_entropy, test_set=None, device="cpu", rank=-1,
           tls=None, token=None, data_id=None, metrics_port=0, retry_for_s=120.0,
-          wait_timeout_s=30.0, data_plane="auto"):
+          wait_timeout_s=30.0, data_plane="auto", stop_timeout_s=20.0):
     """Trains `model` in the dp-ps job at `ps` until the job ends; see
     docs/python.md. Returns {"rank", "steps", "gradients", "last_loss",
     "step", "test_accuracy" (rank 0, when it evaluated)}."""
     model.to(device)
     metrics = WorkerMetrics(metrics_port) if metrics_port else None
+    try:
+        with _StopSignals(stop_timeout_s) as stop:
+            return _train(model, train_set, ps, loss_fn, test_set, device, metrics, stop,
+                          dict(rank=rank, tls=tls, token=token, data_id=data_id, retry_for_s=retry_for_s,
+                               wait_timeout_s=wait_timeout_s, metrics=metrics, data_plane=data_plane))
+    finally:
+        if metrics:
+            metrics.close()
+
+
+def _train(model, train_set, ps, loss_fn, test_set, device, metrics, stop, worker_options):
     summary = {"steps": 0, "gradients": 0, "last_loss": None}
-    with Worker(ps, model, train_set, rank=rank, tls=tls, token=token, data_id=data_id,
-                retry_for_s=retry_for_s, wait_timeout_s=wait_timeout_s, metrics=metrics,
-                data_plane=data_plane) as w:
+    with Worker(ps, model, train_set, **worker_options) as w:
         w.join()
         if metrics:
             metrics.set_rank(w.rank)
@@ -75,6 +126,9 @@ def train(model, train_set, ps, loss_fn=F.cross_entropy, test_set=None, device="
               f"({w.schedule.steps_per_epoch()} per epoch), tensors over {w.data_plane()}", flush=True)
         evaluated_final = False
         while not w.done:
+            if stop.signal is not None:
+                raise errors.Stopped(f"rank {w.rank}: stopped by {stop.signal} at step {w.step} "
+                                     f"of {w.total_steps}")
             start, step = time.monotonic(), w.step
             if w.block is None:
                 applied = w.wait()
@@ -99,8 +153,6 @@ def train(model, train_set, ps, loss_fn=F.cross_entropy, test_set=None, device="
         if w.rank == 0 and test_set is not None and not evaluated_final and w.step == w.total_steps > 0:
             summary["test_accuracy"] = _report(w, model, loss_fn, test_set, device, w.total_steps - 1)
         summary.update(rank=w.rank, step=w.step)
-    if metrics:
-        metrics.close()
     return summary
 
 

@@ -7,7 +7,7 @@ exit_code.
 
 Usage: job_worker.py --ps ADDR [--model mlp|cnn] [--rank R] [--token T]
        [--data_id S] [--metrics_port P] [--tls_ca F --tls_cert F --tls_key F]
-       [--data_plane auto|grpc|shm]
+       [--data_plane auto|grpc|shm] [--retry_for_s S]
 """
 
 import argparse
@@ -34,6 +34,7 @@ def main():
     p.add_argument("--tls_key")
     p.add_argument("--no_test_set", action="store_true")
     p.add_argument("--data_plane", default="auto", choices=["auto", "grpc", "shm"])
+    p.add_argument("--retry_for_s", type=float, default=30)
     a = p.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -45,7 +46,7 @@ def main():
         summary = dp_ps.train(model, dp_ps.IdxDataset(), a.ps,
                               test_set=None if a.no_test_set else dp_ps.IdxDataset(split="test"),
                               rank=a.rank, token=a.token, data_id=a.data_id,
-                              metrics_port=a.metrics_port, tls=tls, retry_for_s=30,
+                              metrics_port=a.metrics_port, tls=tls, retry_for_s=a.retry_for_s,
                               data_plane=a.data_plane)
     except dp_ps.errors.DpError as e:
         print(f"error {type(e).__name__}: {e}", flush=True)
