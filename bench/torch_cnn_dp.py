@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """The README's CNN (python/examples/fashion_cnn.py) on Fashion-MNIST:
-samples/s of 2 Python workers through dp-ps (batch 32 each), against
-PyTorch DDP (gloo, 2 processes of batch 32) and one process of batch 64,
-one thread each, in one run: the three configurations one after another
+samples/s of 2 Python workers through dp-ps (batch 32 each; over shared
+memory, and over gRPC), against PyTorch DDP (gloo, 2 processes of batch 32)
+and one process of batch 64, one thread each, in one run: the four
+configurations one after another
 per repeat, so that the machine's drift hits them alike; medians, and
 ratios against DDP. dp-ps's rate is its own ("samples/s while training",
 from its first update to its last); torch_ddp.py's from its first step on.
@@ -23,7 +24,7 @@ EXAMPLE = os.path.join(ROOT, "python", "examples", "fashion_cnn.py")
 ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
 
 
-def through_dp_ps(steps, d):
+def through_dp_ps(steps, d, plane):
     init = os.path.join(d, "init.safetensors")
     subprocess.run([sys.executable, EXAMPLE, "init", init], check=True, env=ENV)
     ps = subprocess.Popen([os.path.join(ROOT, "build", "server", "dp-ps"), "--host=127.0.0.1",
@@ -36,7 +37,7 @@ def through_dp_ps(steps, d):
         if m:
             break
     address = f"127.0.0.1:{m.group(1)}"
-    workers = [subprocess.Popen([sys.executable, EXAMPLE, "train", address], env=ENV,
+    workers = [subprocess.Popen([sys.executable, EXAMPLE, "train", address, plane], env=ENV,
                                 stdout=subprocess.DEVNULL) for _ in range(2)]
     lines += ps.stderr.readlines()
     for w in workers:
@@ -60,10 +61,12 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=300)
     a = p.parse_args()
-    rates = {"dp-ps, 2 Python workers": [], "DDP gloo, 2 processes": [], "one process, batch 64": []}
+    rates = {"dp-ps, 2 workers, shm": [], "dp-ps, 2 workers, gRPC": [], "DDP gloo, 2 processes": [],
+             "one process, batch 64": []}
     with tempfile.TemporaryDirectory() as d:
         for r in range(a.repeats):
-            rates["dp-ps, 2 Python workers"].append(through_dp_ps(a.steps, d))
+            rates["dp-ps, 2 workers, shm"].append(through_dp_ps(a.steps, d, "shm"))
+            rates["dp-ps, 2 workers, gRPC"].append(through_dp_ps(a.steps, d, "grpc"))
             rates["DDP gloo, 2 processes"].append(torch_run("ddp", a.steps))
             rates["one process, batch 64"].append(torch_run("single", a.steps))
             print(f"repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()), flush=True)

@@ -152,6 +152,10 @@ def _train(model, train_set, ps, loss_fn, test_set, device, metrics, stop, worke
         # the final weights all the same.
         if w.rank == 0 and test_set is not None and not evaluated_final and w.step == w.total_steps > 0:
             summary["test_accuracy"] = _report(w, model, loss_fn, test_set, device, w.total_steps - 1)
+        # Without a test set the end alone is reported (no samples), so that
+        # dp-ps does not wait for an evaluation that cannot come.
+        if w.rank == 0 and test_set is None and w.step == w.total_steps > 0:
+            _send_report(w, w.schedule.epoch_of(w.total_steps - 1) + 1, 0.0, 0.0, 0)
         summary.update(rank=w.rank, step=w.step)
     return summary
 
@@ -160,8 +164,12 @@ def _report(w, model, loss_fn, test_set, device, finished):
     accuracy, loss, n = evaluate(model, loss_fn, test_set, device)
     epoch = w.schedule.epoch_of(finished) + 1
     print(f"rank 0: test accuracy {accuracy:.4f} after epoch {epoch}", flush=True)
+    _send_report(w, epoch, accuracy, loss, n)
+    return accuracy
+
+
+def _send_report(w, epoch, accuracy, loss, n):
     try:
         w.report_eval(epoch, accuracy, loss, n, w.step == w.total_steps)
     except Exception as e:  # informative only: a refused report must not stop training
         print(f"rank 0: evaluation report not accepted: {e}", flush=True)
-    return accuracy

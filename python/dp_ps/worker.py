@@ -109,19 +109,21 @@ class Worker:
 
     def _check_model(self, config):
         """The model fingerprint of the job's tensors, once the module's
-        state_dict is seen to be them (names, shapes, order)."""
+        state_dict is seen to hold them: the same names and shapes, matched
+        by name (the job's order is the flat vector's, whatever the
+        module's)."""
         specs = job_tensors(config)
-        mine = [(name, tuple(t.shape)) for name, t in self._tensors.items()]
-        if mine != specs:
+        mine = {name: tuple(t.shape) for name, t in self._tensors.items()}
+        if mine != dict(specs) or len(specs) != len(mine):
             show = lambda s: ", ".join(f"{n} {list(shape)}" for n, shape in s)
             raise errors.ModelMismatch(
-                f"the module's tensors ({show(mine)}) are not the job's ({show(specs)}): "
+                f"the module's tensors ({show(mine.items())}) are not the job's ({show(specs)}): "
                 "start dp-ps with --init_model from dp_ps.save_init(model, path)")
         self._offsets = []
         offset = 0
         for name, shape in specs:
             size = int(np.prod(shape, dtype=np.int64))
-            self._offsets.append((self._tensors[name], offset, size))
+            self._offsets.append((name, self._tensors[name], offset, size))
             offset += size
         return model_fingerprint(specs)
 
@@ -206,12 +208,12 @@ class Worker:
         self.done = answer.done or self.step >= self.total_steps
         flat = torch.from_numpy(self._flat)
         with torch.no_grad():
-            for t, offset, size in self._offsets:
+            for _, t, offset, size in self._offsets:
                 t.copy_(flat[offset:offset + size].view(t.shape))
 
     def gradient_of(self, grads):
         """The flat float32 vector, in the job's order, of {name: tensor}."""
-        return torch.cat([grads[name].reshape(-1) for name in self._tensors])
+        return torch.cat([grads[name].reshape(-1) for name, _, _, _ in self._offsets])
 
     def report_eval(self, epoch, accuracy, loss, num_samples, final):
         """Rank 0: the test-set result of the current weights, for dp-ps's log."""

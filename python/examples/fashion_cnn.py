@@ -3,7 +3,9 @@
 dp-ps holding its weights and Adam state (README: "Train a PyTorch model").
 
   fashion_cnn.py init FILE     writes the CNN's initial weights for dp-ps --init_model
-  fashion_cnn.py train HOST:PORT   one worker of the job (run one per worker)
+  fashion_cnn.py train HOST:PORT [auto|shm|grpc]
+                               one worker of the job (run one per worker); the
+                               data plane as dp-worker's --data_plane (auto)
 """
 
 import sys
@@ -28,7 +30,7 @@ class Cnn(nn.Module):
 
 
 def main(argv):
-    if len(argv) != 3 or argv[1] not in ("init", "train"):
+    if not (len(argv) == 3 or (len(argv) == 4 and argv[1] == "train")) or argv[1] not in ("init", "train"):
         print(__doc__, file=sys.stderr)
         return 2
     torch.manual_seed(0)
@@ -38,7 +40,8 @@ def main(argv):
         return 0
     torch.set_num_threads(1)
     summary = dp_ps.train(model, dp_ps.IdxDataset(), argv[2],
-                          test_set=dp_ps.IdxDataset(split="test"))
+                          test_set=dp_ps.IdxDataset(split="test"),
+                          data_plane=argv[3] if len(argv) == 4 else "auto")
     print(f"rank {summary['rank']}: {summary['steps']} steps, last loss {summary['last_loss']:.4f}"
           + (f", test accuracy {summary['test_accuracy']:.4f}" if "test_accuracy" in summary else ""))
     return 0

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""python_features: what a Python worker is refused, clearly. A module
-with BatchNorm's buffers (save_init and Worker, naming them); a worker
-whose data differ from the job's (another data_id: DataMismatch, exit 2);
-a worker without dp-ps's token or with a wrong one (Unauthenticated, exit
-2), while one with the token trains.
+"""python_features: what a Python worker takes and is refused, clearly.
+A module whose tensors are the job's in another order trains the same
+model (matched by name); a module with BatchNorm's buffers is refused
+(save_init and Worker, naming them); a worker whose data differ from the
+job's (another data_id: DataMismatch, exit 2); a worker without dp-ps's
+token or with a wrong one (Unauthenticated, exit 2), while one with the
+token trains.
 
 Usage: features_test.py --ps BIN --worker BIN --source_dir DIR
 """
@@ -47,11 +49,30 @@ def refused(checks, ps, flags, first, second, error):
         proc.wait(60)
 
 
+def any_tensor_order(checks, a, d):
+    """The module's tensors are matched to the job's by name: a module
+    whose state_dict lists them in another order trains the same model."""
+    flags = ["--workers=1", "--max_steps=6", "--batch_size=16", "--seed=5"]
+    shas, ends = {}, []
+    for model in ("mlp", "mlp_last_first"):
+        shas[model], procs = harness.run_job(
+            a.ps, flags, os.path.join(d, f"{model}.safetensors"),
+            lambda address: [harness.start_python_worker(model, address, ["--model", model, "--no_test_set"])],
+            name=model)
+        ends.append("no final test accuracy: rank 0 has no test set" in procs[-1].output())
+    checks.check(shas["mlp"] is not None and shas["mlp"] == shas["mlp_last_first"],
+                 f"a module with the job's tensors in another order trains the same model ({shas})")
+    # Rank 0 without a test set reports the end, as dp-worker does, instead
+    # of leaving dp-ps to wait --final_eval_timeout_s for it.
+    checks.check(all(ends), f"dp-ps hears the end from rank 0 without a test set ({ends})")
+
+
 def main():
     a = harness.args()
     checks = harness.Checks()
     with harness.temp_dir() as d:
         buffers_refused(checks, d)
+        any_tensor_order(checks, a, d)
         job = ["--workers=2", "--max_steps=100000", "--batch_size=16"]
         refused(checks, a.ps, job, ["--data_id", "set-a"], ["--data_id", "set-b"], "DataMismatch")
         token = os.path.join(d, "token")

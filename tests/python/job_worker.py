@@ -5,7 +5,7 @@ deterministic, one thread. Prints `summary {json}` at the end; a
 dp_ps.errors exception prints `error <class>: <message>` and exits with its
 exit_code.
 
-Usage: job_worker.py --ps ADDR [--model mlp|cnn] [--rank R] [--token T]
+Usage: job_worker.py --ps ADDR [--model mlp|mlp_last_first|cnn] [--rank R] [--token T]
        [--data_id S] [--metrics_port P] [--tls_ca F --tls_cert F --tls_key F]
        [--data_plane auto|grpc|shm] [--retry_for_s S]
 """
@@ -23,7 +23,7 @@ import dp_ps
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ps", required=True)
-    p.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    p.add_argument("--model", default="mlp", choices=["mlp", "mlp_last_first", "cnn"])
     p.add_argument("--widths", default="784,256,128,10")
     p.add_argument("--rank", type=int, default=-1)
     p.add_argument("--token")

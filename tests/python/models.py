@@ -1,15 +1,17 @@
 """The tests' modules: dp-ps's MLP as torch writes it (fc1, fc2, ... with
-ReLU between), and a small CNN (two Conv2d and a Linear) on 28x28 images."""
+ReLU between; "mlp_last_first" the same with its layers made last to first), and a small CNN (two Conv2d and a Linear) on 28x28 images."""
 
 import torch
 import torch.nn as nn
 
 
 class Mlp(nn.Module):
-    def __init__(self, widths):
+    def __init__(self, widths, last_first=False):
         super().__init__()
         self.n = len(widths) - 1
-        for i in range(self.n):
+        # last_first: the layers made last to first, so that state_dict()
+        # lists fc3 before fc1 (the job's tensors in another order).
+        for i in reversed(range(self.n)) if last_first else range(self.n):
             setattr(self, f"fc{i + 1}", nn.Linear(widths[i], widths[i + 1]))
 
     def forward(self, x):
@@ -38,4 +40,4 @@ def make(kind, widths="784,256,128,10", seed=0):
     torch.manual_seed(seed)
     if kind == "cnn":
         return Cnn()
-    return Mlp([int(w) for w in widths.split(",")])
+    return Mlp([int(w) for w in widths.split(",")], last_first=kind == "mlp_last_first")
