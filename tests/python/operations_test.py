@@ -6,7 +6,9 @@ dp-worker's TLS mismatch); its metrics endpoint serves dp-worker's names
 with its rank, counting the steps it finished, in a form `promtool check
 metrics` accepts; SIGTERM stops it after its step with Stopped (exit 3)
 dp-ps learns at once that it is gone, and another process takes its rank
-without standing by.
+without standing by. dp-ps killed with SIGKILL mid-job and started again
+from its checkpoint: the workers ride it out and the model is the bytes of
+the job nothing stopped.
 
 Usage: operations_test.py --ps BIN --worker BIN --source_dir DIR --promtool BIN
 """
@@ -19,6 +21,9 @@ import sys
 import urllib.request
 
 import harness
+
+# The job dp-ps is killed in, and the step it is killed at (or after).
+KILL_STEPS, KILL_AT = 60, 12  # checkpoints every 7 steps
 
 # dp-worker's names the dashboard reads of a worker (deploy/k8s/monitoring).
 WORKER_SERIES = ("dp_worker_step_duration_seconds_count", "dp_worker_compute_duration_seconds_count",
@@ -112,12 +117,56 @@ def metrics_and_stop(checks, a, d):
             proc.show()
 
 
+def ps_killed(checks, a, d):
+    """dp-ps killed (SIGKILL) mid-job and started again on its port from
+    its checkpoint: the Python workers ride it out (retry, register again,
+    take the new dp-ps's shared memory) and the model is the bytes of the
+    job that nothing stopped."""
+    def flags(name):
+        return ["--workers=2", "--batch_size=16", f"--max_steps={KILL_STEPS}", "--seed=3",
+                f"--checkpoint_dir={os.path.join(d, name)}", "--checkpoint_every=7"]
+    plain = lambda address: [harness.start_python_worker(f"worker {i}", address, ["--data_plane", "shm"])
+                             for i in range(2)]
+    reference, _ = harness.run_job(a.ps, flags("reference"), os.path.join(d, "reference.safetensors"),
+                                   plain, name="dp-ps, not killed")
+    model = os.path.join(d, "killed.safetensors")
+    first, address = harness.start_ps(a.ps, flags("killed") + [f"--save_model={model}"], name="dp-ps")
+    workers = plain(address)
+    reached = harness.wait_until(address, lambda s: s.step >= KILL_AT, what=f"step {KILL_AT}")
+    # The workers held while dp-ps dies: the step it died at is known, and
+    # they meet the new dp-ps behind them (it resumes from an older step).
+    for w in workers:
+        w.p.send_signal(signal.SIGSTOP)
+    killed_at = harness.status(address).step if reached else None
+    first.p.send_signal(signal.SIGKILL)
+    first.wait(60)
+    for w in workers:
+        w.p.send_signal(signal.SIGCONT)
+    port = address.rsplit(":", 1)[1]
+    second = harness.Proc("dp-ps again", [a.ps, "--host=127.0.0.1", f"--port={port}"] + flags("killed")
+                          + [f"--save_model={model}"])
+    resumed = second.wait_line(r"resum\w* .*step (\d+)", timeout=60)
+    codes = [w.wait(300) for w in workers] + [second.wait(120)]
+    rejoined = all(w.wait_line(r"re-joining at step", timeout=1) for w in workers)
+    sha = harness.sha256(model) if os.path.exists(model) else None
+    checks.check(reached and resumed is not None and int(resumed.group(1)) <= killed_at and codes == [0, 0, 0],
+                 f"the job ends after dp-ps was killed at step {killed_at} and resumed from its checkpoint "
+                 f"({resumed.group(0) if resumed else 'no resume logged'}; exits {codes})")
+    checks.check(rejoined, "both workers registered again with the new dp-ps")
+    checks.check(sha is not None and sha == reference,
+                 f"the model is the bytes of the job nothing stopped ({sha} vs {reference})")
+    if checks.failed:
+        for proc in workers + [first, second]:
+            proc.show()
+
+
 def main():
     a = harness.args(["--promtool"])
     checks = harness.Checks()
     with harness.temp_dir() as d:
         over_mtls(checks, a, d)
         metrics_and_stop(checks, a, d)
+        ps_killed(checks, a, d)
     return checks.result()
 
 
