@@ -7,17 +7,34 @@ exit_code.
 
 Usage: job_worker.py --ps ADDR [--model mlp|mlp_last_first|cnn] [--rank R] [--token T]
        [--data_id S] [--metrics_port P] [--tls_ca F --tls_cert F --tls_key F]
-       [--data_plane auto|grpc|shm] [--retry_for_s S]
+       [--data_plane auto|grpc|shm] [--retry_for_s S] [--pause_at_step N]
 """
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 import torch
 
 import models
 import dp_ps
+
+
+def hold_before_push(step):
+    """The tests' event: this process stops itself (SIGSTOP) once, before it
+    pushes `step`, so that a test acts while the job waits for it."""
+    push = dp_ps.Worker.push
+
+    def held_push(self, gradient, loss):
+        if self.step == step and not held_push.done:
+            held_push.done = True
+            print(f"rank {self.rank}: pausing before the push of step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return push(self, gradient, loss)
+    held_push.done = False
+    dp_ps.Worker.push = held_push
 
 
 def main():
@@ -35,7 +52,10 @@ def main():
     p.add_argument("--no_test_set", action="store_true")
     p.add_argument("--data_plane", default="auto", choices=["auto", "grpc", "shm"])
     p.add_argument("--retry_for_s", type=float, default=30)
+    p.add_argument("--pause_at_step", type=int, default=-1)
     a = p.parse_args()
+    if a.pause_at_step >= 0:
+        hold_before_push(a.pause_at_step)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     model = models.make(a.model, a.widths)

@@ -42,13 +42,19 @@ def planes_taken(procs):
 
 
 def killed_and_replaced(model, joined_at):
-    """Two workers; one killed at step KILL_AT, a new one started. The
-    survivor is held (SIGSTOP) until the new one has joined, or it could
-    finish the job alone before the new process is up."""
+    """Two workers; rank 1 killed at step KILL_AT, a new one started. Paced
+    by events, not by how fast a step is: rank 0 holds itself (SIGSTOP)
+    before it pushes step KILL_AT, and the step waits for its block (no
+    backups, --on_worker_loss=wait); rank 1 is killed once its push of that
+    step is in, and rank 0 goes on once the new process has joined."""
     def start(address):
-        procs = workers(2, model)(address)
-        harness.wait_until(address, lambda s: s.step >= KILL_AT, what=f"step {KILL_AT}")
-        procs[0].p.send_signal(signal.SIGSTOP)
+        procs = [harness.start_python_worker(f"python worker {r}", address,
+                                             ["--model", model, "--data_plane", "shm", "--rank", str(r)]
+                                             + (["--pause_at_step", str(KILL_AT)] if r == 0 else []))
+                 for r in range(2)]
+        procs[0].wait_line(rf"pausing before the push of step {KILL_AT}", timeout=120)
+        harness.wait_until(address, lambda s: s.step == KILL_AT and 1 in s.pushed_ranks,
+                           what=f"rank 1's push of step {KILL_AT}")
         procs[1].p.send_signal(signal.SIGKILL)
         procs[1].p.wait()
         new = harness.start_python_worker("python worker 2 (new)", address,
@@ -83,10 +89,10 @@ def check_model(checks, d, model, extra):
     checks.check(planes == {"shared memory", "gRPC"},
                  f"{model}: the workers said they took shared memory or gRPC as asked ({sorted(planes)})")
     joined_at = []
-    sha, _ = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-killed.safetensors"),
+    sha, _ = harness.run_job(ARGS.ps, job_flags(extra + ["--backup_blocks=0", "--on_worker_loss=wait"]),
+                             os.path.join(d, f"{model}-killed.safetensors"),
                              killed_and_replaced(model, joined_at), name=f"{model} killed")
-    checks.check(joined_at and joined_at[0] is not None and KILL_AT <= joined_at[0] < STEPS,
-                 f"{model}: the new worker joined mid-job (at step {joined_at})")
+    checks.check(joined_at == [KILL_AT], f"{model}: the new worker joined at step {KILL_AT} ({joined_at})")
     print(f"      {model}, a worker killed at step {KILL_AT} and replaced: sha256 {sha}", flush=True)
     checks.check(sha is not None and sha == shas[1],
                  f"{model}: a worker killed mid-job and a new one give the same sha256")

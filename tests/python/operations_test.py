@@ -23,7 +23,7 @@ import urllib.request
 import harness
 
 # The job dp-ps is killed in, and the step it is killed at (or after).
-KILL_STEPS, KILL_AT = 60, 12  # checkpoints every 7 steps
+KILL_STEPS, KILL_AT = 40, 12  # checkpoints every 7 steps
 
 # dp-worker's names the dashboard reads of a worker (deploy/k8s/monitoring).
 WORKER_SERIES = ("dp_worker_step_duration_seconds_count", "dp_worker_compute_duration_seconds_count",
@@ -124,19 +124,25 @@ def ps_killed(checks, a, d):
     job that nothing stopped."""
     def flags(name):
         return ["--workers=2", "--batch_size=16", f"--max_steps={KILL_STEPS}", "--seed=3",
+                "--backup_blocks=0", "--on_worker_loss=wait",
                 f"--checkpoint_dir={os.path.join(d, name)}", "--checkpoint_every=7"]
-    plain = lambda address: [harness.start_python_worker(f"worker {i}", address, ["--data_plane", "shm"])
-                             for i in range(2)]
+    def plain(address, pause=()):
+        return [harness.start_python_worker(f"worker {r}", address,
+                                            ["--data_plane", "shm", "--rank", str(r)] + list(pause if r == 0 else ()))
+                for r in range(2)]
     reference, _ = harness.run_job(a.ps, flags("reference"), os.path.join(d, "reference.safetensors"),
                                    plain, name="dp-ps, not killed")
     model = os.path.join(d, "killed.safetensors")
     first, address = harness.start_ps(a.ps, flags("killed") + [f"--save_model={model}"], name="dp-ps")
-    workers = plain(address)
-    reached = harness.wait_until(address, lambda s: s.step >= KILL_AT, what=f"step {KILL_AT}")
-    # The workers held while dp-ps dies: the step it died at is known, and
-    # they meet the new dp-ps behind them (it resumes from an older step).
-    for w in workers:
-        w.p.send_signal(signal.SIGSTOP)
+    # Rank 0 holds itself before its push of step KILL_AT, which waits for
+    # it (no backups); rank 1 is held too once its push is in. dp-ps dies
+    # there, and the workers meet the new dp-ps behind them (it resumes
+    # from an older checkpoint).
+    workers = plain(address, ["--pause_at_step", str(KILL_AT)])
+    workers[0].wait_line(rf"pausing before the push of step {KILL_AT}", timeout=120)
+    reached = harness.wait_until(address, lambda s: s.step == KILL_AT and 1 in s.pushed_ranks,
+                                 what=f"rank 1's push of step {KILL_AT}")
+    workers[1].p.send_signal(signal.SIGSTOP)
     killed_at = harness.status(address).step if reached else None
     first.p.send_signal(signal.SIGKILL)
     first.wait(60)
@@ -149,7 +155,7 @@ def ps_killed(checks, a, d):
     codes = [w.wait(300) for w in workers] + [second.wait(120)]
     rejoined = all(w.wait_line(r"re-joining at step", timeout=1) for w in workers)
     sha = harness.sha256(model) if os.path.exists(model) else None
-    checks.check(reached and resumed is not None and int(resumed.group(1)) <= killed_at and codes == [0, 0, 0],
+    checks.check(reached and resumed is not None and int(resumed.group(1)) < killed_at and codes == [0, 0, 0],
                  f"the job ends after dp-ps was killed at step {killed_at} and resumed from its checkpoint "
                  f"({resumed.group(0) if resumed else 'no resume logged'}; exits {codes})")
     checks.check(rejoined, "both workers registered again with the new dp-ps")
