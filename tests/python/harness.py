@@ -176,17 +176,20 @@ def start_shards(binary, flags, count, name):
     return procs, addresses
 
 
-def run_job(ps_binary, ps_flags, model_path, workers, name="job", shards=1):
+def run_job(ps_binary, ps_flags, model_path, workers, name="job", shards=1, timeout=300):
     """dp-ps (`shards` of them) with --save_model=model_path and `workers` (a
     function of the comma-separated addresses returning the started Procs);
-    the sha256 of the model (None if any process failed) and the processes."""
+    the sha256 of the model (None if any process failed) and the processes.
+    One deadline for the whole job, so that a job that hangs is killed and
+    shown well before the test's own deadline."""
     ps, addresses = start_shards(ps_binary, ps_flags + [f"--save_model={model_path}"], shards, name)
     if addresses is None:
         for p in ps:
             p.p.kill()
         return None, ps
     procs = workers(",".join(addresses))
-    codes = [pr.wait(600) for pr in procs] + [p.wait(120) for p in ps]
+    deadline = time.monotonic() + timeout
+    codes = [pr.wait(max(1.0, deadline - time.monotonic())) for pr in procs + ps]
     for pr, code in zip(procs + ps, codes):
         if code != 0:
             print(f"      {pr.name} exited {code}", flush=True)

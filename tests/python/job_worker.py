@@ -51,7 +51,10 @@ def main():
     p.add_argument("--tls_key")
     p.add_argument("--no_test_set", action="store_true")
     p.add_argument("--data_plane", default="auto", choices=["auto", "grpc", "shm"])
-    p.add_argument("--retry_for_s", type=float, default=30)
+    # The library's default: with four torch workers starting on two loaded
+    # cores, dp-ps's first answer once took over 30 s (a test's deadline
+    # is run_job's, not this).
+    p.add_argument("--retry_for_s", type=float, default=120)
     p.add_argument("--pause_at_step", type=int, default=-1)
     a = p.parse_args()
     if a.pause_at_step >= 0:

@@ -23,10 +23,10 @@ STEPS = 24
 KILL_AT = 8
 
 
-def job_flags(extra):
+def job_flags(extra, ranks=4):
     # Four micro-batches a step whatever the number of workers: the global
     # batch, and so the model, is the job's.
-    return ["--workers=4", "--micro_batch=16", "--global_batch=64", f"--max_steps={STEPS}",
+    return [f"--workers={ranks}", "--micro_batch=16", "--global_batch=64", f"--max_steps={STEPS}",
             "--seed=3"] + extra
 
 
@@ -63,8 +63,8 @@ def killed_and_replaced(model, joined_at):
             procs[1].p.wait()
             new = harness.start_python_worker("python worker 2 (new)", address,
                                               ["--model", model, "--data_plane", "shm"])
-            joined = new.wait_line(r"joined at step (\d+)", timeout=120)
-            joined_at.append(int(joined.group(1)) if joined else None)
+            joined = new.wait_line(r"rank (\d+): joined at step (\d+)", timeout=120)
+            joined_at.append((int(joined.group(1)), int(joined.group(2))) if joined else None)
             return [procs[0], new]
         finally:
             # Whatever was missed, rank 0 goes on: a held process would
@@ -95,11 +95,20 @@ def check_model(checks, d, model, extra):
                      f"{model}: over {plane} on {shards} dp-ps shard(s), the same sha256")
     checks.check(planes == {"shared memory", "gRPC"},
                  f"{model}: the workers said they took shared memory or gRPC as asked ({sorted(planes)})")
+    # Two ranks, so that the new worker (no --rank) is given the lost rank 1:
+    # with --on_worker_loss=wait each step waits for rank 1's block, and a
+    # third rank would leave it waiting for ever. A long lease: rank 0 is
+    # held until the new process joined, which on a loaded machine took
+    # more than the default 10 s, and rank 0, lost for its silence, went to
+    # the new process. The killed one is missed at once all the same (its
+    # connection closes).
     joined_at = []
-    sha, _ = harness.run_job(ARGS.ps, job_flags(extra + ["--backup_blocks=0", "--on_worker_loss=wait"]),
+    flags = ["--backup_blocks=0", "--on_worker_loss=wait", "--worker_timeout_s=600"]
+    sha, _ = harness.run_job(ARGS.ps, job_flags(extra + flags, ranks=2),
                              os.path.join(d, f"{model}-killed.safetensors"),
                              killed_and_replaced(model, joined_at), name=f"{model} killed")
-    checks.check(joined_at == [KILL_AT], f"{model}: the new worker joined at step {KILL_AT} ({joined_at})")
+    checks.check(joined_at == [(1, KILL_AT)],
+                 f"{model}: the new worker took the lost rank 1 at step {KILL_AT} ((rank, step): {joined_at})")
     print(f"      {model}, a worker killed at step {KILL_AT} and replaced: sha256 {sha}", flush=True)
     checks.check(sha is not None and sha == shas[1],
                  f"{model}: a worker killed mid-job and a new one give the same sha256")

@@ -69,8 +69,10 @@ def value(text, name, labels):
 
 
 def metrics_and_stop(checks, a, d):
+    # A long lease: worker 1 is held (SIGSTOP) for as long as the scrape
+    # takes, and must not be lost for its silence meanwhile.
     flags = ["--workers=2", "--max_steps=100000", "--batch_size=16", "--on_worker_loss=wait",
-             "--backup_blocks=0"]
+             "--backup_blocks=0", "--worker_timeout_s=600"]
     ps, address = harness.start_ps(a.ps, flags, name="dp-ps")
     w0 = harness.start_python_worker("worker 0", address, ["--rank", "0", "--metrics_port", "-1"])
     w1 = harness.start_python_worker("worker 1", address, ["--rank", "1", "--no_test_set"])
