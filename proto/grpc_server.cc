@@ -72,6 +72,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
       k.min_recv_ping_interval_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  if (options.interceptors) {
+    builder.experimental().SetInterceptorCreators(options.interceptors());
+  }
   for (grpc::Service* s : services) builder.RegisterService(s);
   RunningServer running;
   running.server = builder.BuildAndStart();

@@ -7,7 +7,9 @@
 #define DP_PROTO_GRPC_SERVER_H_
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_interceptor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +46,11 @@ struct GrpcServerOptions {
   int handshake_timeout_ms = 10'000;
   // Request headers, the token included.
   int max_metadata_bytes = 16 << 10;
+  // Interceptors of every call, made afresh for each server (a test acts
+  // between two calls of a worker with one). Unset: none.
+  using Interceptors = std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>;
+  std::function<Interceptors()> interceptors;
 };
 
 // The grpc.health.v1 contract that the Kubernetes probes rely on:

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace dp {
@@ -52,14 +53,17 @@ absl::StatusOr<WeightsPublisher::Snapshot> WeightsPublisher::Serve(
     const std::vector<float>& params) {
   if (!version.has_value() || *version == step) return Current(params);
   if (*version == step - 1 && holds_previous_) return Previous();
-  const bool moved_on = *version >= 0 && *version < step;
-  return absl::Status(
-      moved_on ? absl::StatusCode::kAborted
-               : absl::StatusCode::kFailedPrecondition,
-      absl::StrFormat("rank %d asks for the weights of version %d; this "
-                      "dp-ps is at version %d and holds %s",
-                      rank, *version, step,
-                      holds_previous_ ? "the one before too" : "no other"));
+  const std::string what = absl::StrFormat(
+      "rank %d asks for the weights of version %d; this dp-ps is at version "
+      "%d and holds %s",
+      rank, *version, step,
+      holds_previous_ ? "the one before too" : "no other");
+  if (*version < 0) return absl::FailedPreconditionError(what);
+  // Later: this shard lacks a step another applied (it restarted from an
+  // older checkpoint); the caller's next join rolls the shards back.
+  return absl::AbortedError(*version > step
+                                ? absl::StrCat(what, ": this shard is behind")
+                                : what);
 }
 
 }  // namespace dp

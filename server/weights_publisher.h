@@ -40,8 +40,9 @@ class WeightsPublisher {
 
   // The snapshot of the version `rank` asks for (none: the current one,
   // `step`, from `params`): the current or the one before. Any other is
-  // ABORTED when the job moved on since the caller looked (it looks again),
-  // FAILED_PRECONDITION when it is no version of this job.
+  // ABORTED: older, the job moved on since the caller looked; later, this
+  // shard is behind the others (it restarted from an older checkpoint).
+  // The caller looks again. A negative one is FAILED_PRECONDITION.
   absl::StatusOr<Snapshot> Serve(int rank, std::optional<int64_t> version,
                                  int64_t step,
                                  const std::vector<float>& params);

@@ -229,7 +229,7 @@ TEST(ShardedCoordinatorTest, TheVersionBeforeIsServedAfterAnUpdate) {
   EXPECT_EQ(now->step, 1);
   EXPECT_FALSE(SameBits(PulledValues(*now), v0));
   EXPECT_EQ(c.Pull(0, range.offset, 0, int64_t{2}).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+            absl::StatusCode::kAborted);
 }
 
 TEST(ShardedCoordinatorTest, RewindRestoresAStateAndEndsTheWaits) {

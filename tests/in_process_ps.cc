@@ -2,11 +2,49 @@
 #include "tests/in_process_ps.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/shard_plan.h"
 #include "common/status_macros.h"
 #include "proto/grpc_server.h"
 #include "tests/coordinator_harness.h"
 
 namespace dp {
+namespace {
+
+// Runs `hook` as each call's request headers arrive (before the handler).
+class BeforeCall : public grpc::experimental::Interceptor {
+ public:
+  BeforeCall(const std::function<void(const std::string&)>* hook,
+             std::string method)
+      : hook_(hook), method_(std::move(method)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                POST_RECV_INITIAL_METADATA)) {
+      (*hook_)(method_);
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::function<void(const std::string&)>* const hook_;
+  const std::string method_;
+};
+
+class BeforeCallFactory
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit BeforeCallFactory(const std::function<void(const std::string&)>* h)
+      : hook_(h) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new BeforeCall(hook_, info->method());
+  }
+
+ private:
+  const std::function<void(const std::string&)>* const hook_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
     const InProcessPsOptions& options) {
@@ -18,6 +56,8 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
   setup.job.weight_encoding = options.weight_encoding;
   setup.init_seed = 3;
   setup.registered = 0;  // the tests' clients register
+  RETURN_IF_ERROR(MakeShardSpec(ps->layout_, options.shards, options.shard,
+                                &setup.shard));
   ps->coordinator_ = MakeTestCoordinator(ps->layout_, setup);
   if (ServerMetrics* metrics = options.metrics) {
     ps->coordinator_->SetUpdateObserver(
@@ -29,13 +69,29 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
         SharedPlane::Start(options.world_size, ps->layout_.num_params(),
                            Encoding::kF32, options.weight_encoding));
   }
-  ps->service_ =
-      std::make_unique<PsService>(ps->coordinator_.get(), options.metrics,
-                                  PsServiceOptions{"", ps->shared_.get()});
+  PsServiceOptions service_options{"", ps->shared_.get()};
+  if (options.shards > 1) {
+    service_options.restore =
+        [initial = ps->coordinator_->Snapshot()](
+            int64_t step) -> absl::StatusOr<TrainingState> {
+      if (step != 0) return absl::NotFoundError("no checkpoints");
+      return initial;
+    };
+  }
+  ps->service_ = std::make_unique<PsService>(
+      ps->coordinator_.get(), options.metrics, service_options);
   GrpcServerOptions server_options;
   server_options.address = "127.0.0.1:0";
   server_options.ready = options.ready;
   server_options.max_message_bytes = MessageBytesFor(ps->layout_.num_params());
+  if (options.before_call) {
+    ps->before_call_ = options.before_call;
+    server_options.interceptors = [hook = &ps->before_call_] {
+      GrpcServerOptions::Interceptors made;
+      made.push_back(std::make_unique<BeforeCallFactory>(hook));
+      return made;
+    };
+  }
   ASSIGN_OR_RETURN(RunningServer running,
                    StartGrpcServer(server_options, {ps->service_.get()}));
   ps->server_ = std::move(running.server);

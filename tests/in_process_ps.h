@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,14 @@ struct InProcessPsOptions {
   bool ready = true;  // the readiness the health service starts with
   // The client's message limit; 0: the server's.
   int client_max_message_bytes = 0;
+  // Shard `index` of `count` of the model (count 1: the whole vector). A
+  // shard restores step 0 (Rollback), like dp-ps without checkpoints.
+  int shard = 0;
+  int shards = 1;
+  // Run on a gRPC thread as each call arrives, before its handler, with the
+  // method's full name ("/dp.v1.ParameterServer/Pull"): a test acts between
+  // two calls of a worker.
+  std::function<void(const std::string& method)> before_call;
 };
 
 class InProcessPs {
@@ -59,6 +68,7 @@ class InProcessPs {
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::unique_ptr<dp::v1::ParameterServer::Stub> stub_;
+  std::function<void(const std::string&)> before_call_;
 };
 
 }  // namespace dp

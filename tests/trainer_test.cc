@@ -2,12 +2,17 @@
 // what it computes and sends per step when it has to wait.
 #include "worker/trainer.h"
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "proto/grpc_server.h"
 #include "gtest/gtest.h"
+#include "tests/coordinator_harness.h"
 #include "tests/exposition.h"
 #include "tests/in_process_ps.h"
 #include "worker/ps_group.h"
@@ -100,6 +105,75 @@ INSTANTIATE_TEST_SUITE_P(Protocols, TrainerWaitTest, testing::Bool(),
                          [](const testing::TestParamInfo<bool>& info) {
                            return info.param ? "Fused" : "Plain";
                          });
+
+// Two in-process shards of a one-worker job, and what each holds once the
+// worker's Run returned (its status).
+struct ShardedRun {
+  absl::Status status;
+  std::vector<TrainingState> shards;
+};
+
+// `before_call` runs on shard 0 as each of its calls arrives.
+ShardedRun RunOnTwoShards(
+    std::function<void(StepCoordinator& shard0, const std::string& method)>
+        before_call) {
+  std::unique_ptr<InProcessPs> ps[2];
+  for (int k : {1, 0}) {
+    InProcessPsOptions o;
+    o.world_size = 1;
+    o.max_steps = 5;
+    o.shard = k;
+    o.shards = 2;
+    if (k == 0 && before_call) {
+      o.before_call = [&ps, before_call](const std::string& method) {
+        before_call(ps[0]->coordinator(), method);
+      };
+    }
+    auto started = InProcessPs::Start(o);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return {started.status(), {}};
+    ps[k] = *std::move(started);
+  }
+  PsClientOptions client_options;
+  client_options.max_message_bytes =
+      MessageBytesFor(ps[0]->layout().num_params());
+  PsGroup group({ps[0]->address(), ps[1]->address()}, client_options);
+  TrainerOptions options;
+  options.rank = 0;
+  Trainer trainer(&group, options);
+  ShardedRun run;
+  run.status = trainer.Run();
+  for (auto& p : ps) run.shards.push_back(p->coordinator().Snapshot());
+  return run;
+}
+
+// Shard 0 applies a step that shard 1 never saw between the worker's
+// registration (both at step 0) and its pull: as when shard 1 restarted
+// from a checkpoint older than a push it had taken, which shard 0 got
+// after the restart. The shards then answer the pull with different
+// versions; the worker must join again (the join rolls shard 0 back), not
+// fail, and the model is the undisturbed job's.
+TEST(TrainerShardTest, AShardMovingOnBetweenRegistrationAndPullMeansJoinAgain) {
+  const ShardedRun reference = RunOnTwoShards(nullptr);
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+  bool moved = false;
+  const ShardedRun run = RunOnTwoShards(
+      [&moved](StepCoordinator& shard0, const std::string& method) {
+        if (moved || !absl::EndsWith(method, "/Pull")) return;
+        moved = true;
+        auto pushed = PushGradient(shard0, 0, 0);
+        EXPECT_TRUE(pushed.ok()) << pushed.status();
+        EXPECT_EQ(shard0.Status().step, 1);
+      });
+  EXPECT_TRUE(moved);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ASSERT_EQ(run.shards.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(run.shards[k].step, 5) << "shard " << k;
+    EXPECT_TRUE(run.shards[k].params == reference.shards[k].params)
+        << "shard " << k << " differs from the undisturbed job";
+  }
+}
 
 }  // namespace
 }  // namespace dp

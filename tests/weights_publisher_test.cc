@@ -66,12 +66,15 @@ TEST(WeightsPublisherTest, AVersionIsServedIfItIsTheCurrentOrTheOneKept) {
   absl::StatusOr<WeightsPublisher::Snapshot> before = w.Serve(0, 4, 5, params);
   ASSERT_TRUE(before.ok()) << before.status();
   EXPECT_EQ(Decoded(before->bytes), (std::vector<float>{1, 2}));
-  // Older: the job moved on (the caller looks again); later or negative:
-  // no version of this job.
+  // Older: the job moved on; later: this shard is behind the others (the
+  // caller looks again, and its join rolls the shards back). Negative: no
+  // version of this job.
   EXPECT_EQ(w.Serve(1, 3, 5, params).status().code(),
             absl::StatusCode::kAborted);
   EXPECT_EQ(w.Serve(1, 6, 5, params).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+            absl::StatusCode::kAborted);
+  EXPECT_NE(w.Serve(1, 6, 5, params).status().message().find("behind"),
+            absl::string_view::npos);
   EXPECT_EQ(w.Serve(1, -1, 5, params).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(w.Serve(1, 6, 5, params).status().message().find("rank 1"),

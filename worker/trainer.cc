@@ -135,6 +135,23 @@ absl::Status Trainer::Load() {
 }
 
 absl::Status Trainer::Join() {
+  // The shards can part between the registration and the pull: one that
+  // restarted behind a push another took after it (its pull is ABORTED: it
+  // lacks the version shard 0 is at). The next registration finds them
+  // apart and rolls them back to one step.
+  absl::Status pulled;
+  for (int round = 0; round < kMaxResyncsInARow; ++round) {
+    RETURN_IF_ERROR(Register());
+    pulled = PullNewest();
+    if (pulled.code() != absl::StatusCode::kAborted) return pulled;
+    Log("rank %d: the job moved between its registration and its pull (%s): "
+        "registering again",
+        rank_, pulled.message());
+  }
+  return pulled;
+}
+
+absl::Status Trainer::Register() {
   ASSIGN_OR_RETURN(const JobStatus joined, client_->Register(registration_));
   RETURN_IF_ERROR(CheckSameJob(loaded_, joined.config));
   rank_ = joined.rank;
@@ -170,7 +187,7 @@ absl::Status Trainer::Join() {
   }
   logged_shared_memory_ = shm;
   gradient_into_slot_ = !client_->GradientSlot().empty();
-  return PullNewest();
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::PullNewest() {

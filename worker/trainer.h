@@ -74,9 +74,11 @@ class Trainer {
  private:
   // The job's data set (and rank 0's test set) and the backend: once.
   absl::Status Load();
-  // (Re-)joins: registers, adopts the job's plan and step as dp-ps has them
-  // now, and pulls the weights of that step.
+  // (Re-)joins: registers and pulls the weights of the step registered at,
+  // again while the shards moved apart in between.
   absl::Status Join();
+  // Registers and adopts the job's plan and step as dp-ps has them now.
+  absl::Status Register();
   // Pulls the weights of the step the job is at now, and adopts them.
   absl::Status PullNewest();
   // Hands weights_ to the backend: viewed where they lie when some are read

@@ -92,7 +92,25 @@ class Worker:
     # -- joining ---------------------------------------------------------
 
     def join(self):
-        """Registers with every shard and takes the job's newest weights."""
+        """Registers with every shard and takes the job's newest weights.
+        The shards can part between the two: one that restarted behind a
+        push another took after it lacks the version shard 0 is at
+        (ABORTED). The next registration finds them apart and rolls them
+        back to one step."""
+        for _ in range(MAX_RESYNCS_IN_A_ROW):
+            self._register()
+            try:
+                self._adopt(self._group.pull(self.rank, self._flat))
+                return
+            except errors.DpError as e:
+                if getattr(e, "code", None) != grpc.StatusCode.ABORTED:
+                    raise
+                print(f"rank {self.rank}: the job moved between its registration and its pull ({e}): "
+                      "registering again", flush=True)
+        raise errors.WorkerFailure(f"rank {self.rank}: {MAX_RESYNCS_IN_A_ROW} joins in a row met "
+                                   "shards at other versions")
+
+    def _register(self):
         status = self._group.get_status()
         self._request.model_fingerprint = self._check_model(status.config)
         joined, self.step = self._group.register(self._request, self.retry_for_s)
@@ -105,7 +123,6 @@ class Worker:
         if self._sampler is None or self._sampler._s != self.schedule:
             self._sampler = BatchSampler(self.schedule)
         self._flat = np.zeros(joined.num_params, dtype=np.float32)
-        self._adopt(self._group.pull(self.rank, self._flat))
 
     def _check_model(self, config):
         """The model fingerprint of the job's tensors, once the module's

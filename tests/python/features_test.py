@@ -5,18 +5,23 @@ model (matched by name); a module with BatchNorm's buffers is refused
 (save_init and Worker, naming them); a worker whose data differ from the
 job's (another data_id: DataMismatch, exit 2); a worker without dp-ps's
 token or with a wrong one (Unauthenticated, exit 2), while one with the
-token trains.
+token trains; a worker whose shards part between its registration and
+its pull registers again.
 
 Usage: features_test.py --ps BIN --worker BIN --source_dir DIR
 """
 
+import contextlib
+import io
 import os
 import sys
 
 import torch.nn as nn
 
 import harness
+import models
 import dp_ps
+from dp_ps._proto import dp_pb2
 
 
 def buffers_refused(checks, d):
@@ -67,12 +72,57 @@ def any_tensor_order(checks, a, d):
     checks.check(all(ends), f"dp-ps hears the end from rank 0 without a test set ({ends})")
 
 
+def join_race(checks, a, d):
+    """Shard 0 applies a step that shard 1 never saw between a worker's
+    registration (both at step 0) and its pull, as when shard 1 restarted
+    behind a push that shard 0 took after the restart: the pull meets the
+    shards at other versions, and the worker registers again (its join
+    rolls shard 0 back) instead of failing."""
+    procs, addresses = harness.start_shards(a.ps, ["--workers=1", "--max_steps=6", "--batch_size=16"], 2,
+                                            "join race")
+    try:
+        if addresses is None:
+            checks.check(False, "two dp-ps shards start")
+            return
+        worker = dp_ps.Worker(",".join(addresses), models.make("mlp", "784,256,128,10"), dp_ps.IdxDataset(),
+                              rank=0, data_plane="grpc", retry_for_s=60)
+        group, pull = worker._group, worker._group.pull
+
+        def moved_first(rank, flat):
+            group.pull = pull  # once
+            offset, length = group.ranges[0]
+            group.shard(0).call("Push", dp_pb2.PushRequest(
+                rank=0, step=0, offset=offset, gradient=bytes(4 * length), loss=1.0, num_samples=16,
+                block=dp_pb2.Block(first=0, count=1)))
+            return pull(rank, flat)
+        group.pull = moved_first
+        output = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(output):
+                worker.join()
+            failure = None
+        except dp_ps.errors.DpError as e:
+            failure = e
+        steps = [harness.status(address).step for address in addresses]
+        worker.close()
+        checks.check(failure is None and worker.step == 0 and steps == [0, 0]
+                     and "registering again" in output.getvalue(),
+                     f"a shard that moved on between the registration and the pull makes the worker register "
+                     f"again: it joined at step {worker.step} with the shards at {steps} ({failure}; "
+                     f"{output.getvalue().strip()})")
+    finally:
+        for p in procs:
+            p.p.kill()
+            p.wait(60)
+
+
 def main():
     a = harness.args()
     checks = harness.Checks()
     with harness.temp_dir() as d:
         buffers_refused(checks, d)
         any_tensor_order(checks, a, d)
+        join_race(checks, a, d)
         job = ["--workers=2", "--max_steps=100000", "--batch_size=16"]
         refused(checks, a.ps, job, ["--data_id", "set-a"], ["--data_id", "set-b"], "DataMismatch")
         token = os.path.join(d, "token")
