@@ -1,11 +1,12 @@
 // The three ways gRPC 1.51 serves a unary call, on the smallest dp.v1 call
-// (GetStatus, answered empty so that only the server style differs): the
+// (GetStatus, answered the same by all, so that only the style differs): the
 // callback (reactor) API dp-ps uses, the synchronous server (its thread
 // pool), and one thread driving one completion queue. A client process
 // calls each in turn, interleaved round by round over loopback TCP; prints
 // per style the median round trip and the server process's CPU per call,
 // and both as a ratio to the callback server's. Asserts nothing.
 // Usage: server_styles_bench [calls per round, default 2000] [rounds, 7]
+//   [answer bytes, default 0: an empty answer; 940000: SimpleNet's weights]
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,12 +33,19 @@ using dp::v1::GetStatusRequest;
 using dp::v1::GetStatusResponse;
 using dp::v1::ParameterServer;
 
+// Every style's answer: empty, or `params` of the size asked for.
+GetStatusResponse& Answer() {
+  static GetStatusResponse* answer = new GetStatusResponse;
+  return *answer;
+}
+
 class CallbackStatus final
     : public ParameterServer::WithCallbackMethod_GetStatus<
           ParameterServer::Service> {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const GetStatusRequest*,
-                                      GetStatusResponse*) override {
+                                      GetStatusResponse* response) override {
+    *response = Answer();
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -46,7 +54,8 @@ class CallbackStatus final
 
 class SyncStatus final : public ParameterServer::Service {
   grpc::Status GetStatus(grpc::ServerContext*, const GetStatusRequest*,
-                         GetStatusResponse*) override {
+                         GetStatusResponse* response) override {
+    *response = Answer();
     return grpc::Status::OK;
   }
 };
@@ -58,7 +67,14 @@ class CompletionQueueStatus {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                              port);
+    // StartGrpcServer's settings that bear on one call (it cannot add a
+    // completion queue).
+    const GrpcServerOptions same;
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    builder.SetMaxReceiveMessageSize(same.max_message_bytes);
+    builder.SetMaxSendMessageSize(same.max_message_bytes);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                               same.max_message_bytes);
     builder.RegisterService(&service_);
     cq_ = builder.AddCompletionQueue();
     server_ = builder.BuildAndStart();
@@ -94,6 +110,7 @@ class CompletionQueueStatus {
         continue;
       }
       Expect();
+      c->response = Answer();
       c->answered = true;
       c->writer.Finish(c->response, grpc::Status::OK, c);
     }
@@ -151,7 +168,7 @@ int Client(const int (&ports)[kStyles], int calls, int rounds, int marks) {
   for (int k = 0; k < kStyles; ++k) {
     stubs[k] = ParameterServer::NewStub(grpc::CreateCustomChannel(
         absl::StrCat("127.0.0.1:", ports[k]),
-        grpc::InsecureChannelCredentials(), ClientChannelArguments(4 << 20)));
+        grpc::InsecureChannelCredentials(), ClientChannelArguments(GrpcServerOptions().max_message_bytes)));
   }
   auto call = [&](int k) {
     grpc::ClientContext ctx;
@@ -176,13 +193,18 @@ int Client(const int (&ports)[kStyles], int calls, int rounds, int marks) {
 }
 
 int Main(int argc, char** argv) {
-  int calls = 2000, rounds = 7;
+  int calls = 2000, rounds = 7, bytes = 0;
   if ((argc > 1 && !absl::SimpleAtoi(argv[1], &calls)) ||
-      (argc > 2 && !absl::SimpleAtoi(argv[2], &rounds)) || calls < 1 ||
-      rounds < 1) {
-    std::fprintf(stderr, "usage: %s [calls per round] [rounds]\n", argv[0]);
+      (argc > 2 && !absl::SimpleAtoi(argv[2], &rounds)) ||
+      (argc > 3 && !absl::SimpleAtoi(argv[3], &bytes)) || calls < 1 ||
+      rounds < 1 || bytes < 0 || bytes > (3 << 20)) {
+    std::fprintf(stderr,
+                 "usage: %s [calls per round] [rounds] [answer bytes, at "
+                 "most 3 MiB]\n",
+                 argv[0]);
     return 2;
   }
+  Answer().set_params(std::string(bytes, '\x01'));
   // Two processes, forked before gRPC starts a thread, so that the
   // server's CPU is its process's alone (in one process the client's calls
   // would run on the same gRPC threads).
@@ -235,8 +257,9 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const double wall0 = Median(wall_ms[0]), cpu0 = Median(cpu_ms[0]);
-  std::printf("%d rounds of %d GetStatus calls, medians per call\n", rounds,
-              calls);
+  std::printf("%d rounds of %d GetStatus calls answered with %d bytes, "
+              "medians per call\n",
+              rounds, calls, bytes);
   std::printf("%-30s %10s %8s %14s %8s\n", "server", "round trip ms", "ratio",
               "server CPU ms", "ratio");
   for (int k = 0; k < kStyles; ++k) {
