@@ -376,7 +376,10 @@ TEST(FaultTest, KilledWorkerEndsAFailPolicyJobAtOnce) {
   auto ps = StartServer({"--workers=2", "--max_steps=100000", "--batch_size=16",
                          "--worker_timeout_s=600", "--on_worker_loss=fail"},
                         &port);
-  auto w0 = StartWorker(port, 0);
+  // A short retry: a call rank 0 makes after dp-ps failed the job and
+  // exited finds nobody (dp-ps does not linger to tell it), and rank 0 then
+  // ends only when its retries do.
+  auto w0 = StartWorker(port, 0, {"--retry_for_s=10"});
   auto w1 = StartWorker(port, 1);
   ASSERT_TRUE(WaitForStep(port, 20, absl::Minutes(2)));
   w1->Signal(SIGKILL);
