@@ -126,11 +126,15 @@ class PsClient:
         holds only small ones)."""
         need = num_params * 4 + (1 << 20)
         if need > self._max_message_bytes:
-            self.end_attendance()
-            self._channel.close()
             self._max_message_bytes = need
-            self._channel = _channel(self.address, self._tls, need)
-            self._stub = dp_pb2_grpc.ParameterServerStub(self._channel)
+            self._reconnect()
+
+    def _reconnect(self):
+        """A new channel (and stub) in place of the current one."""
+        self.end_attendance()
+        self._channel.close()
+        self._channel = _channel(self.address, self._tls, self._max_message_bytes)
+        self._stub = dp_pb2_grpc.ParameterServerStub(self._channel)
 
     def call(self, method, request, timeout_s=None):
         """stub.method(request) with deadlines and retries (see module doc)."""
@@ -151,6 +155,11 @@ class PsClient:
                                          and self._channel_state_not_ready())
                 if code not in _RETRYABLE and not waited_for_connection:
                     raise error_of(e, self.address) from None
+                if waited_for_connection:
+                    # A channel that did not connect for a whole deadline
+                    # while dp-ps served others (seen with four workers
+                    # starting at once): the next attempt dials afresh.
+                    self._reconnect()
                 if time.monotonic() + backoff > give_up:
                     raise errors.PsUnreachable(
                         f"dp-ps at {self.address} is unavailable for {method} after {attempt} "
