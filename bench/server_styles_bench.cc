@@ -116,8 +116,7 @@ class CompletionQueueStatus {
     }
   }
 
-  ParameterServer::WithAsyncMethod_GetStatus<ParameterServer::Service>
-      service_;
+  ParameterServer::WithAsyncMethod_GetStatus<ParameterServer::Service> service_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::unique_ptr<grpc::Server> server_;
   std::thread thread_;
@@ -168,7 +167,8 @@ int Client(const int (&ports)[kStyles], int calls, int rounds, int marks) {
   for (int k = 0; k < kStyles; ++k) {
     stubs[k] = ParameterServer::NewStub(grpc::CreateCustomChannel(
         absl::StrCat("127.0.0.1:", ports[k]),
-        grpc::InsecureChannelCredentials(), ClientChannelArguments(GrpcServerOptions().max_message_bytes)));
+        grpc::InsecureChannelCredentials(),
+        ClientChannelArguments(GrpcServerOptions().max_message_bytes)));
   }
   auto call = [&](int k) {
     grpc::ClientContext ctx;
@@ -257,9 +257,10 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const double wall0 = Median(wall_ms[0]), cpu0 = Median(cpu_ms[0]);
-  std::printf("%d rounds of %d GetStatus calls answered with %d bytes, "
-              "medians per call\n",
-              rounds, calls, bytes);
+  std::printf(
+      "%d rounds of %d GetStatus calls answered with %d bytes, "
+      "medians per call\n",
+      rounds, calls, bytes);
   std::printf("%-30s %10s %8s %14s %8s\n", "server", "round trip ms", "ratio",
               "server CPU ms", "ratio");
   for (int k = 0; k < kStyles; ++k) {

@@ -61,9 +61,8 @@ absl::StatusOr<WeightsPublisher::Snapshot> WeightsPublisher::Serve(
   if (*version < 0) return absl::FailedPreconditionError(what);
   // Later: this shard lacks a step another applied (it restarted from an
   // older checkpoint); the caller's next join rolls the shards back.
-  return absl::AbortedError(*version > step
-                                ? absl::StrCat(what, ": this shard is behind")
-                                : what);
+  return absl::AbortedError(
+      *version > step ? absl::StrCat(what, ": this shard is behind") : what);
 }
 
 }  // namespace dp

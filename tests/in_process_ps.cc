@@ -56,8 +56,8 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
   setup.job.weight_encoding = options.weight_encoding;
   setup.init_seed = 3;
   setup.registered = 0;  // the tests' clients register
-  RETURN_IF_ERROR(MakeShardSpec(ps->layout_, options.shards, options.shard,
-                                &setup.shard));
+  RETURN_IF_ERROR(
+      MakeShardSpec(ps->layout_, options.shards, options.shard, &setup.shard));
   ps->coordinator_ = MakeTestCoordinator(ps->layout_, setup);
   if (ServerMetrics* metrics = options.metrics) {
     ps->coordinator_->SetUpdateObserver(
@@ -78,8 +78,8 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
       return initial;
     };
   }
-  ps->service_ = std::make_unique<PsService>(
-      ps->coordinator_.get(), options.metrics, service_options);
+  ps->service_ = std::make_unique<PsService>(ps->coordinator_.get(),
+                                             options.metrics, service_options);
   GrpcServerOptions server_options;
   server_options.address = "127.0.0.1:0";
   server_options.ready = options.ready;
