@@ -87,6 +87,10 @@ void SharedPlane::ServeSteps(StepChannels::Handler handler, ChannelSpin spin) {
   channels_ = std::make_unique<StepChannels>(std::move(handler), spin);
 }
 
+bool SharedPlane::AwaitStepsAnswered(absl::Duration timeout) const {
+  return channels_ == nullptr || channels_->AwaitAnswered(timeout);
+}
+
 void SharedPlane::StopSteps() {
   if (channels_ != nullptr) channels_->StopAll();
 }

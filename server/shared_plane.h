@@ -50,6 +50,8 @@ class SharedPlane {
   // (common/step_channel.h), whose requests `handler` serves. Called once,
   // before the first offer.
   void ServeSteps(StepChannels::Handler handler, ChannelSpin spin);
+  // StepChannels::AwaitAnswered; true without step channels.
+  bool AwaitStepsAnswered(absl::Duration timeout) const;
   // Serves no step channel any more: before what the handler calls goes.
   void StopSteps();
   // Writes the weights of version `step` (every value, encoded in the

@@ -107,6 +107,27 @@ absl::StatusOr<int> StepChannels::Open(int rank, uint64_t slot_id) {
   return fd;
 }
 
+bool StepChannels::AwaitAnswered(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::shared_ptr<Channel>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, channel] : open_) open.push_back(channel);
+  }
+  bool all = true;
+  for (const auto& channel : open) {
+    absl::MutexLock lock(&channel->mu);
+    all &= channel->mu.AwaitWithDeadline(
+        absl::Condition(
+            +[](Channel* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+              return c->answered || c->stopping;
+            },
+            channel.get()),
+        deadline);
+  }
+  return all;
+}
+
 void StepChannels::StopAll() {
   std::vector<std::shared_ptr<Channel>> open;
   {

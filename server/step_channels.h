@@ -32,6 +32,13 @@ class StepChannels {
   // served from now on; the rank's previous page is served no more. A
   // descriptor of the page for the worker (the caller owns it).
   absl::StatusOr<int> Open(int rank, uint64_t slot_id);
+  // Waits up to `timeout` until no page holds a request that was read and
+  // not yet answered; false if one still does. The coordinator marks a rank
+  // told of the job's failure when it refuses its request, and the page is
+  // written just after, on the thread that refused: a dp-ps that stopped
+  // serving in between would leave the worker to meet a closed page, not
+  // its failure.
+  bool AwaitAnswered(absl::Duration timeout) const;
   // Serves no page any more (before what the handler calls goes away).
   void StopAll();
   // Requests served over the pages open now (tests, metrics).

@@ -376,9 +376,10 @@ TEST(FaultTest, KilledWorkerEndsAFailPolicyJobAtOnce) {
   auto ps = StartServer({"--workers=2", "--max_steps=100000", "--batch_size=16",
                          "--worker_timeout_s=600", "--on_worker_loss=fail"},
                         &port);
-  // A short retry: a call rank 0 makes after dp-ps failed the job and
-  // exited finds nobody (dp-ps does not linger to tell it), and rank 0 then
-  // ends only when its retries do.
+  // Rank 0 is told why the job ended (exit 1), whether it was waiting or
+  // computing when it failed: dp-ps goes only once its telling is written,
+  // through the step channel too. A short retry, so that a rank 0 met by a
+  // closed port instead fails the check (exit 4) within the test's wait.
   auto w0 = StartWorker(port, 0, {"--retry_for_s=10"});
   auto w1 = StartWorker(port, 1);
   ASSERT_TRUE(WaitForStep(port, 20, absl::Minutes(2)));
@@ -389,7 +390,7 @@ TEST(FaultTest, KilledWorkerEndsAFailPolicyJobAtOnce) {
       << ps->output();
   const auto w0_exit = w0->Wait(absl::Seconds(60));
   ASSERT_TRUE(w0_exit.has_value()) << w0->output();
-  EXPECT_NE(*w0_exit, 0);
+  EXPECT_EQ(*w0_exit, kExitFailure) << w0->output() << ps->output();
 }
 
 // A worker waiting for a step when dp-ps dies (-9, never to come back) gives
