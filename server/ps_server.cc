@@ -96,8 +96,7 @@ int DefaultUpdateThreads(int64_t values, int usable_cpus) {
 }
 
 PsServer::PsServer(PsServerOptions options)
-    : options_(std::move(options)),
-      layout_(LayoutOfOptions(options_)) {}
+    : options_(std::move(options)), layout_(LayoutOfOptions(options_)) {}
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     PsServerOptions options) {
@@ -113,18 +112,18 @@ absl::StatusOr<TrainingState> PsServer::InitialState() const {
     absl::StatusOr<std::vector<float>> loaded =
         LoadSafetensors(options_.init_model, layout_);
     // LoadSafetensors' errors name the file; CheckFinite's do not.
-    absl::Status s = loaded.ok()
-                         ? Naming(options_.init_model, CheckFinite(layout_, *loaded))
-                         : loaded.status();
+    absl::Status s =
+        loaded.ok() ? Naming(options_.init_model, CheckFinite(layout_, *loaded))
+                    : loaded.status();
     if (!s.ok()) {
       return absl::Status(s.code(),
                           absl::StrCat("--init_model: ", s.message()));
     }
     params = *std::move(loaded);
   } else if (!layout_.is_mlp()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model (", layout_.Describe(),
-        ") is not an MLP: its weights come from --init_model"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model (", layout_.Describe(),
+                     ") is not an MLP: its weights come from --init_model"));
   } else {
     params = InitParams(layout_, options_.config.schedule.seed);
   }
@@ -601,7 +600,8 @@ absl::StatusOr<PsServer::Outcome> PsServer::Run() {
       // a step channel, the telling is written just after it counts.
       const absl::Time told_by = absl::Now() + kFailureGrace;
       coordinator_->AwaitFailureTold(kFailureGrace);
-      if (shared_ != nullptr) shared_->AwaitStepsAnswered(told_by - absl::Now());
+      if (shared_ != nullptr)
+        shared_->AwaitStepsAnswered(told_by - absl::Now());
       // The failure (dp_training_failed) reaches a Prometheus that scrapes
       // dp-ps before it exits, as the end of a finished job does.
       if (metrics_endpoint_) metrics_->AwaitNextScrape(absl::Seconds(30));
