@@ -225,9 +225,17 @@ bool ChannelServer::Next(ChannelRequest* out) {
       now = r.seq.load(std::memory_order_acquire);
       if (now == seen_) {
         idle_wakes_.fetch_add(1, std::memory_order_relaxed);
+        if (++idle_in_a_row_ >= ChannelSpin::kIdleWakesBeforeBackoff &&
+            spin_.idle_backoff > absl::ZeroDuration() && !stopped_.load()) {
+          // A worker's request is read at most a backoff late: only the
+          // worker waking dp-ps for nothing waits for it.
+          backoffs_.fetch_add(1, std::memory_order_relaxed);
+          absl::SleepFor(spin_.idle_backoff);
+        }
         continue;
       }
     }
+    idle_in_a_row_ = 0;
     // Stop() moves the word too: that is no request.
     if (stopped_.load()) return false;
     // One read of each field, into dp-ps's memory: whatever the worker

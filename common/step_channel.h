@@ -63,6 +63,13 @@ struct ChannelResponse {
 // cores): 0 parks at once.
 struct ChannelSpin {
   absl::Duration spin = absl::ZeroDuration();
+  // dp-ps's end only: after kIdleWakesBeforeBackoff wake-ups in a row that
+  // found no request (a worker's own wake comes after its request, so
+  // that is a worker waking dp-ps for nothing), dp-ps sleeps this long
+  // before each next park, so that a flood of wakes costs it at most one
+  // look at the page per backoff. Zero: no backoff (a benchmark's baseline).
+  absl::Duration idle_backoff = absl::Milliseconds(1);
+  static constexpr int kIdleWakesBeforeBackoff = 64;
 };
 
 // The worker's end of one page.
@@ -114,6 +121,8 @@ class ChannelServer {
   int64_t served() const { return served_.load(); }
   // Wake-ups that found no new request (a worker waking dp-ps for nothing).
   int64_t idle_wakes() const { return idle_wakes_.load(); }
+  // Backoffs slept for runs of such wake-ups.
+  int64_t backoffs() const { return backoffs_.load(); }
 
  private:
   SharedRegion* const page_;
@@ -122,6 +131,8 @@ class ChannelServer {
   uint32_t seen_ = 0;  // the last request's sequence number
   std::atomic<int64_t> served_{0};
   std::atomic<int64_t> idle_wakes_{0};
+  std::atomic<int64_t> backoffs_{0};
+  int idle_in_a_row_ = 0;
 };
 
 }  // namespace dp
