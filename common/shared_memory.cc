@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -55,8 +56,17 @@ WeightsHeader* HeaderOf(const SharedRegion& region, int64_t step) {
   return reinterpret_cast<WeightsHeader*>(BufferOf(region, step));
 }
 
+// A status payload, local to the process (never sent over the wire).
+constexpr absl::string_view kMovedUrl = "type.dp-ps/weights-moved-under-read";
+
+absl::Status MovedUnderRead(std::string message) {
+  absl::Status s = absl::AbortedError(message);
+  s.SetPayload(kMovedUrl, absl::Cord());
+  return s;
+}
+
 absl::Status KeptChanging(absl::Duration patience) {
-  return absl::AbortedError(
+  return MovedUnderRead(
       absl::StrCat("the shared weights kept changing while read for ",
                    absl::FormatDuration(patience)));
 }
@@ -254,7 +264,7 @@ absl::StatusOr<SharedWeights> FindWeights(const SharedRegion& region,
           step & 1, found.num_values, e, num_values));
     }
     if (found.step != step) {
-      return absl::AbortedError(absl::StrFormat(
+      return MovedUnderRead(absl::StrFormat(
           "the shared weights' buffer of version %d holds version %d: "
           "re-sync",
           step, found.step));
@@ -264,6 +274,10 @@ absl::StatusOr<SharedWeights> FindWeights(const SharedRegion& region,
     return found;
   }
   return KeptChanging(patience);
+}
+
+bool IsMovedUnderRead(const absl::Status& status) {
+  return status.GetPayload(kMovedUrl).has_value();
 }
 
 bool StillHolds(const SharedRegion& region, const SharedWeights& found) {

@@ -106,6 +106,11 @@ absl::StatusOr<SharedWeights> FindWeights(
 // FindWeights: then every value read from it in between was of that
 // version.
 bool StillHolds(const SharedRegion& region, const SharedWeights& found);
+// Whether `status` is one of FindWeights' ABORTEDs: the weights in shared
+// memory moved under this worker's read, and the next read may find the
+// version it asks for. An ABORTED from dp-ps itself (a shard behind, a
+// rollback) says nothing of the kind: reading again meets it again.
+bool IsMovedUnderRead(const absl::Status& status);
 // A worker: version `step` decoded to float32 into `out` (its size is the
 // number of values), as FindWeights finds it; a read that a publish
 // overtook is read again.

@@ -285,10 +285,13 @@ TEST(SharedMemoryTest, TwoVersionsLieInTwoBuffersByParity) {
   EXPECT_LE(seven->values + n * sizeof(float), base + (*region)->size());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(six->values) % 64, 0);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(seven->values) % 64, 0);
-  // Version 8 replaces 6, not 7.
+  // Version 8 replaces 6, not 7: moved under the read, which a worker
+  // mends by reading again (not by joining again).
   PublishWeights(region->get(), 8, Encoding::kF32, Filled(n, 8.0f));
-  EXPECT_EQ(FindWeights(**region, 6, n).status().code(),
-            absl::StatusCode::kAborted);
+  const absl::Status replaced = FindWeights(**region, 6, n).status();
+  EXPECT_EQ(replaced.code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(IsMovedUnderRead(replaced)) << replaced;
+  EXPECT_FALSE(IsMovedUnderRead(absl::AbortedError("this shard is behind")));
   auto again = FindWeights(**region, 7, n);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(AllAre(again->values, n, 7.0f));

@@ -192,12 +192,14 @@ absl::Status Trainer::Register() {
 
 absl::Status Trainer::PullNewest() {
   // The job does not wait for a rank with no block: a version read in
-  // place can be overwritten before it is read (ABORTED); the next is.
+  // place can be overwritten before it is read; the next is. Any other
+  // ABORTED (a shard behind, the shards at different versions) is the
+  // caller's to mend by joining again.
   absl::Status pulled;
   for (int tries = 0; tries < kMaxResyncsInARow; ++tries) {
     pulled = Timed(metrics_, WorkerMetrics::Call::kPull,
                    [&] { return client_->Pull(rank_, &weights_); });
-    if (pulled.code() != absl::StatusCode::kAborted) break;
+    if (!IsMovedUnderRead(pulled)) break;
   }
   RETURN_IF_ERROR(pulled);
   metrics_.AddReceivedBytes(weights_.wire_bytes);
