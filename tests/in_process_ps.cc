@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
   if (options.shared_memory) {
     ASSIGN_OR_RETURN(
         ps->shared_,
-        SharedPlane::Start(options.world_size, ps->layout_.num_params(),
+        SharedPlane::Start(options.world_size, setup.shard.range.length,
                            Encoding::kF32, options.weight_encoding));
   }
   PsServiceOptions service_options{"", ps->shared_.get()};

@@ -113,8 +113,11 @@ struct ShardedRun {
   std::vector<TrainingState> shards;
 };
 
-// `before_call` runs on shard 0 as each of its calls arrives.
+// `before_call` runs on shard 0 as each of its calls arrives. The tensors
+// travel through shared memory (and the steps through its step channels)
+// when `shm`.
 ShardedRun RunOnTwoShards(
+    bool shm,
     std::function<void(StepCoordinator& shard0, const std::string& method)>
         before_call) {
   std::unique_ptr<InProcessPs> ps[2];
@@ -124,6 +127,7 @@ ShardedRun RunOnTwoShards(
     o.max_steps = 5;
     o.shard = k;
     o.shards = 2;
+    o.shared_memory = shm;
     if (k == 0 && before_call) {
       o.before_call = [&ps, before_call](const std::string& method) {
         before_call(ps[0]->coordinator(), method);
@@ -137,6 +141,7 @@ ShardedRun RunOnTwoShards(
   PsClientOptions client_options;
   client_options.max_message_bytes =
       MessageBytesFor(ps[0]->layout().num_params());
+  client_options.data_plane = shm ? DataPlane::kShm : DataPlane::kGrpc;
   PsGroup group({ps[0]->address(), ps[1]->address()}, client_options);
   TrainerOptions options;
   options.rank = 0;
@@ -153,9 +158,13 @@ ShardedRun RunOnTwoShards(
 // after the restart. The shards then answer the pull with different
 // versions; the worker must join again (the join rolls shard 0 back), not
 // fail, and the model is the undisturbed job's.
-TEST(TrainerShardTest, AShardMovingOnBetweenRegistrationAndPullMeansJoinAgain) {
+class TrainerShardTest : public testing::TestWithParam<bool> {};
+
+TEST_P(TrainerShardTest,
+       AShardMovingOnBetweenRegistrationAndPullMeansJoinAgain) {
   int reference_pulls = 0;
   const ShardedRun reference = RunOnTwoShards(
+      GetParam(),
       [&reference_pulls](StepCoordinator&, const std::string& method) {
         if (absl::EndsWith(method, "/Pull")) ++reference_pulls;
       });
@@ -163,6 +172,7 @@ TEST(TrainerShardTest, AShardMovingOnBetweenRegistrationAndPullMeansJoinAgain) {
   bool moved = false;
   int pulls = 0;
   const ShardedRun run = RunOnTwoShards(
+      GetParam(),
       [&moved, &pulls](StepCoordinator& shard0, const std::string& method) {
         if (!absl::EndsWith(method, "/Pull")) return;
         ++pulls;
@@ -185,6 +195,11 @@ TEST(TrainerShardTest, AShardMovingOnBetweenRegistrationAndPullMeansJoinAgain) {
         << "shard " << k << " differs from the undisturbed job";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(DataPlanes, TrainerShardTest, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SharedMemory" : "Grpc";
+                         });
 
 }  // namespace
 }  // namespace dp
