@@ -46,8 +46,23 @@ def _read(path):
 
 
 def _channel(address, tls, max_message_bytes):
+    # dp-worker's channel arguments (proto/grpc_server.cc's
+    # ClientChannelArguments): pings through a long silent wait, that dp-ps
+    # accepts as often as they come; a reconnect backoff of at most 1 s, not
+    # gRPC's default that grows to 120 s after a few failed connects (a
+    # channel then sat unconnected for minutes while dp-ps served others);
+    # a renamed dp-ps pod looked up again within a second.
     options = [("grpc.max_receive_message_length", max_message_bytes),
-               ("grpc.max_send_message_length", max_message_bytes)]
+               ("grpc.max_send_message_length", max_message_bytes),
+               ("grpc.http2.lookahead_bytes", max_message_bytes),
+               ("grpc.keepalive_time_ms", 20000),
+               ("grpc.keepalive_timeout_ms", 10000),
+               ("grpc.keepalive_permit_without_calls", 1),
+               ("grpc.http2.max_pings_without_data", 0),
+               ("grpc.initial_reconnect_backoff_ms", 100),
+               ("grpc.min_reconnect_backoff_ms", 100),
+               ("grpc.max_reconnect_backoff_ms", 1000),
+               ("grpc.dns_min_time_between_resolutions_ms", 1000)]
     if tls is None:
         return grpc.insecure_channel(address, options)
     if (tls.cert is None) != (tls.key is None):
@@ -140,7 +155,7 @@ class PsClient:
         """stub.method(request) with deadlines and retries (see module doc)."""
         timeout_s = timeout_s or self.call_timeout_s
         give_up = time.monotonic() + self.retry_for_s
-        backoff, attempt = 0.05, 0
+        backoff, attempt, first = 0.05, 0, None
         while True:
             attempt += 1
             # A retry waits for the channel to connect instead of failing
@@ -151,6 +166,8 @@ class PsClient:
                                                    wait_for_ready=attempt > 1)
             except grpc.RpcError as e:
                 code = e.code()
+                first = first or f"{code.name}: {e.details()}"
+                state = self._channel_state_name()  # before any redial
                 waited_for_connection = (attempt > 1 and code == grpc.StatusCode.DEADLINE_EXCEEDED
                                          and self._channel_state_not_ready())
                 if code not in _RETRYABLE and not waited_for_connection:
@@ -163,10 +180,19 @@ class PsClient:
                 if time.monotonic() + backoff > give_up:
                     raise errors.PsUnreachable(
                         f"dp-ps at {self.address} is unavailable for {method} after {attempt} "
-                        f"attempts over {self.retry_for_s:.0f} s: {e.details()} (when dp-ps is "
+                        f"attempts over {self.retry_for_s:.0f} s: {e.details()} (the first: "
+                        f"{first}; the channel {state}; when dp-ps is "
                         "up, this is also how a TLS mismatch shows)") from None
                 time.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, 2.0)
+
+    def _channel_state_name(self):
+        try:
+            state = self._channel._channel.check_connectivity_state(False)
+        except AttributeError:
+            return "in an unknown state"
+        names = {0: "idle", 1: "connecting", 2: "ready", 3: "in transient failure", 4: "shut down"}
+        return names.get(state, f"in state {state}")
 
     def _channel_state_not_ready(self):
         # A retry's deadline that passed while the channel never connected

@@ -194,6 +194,11 @@ def run_job(ps_binary, ps_flags, model_path, workers, name="job", shards=1, time
         if code != 0:
             print(f"      {pr.name} exited {code}", flush=True)
             pr.show()
+    if any(c != 0 for c in codes):
+        # What the others saw meanwhile (dp-ps's log most of all).
+        for pr, code in zip(procs + ps, codes):
+            if code == 0:
+                pr.show()
     if any(c != 0 for c in codes) or not os.path.exists(model_path):
         return None, procs + ps
     return sha256(model_path), procs + ps
