@@ -37,8 +37,13 @@ std::vector<int> BlockPlanner::TakingPart(bool hold) const {
   }
   // Stragglers only when nobody else is there.
   if (part.empty()) part = with_stragglers;
-  // Too few: the step waits, every block unplanned until enough join.
-  if (hold || static_cast<int>(part.size()) < min_workers_) part.clear();
+  // Too few: the step waits, every block unplanned until enough join. A
+  // straggler is there, only slow: it counts, or a job whose minimum is
+  // its world size would plan nothing once one rank was late, and never
+  // apply the step that clears it.
+  if (hold || static_cast<int>(with_stragglers.size()) < min_workers_) {
+    part.clear();
+  }
   return part;
 }
 

@@ -62,6 +62,19 @@ TEST(BlockPlannerTest, AStragglerIsLeftOutOfTheNextPlanUntilItWaitsInTime) {
   EXPECT_EQ(f.planner.plan(), (std::vector<Block>{{0, 1}, {1, 1}}));
 }
 
+// --min_workers counts the live ranks, stragglers among them: a job whose
+// minimum is its world size went on planning nothing once one rank was a
+// straggler, and so never applied the step that would have cleared it.
+TEST(BlockPlannerTest, AStragglerCountsTowardsMinWorkers) {
+  Fixture f(2, 2, /*min_workers=*/2);
+  f.planner.Plan(f.planner.TakingPart(false));
+  f.Push(0, {0, 2}, kStart);  // rank 1's block backed up by rank 0
+  f.planner.Applied({false, false});
+  EXPECT_EQ(f.planner.TakingPart(false), std::vector<int>{0});
+  f.planner.StartStep(kStart, f.planner.TakingPart(false));
+  EXPECT_EQ(f.planner.plan(), (std::vector<Block>{{0, 2}, {}}));
+}
+
 TEST(BlockPlannerTest, ALostRanksBlockGoesOnOnlyAtOrAboveMinWorkers) {
   for (const int min_workers : {2, 3}) {
     SCOPED_TRACE(min_workers);

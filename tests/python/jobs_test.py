@@ -23,11 +23,15 @@ STEPS = 24
 KILL_AT = 8
 
 
-def job_flags(extra, ranks=4):
+def job_flags(extra, ranks=4, started=None):
     # Four micro-batches a step whatever the number of workers: the global
-    # batch, and so the model, is the job's.
+    # batch, and so the model, is the job's. The first step waits for the
+    # `started` workers (all ranks unless said), however long their import
+    # of torch takes: the job is over in a second, and dp-ps's default wait
+    # for everyone (30 s from its start) ran out under load, so that one
+    # worker did every step and another arrived after dp-ps had gone (exit 4).
     return [f"--workers={ranks}", "--micro_batch=16", "--global_batch=64", f"--max_steps={STEPS}",
-            "--seed=3"] + extra
+            "--seed=3", f"--min_workers={started or ranks}"] + extra
 
 
 def workers(n, model, plane="shm"):
@@ -76,7 +80,8 @@ def killed_and_replaced(model, joined_at):
 def check_model(checks, d, model, extra):
     shas, planes = {}, set()
     for n in (1, 2, 4):
-        shas[n], procs = harness.run_job(ARGS.ps, job_flags(extra), os.path.join(d, f"{model}-{n}.safetensors"),
+        shas[n], procs = harness.run_job(ARGS.ps, job_flags(extra, started=n),
+                                         os.path.join(d, f"{model}-{n}.safetensors"),
                                          workers(n, model), name=f"{model} x{n}")
         planes |= planes_taken(procs)
         print(f"      {model}, {n} Python worker(s) over shared memory: sha256 {shas[n]}", flush=True)
@@ -84,7 +89,7 @@ def check_model(checks, d, model, extra):
     checks.check(shas[2] == shas[1] and shas[4] == shas[1],
                  f"{model}: 1, 2 and 4 Python workers give one sha256")
     for plane, shards in (("grpc", 1), ("grpc", 2), ("shm", 2)):
-        sha, procs = harness.run_job(ARGS.ps, job_flags(extra),
+        sha, procs = harness.run_job(ARGS.ps, job_flags(extra, started=2),
                                      os.path.join(d, f"{model}-{plane}-{shards}.safetensors"),
                                      workers(2, model, plane), name=f"{model} {plane} {shards} shard(s)",
                                      shards=shards)

@@ -125,7 +125,7 @@ def ps_killed(checks, a, d):
     take the new dp-ps's shared memory) and the model is the bytes of the
     job that nothing stopped."""
     def flags(name):
-        return ["--workers=2", "--batch_size=16", f"--max_steps={KILL_STEPS}", "--seed=3",
+        return ["--workers=2", "--min_workers=2", "--batch_size=16", f"--max_steps={KILL_STEPS}", "--seed=3",
                 "--backup_blocks=0", "--on_worker_loss=wait",
                 f"--checkpoint_dir={os.path.join(d, name)}", "--checkpoint_every=7"]
     def plain(address, pause=()):

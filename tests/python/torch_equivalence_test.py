@@ -54,7 +54,9 @@ def main():
         init, saved = os.path.join(d, "init.safetensors"), os.path.join(d, "model.safetensors")
         dp_ps.save_init(models.make("cnn"), init)
         ps, address = harness.start_ps(a.ps, [
-            "--workers=2", "--micro_batch=16", "--global_batch=64", f"--max_steps={STEPS}",
+            # --min_workers: the first step waits for both, however long
+            # their import of torch takes (jobs_test.py's reason).
+            "--workers=2", "--min_workers=2", "--micro_batch=16", "--global_batch=64", f"--max_steps={STEPS}",
             "--seed=5", f"--init_model={init}", f"--save_model={saved}"])
         if not checks.check(address is not None, "dp-ps starts"):
             return checks.result()
