@@ -600,8 +600,9 @@ absl::StatusOr<PsServer::Outcome> PsServer::Run() {
       // a step channel, the telling is written just after it counts.
       const absl::Time told_by = absl::Now() + kFailureGrace;
       coordinator_->AwaitFailureTold(kFailureGrace);
-      if (shared_ != nullptr)
+      if (shared_ != nullptr) {
         shared_->AwaitStepsAnswered(told_by - absl::Now());
+      }
       // The failure (dp_training_failed) reaches a Prometheus that scrapes
       // dp-ps before it exits, as the end of a finished job does.
       if (metrics_endpoint_) metrics_->AwaitNextScrape(absl::Seconds(30));
