@@ -27,6 +27,14 @@ struct StepChannels::Channel {
   absl::Mutex mu;
   bool answered ABSL_GUARDED_BY(mu) = true;
   bool stopping ABSL_GUARDED_BY(mu) = false;
+  // No request of this page is waiting for its answer any more.
+  absl::Condition Settled() {
+    return absl::Condition(
+        +[](Channel* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+          return c->answered || c->stopping;
+        },
+        this);
+  }
 };
 
 StepChannels::StepChannels(Handler handler, ChannelSpin spin)
@@ -54,11 +62,7 @@ void StepChannels::Serve(const std::shared_ptr<Channel>& channel,
     // One request at a time: the next is read once this one is answered,
     // so no worker has more than one wait pending through its page.
     absl::MutexLock lock(&channel->mu);
-    channel->mu.Await(absl::Condition(
-        +[](Channel* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
-          return c->answered || c->stopping;
-        },
-        channel.get()));
+    channel->mu.Await(channel->Settled());
     if (channel->stopping) return;
   }
 }
@@ -117,13 +121,7 @@ bool StepChannels::AwaitAnswered(absl::Duration timeout) const {
   bool all = true;
   for (const auto& channel : open) {
     absl::MutexLock lock(&channel->mu);
-    all &= channel->mu.AwaitWithDeadline(
-        absl::Condition(
-            +[](Channel* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
-              return c->answered || c->stopping;
-            },
-            channel.get()),
-        deadline);
+    all &= channel->mu.AwaitWithDeadline(channel->Settled(), deadline);
   }
   return all;
 }
