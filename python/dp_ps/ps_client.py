@@ -99,6 +99,8 @@ def error_of(e, address):
 
 
 _READY = 2  # grpc_connectivity_state GRPC_CHANNEL_READY
+_STATE_NAMES = {0: "idle", 1: "connecting", _READY: "ready", 3: "in transient failure",
+                4: "shut down"}
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
@@ -167,9 +169,11 @@ class PsClient:
             except grpc.RpcError as e:
                 code = e.code()
                 first = first or f"{code.name}: {e.details()}"
-                state = self._channel_state_name()  # before any redial
+                state = self._channel_state()  # before any redial
+                # A retry's deadline that passed while the channel never
+                # connected waited for dp-ps, not for a step.
                 waited_for_connection = (attempt > 1 and code == grpc.StatusCode.DEADLINE_EXCEEDED
-                                         and self._channel_state_not_ready())
+                                         and state != _READY)
                 if code not in _RETRYABLE and not waited_for_connection:
                     raise error_of(e, self.address) from None
                 if waited_for_connection:
@@ -181,27 +185,19 @@ class PsClient:
                     raise errors.PsUnreachable(
                         f"dp-ps at {self.address} is unavailable for {method} after {attempt} "
                         f"attempts over {self.retry_for_s:.0f} s: {e.details()} (the first: "
-                        f"{first}; the channel {state}; when dp-ps is "
-                        "up, this is also how a TLS mismatch shows)") from None
+                        f"{first}; the channel {_STATE_NAMES.get(state, 'in an unknown state')}; "
+                        "when dp-ps is up, this is also how a TLS mismatch shows)") from None
                 time.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, 2.0)
 
-    def _channel_state_name(self):
+    def _channel_state(self):
+        """The channel's connectivity state, None if it cannot be asked:
+        grpc's Python API tells it only to subscribers, so the channel's
+        core object is asked directly."""
         try:
-            state = self._channel._channel.check_connectivity_state(False)
+            return self._channel._channel.check_connectivity_state(False)
         except AttributeError:
-            return "in an unknown state"
-        names = {0: "idle", 1: "connecting", 2: "ready", 3: "in transient failure", 4: "shut down"}
-        return names.get(state, f"in state {state}")
-
-    def _channel_state_not_ready(self):
-        # A retry's deadline that passed while the channel never connected
-        # waited for dp-ps, not for a step. grpc's Python API tells the state
-        # only to subscribers: the channel's core object is asked directly.
-        try:
-            return self._channel._channel.check_connectivity_state(False) != _READY
-        except AttributeError:
-            return True
+            return None
 
     def register(self, request):
         """Register, then attend with the registration's session."""
