@@ -138,26 +138,24 @@ struct Mark {
   double wall_ms;
 };
 
-bool ReadAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
+// All `n` bytes through `io` (read or write), or false.
+template <typename Io, typename Byte>
+bool Whole(Io io, int fd, Byte* p, size_t n) {
   while (n > 0) {
-    const ssize_t got = read(fd, c, n);
-    if (got <= 0) return false;
-    c += got;
-    n -= got;
+    const ssize_t done = io(fd, p, n);
+    if (done <= 0) return false;
+    p += done;
+    n -= done;
   }
   return true;
 }
 
+bool ReadAll(int fd, void* p, size_t n) {
+  return Whole(read, fd, static_cast<char*>(p), n);
+}
+
 bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t put = write(fd, c, n);
-    if (put <= 0) return false;
-    c += put;
-    n -= put;
-  }
-  return true;
+  return Whole(write, fd, static_cast<const char*>(p), n);
 }
 
 // The client: calls each server in turn, round by round, and marks each
