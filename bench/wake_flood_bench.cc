@@ -53,7 +53,8 @@ Round Flood(int64_t wakes, absl::Duration backoff) {
   std::thread dp_ps([&] {
     const double start = ThreadCpuMs();
     ChannelRequest request;
-    server.Next(&request);  // until Stop()
+    uint32_t seq = 0;
+    server.Next(&request, &seq);  // until Stop()
     round.server_cpu_ms = ThreadCpuMs() - start;
   });
   // The hostile worker: another process with the page mapped.

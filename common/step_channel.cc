@@ -204,7 +204,7 @@ ChannelServer::ChannelServer(SharedRegion* page, ChannelSpin spin)
   seen_ = PageOf(page_)->request.seq.load(std::memory_order_relaxed);
 }
 
-bool ChannelServer::Next(ChannelRequest* out) {
+bool ChannelServer::Next(ChannelRequest* out, uint32_t* seq) {
   RequestHalf& r = PageOf(page_)->request;
   for (;;) {
     if (stopped_.load()) return false;
@@ -241,6 +241,7 @@ bool ChannelServer::Next(ChannelRequest* out) {
     // One read of each field, into dp-ps's memory: whatever the worker
     // writes from now on changes nothing about this request.
     seen_ = now;
+    *seq = now;
     out->step = r.step.load(std::memory_order_relaxed);
     out->block_first = r.block_first.load(std::memory_order_relaxed);
     out->block_count = r.block_count.load(std::memory_order_relaxed);
@@ -254,7 +255,7 @@ bool ChannelServer::Next(ChannelRequest* out) {
   }
 }
 
-void ChannelServer::Answer(const ChannelResponse& response) {
+void ChannelServer::Answer(uint32_t seq, const ChannelResponse& response) {
   ResponseHalf& a = PageOf(page_)->response;
   a.code.store(static_cast<int32_t>(response.code), std::memory_order_relaxed);
   a.step.store(response.step, std::memory_order_relaxed);
@@ -267,7 +268,7 @@ void ChannelServer::Answer(const ChannelResponse& response) {
   std::memcpy(a.message, response.message.data(), bytes);
   a.message_bytes.store(static_cast<uint32_t>(bytes),
                         std::memory_order_relaxed);
-  a.seq.store(seen_, std::memory_order_seq_cst);
+  a.seq.store(seq, std::memory_order_seq_cst);
   if (a.client_parked.load(std::memory_order_seq_cst) != 0) FutexWake(&a.seq);
 }
 

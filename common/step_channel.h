@@ -101,17 +101,20 @@ class ChannelClient {
   bool answered_ = true;  // the last request's answer was read
 };
 
-// dp-ps's end of one page: Next() and Answer() from the one thread that
-// serves it; Stop() from any.
+// dp-ps's end of one page: Next() from the one thread that serves it;
+// Answer() and Stop() from any.
 class ChannelServer {
  public:
   explicit ChannelServer(SharedRegion* page, ChannelSpin spin = {});
 
-  // Blocks until the worker posts a request after the last one answered,
-  // or Stop(): then false. *request is the private copy dp-ps decides on.
-  bool Next(ChannelRequest* request);
-  // Answers the request Next() returned.
-  void Answer(const ChannelResponse& response);
+  // Blocks until the worker posts a request after the last one read, or
+  // Stop(): then false. *request is the private copy dp-ps decides on, and
+  // *seq its sequence number, for its Answer.
+  bool Next(ChannelRequest* request, uint32_t* seq);
+  // Answers request `seq`, from any thread; Next() may have read a later
+  // one meanwhile (a worker that posted without waiting for this answer
+  // only confuses itself).
+  void Answer(uint32_t seq, const ChannelResponse& response);
   // Next() returns false from now on, at once.
   void Stop();
   // Stop(), and every wait of the worker, the one in progress and any

@@ -45,25 +45,28 @@ StepChannels::~StepChannels() { StopAll(); }
 void StepChannels::Serve(const std::shared_ptr<Channel>& channel,
                          const Handler* handler) {
   ChannelRequest request;
-  while (channel->server.Next(&request)) {
+  uint32_t seq = 0;
+  while (channel->server.Next(&request, &seq)) {
     {
+      // One request at a time: a request is handed on once the last one is
+      // answered, so no worker has more than one wait pending in dp-ps. A
+      // worker posts its next request only after reading the answer, so
+      // this waits only for one that did not: the thread is not woken by
+      // every answer, only by the next request.
       absl::MutexLock lock(&channel->mu);
+      channel->mu.Await(channel->Settled());
+      if (channel->stopping) return;
       channel->answered = false;
     }
     // The answer may come after this page is served no more (a new
     // registration of the rank, a shutdown): the page then stays mapped
     // until it has come, and nobody reads it.
     (*handler)(channel->rank, channel->slot_id, request,
-               [channel](const ChannelResponse& response) {  // holds it
+               [channel, seq](const ChannelResponse& response) {  // holds it
                  absl::MutexLock lock(&channel->mu);
-                 if (!channel->stopping) channel->server.Answer(response);
+                 if (!channel->stopping) channel->server.Answer(seq, response);
                  channel->answered = true;
                });
-    // One request at a time: the next is read once this one is answered,
-    // so no worker has more than one wait pending through its page.
-    absl::MutexLock lock(&channel->mu);
-    channel->mu.Await(channel->Settled());
-    if (channel->stopping) return;
   }
 }
 

@@ -43,20 +43,21 @@ TEST(StepChannelTest, ARequestArrivesAsPostedAndItsAnswerComesBack) {
   ChannelServer server(page.get());
   std::thread dp_ps([&] {
     ChannelRequest got;
-    ASSERT_TRUE(server.Next(&got));
+    uint32_t seq = 0;
+    ASSERT_TRUE(server.Next(&got, &seq));
     EXPECT_TRUE(got == Request(41));
     ChannelResponse answer;
     answer.step = 42;
     answer.block_first = 1;
     answer.block_count = 1;
     answer.done = true;
-    server.Answer(answer);
-    ASSERT_TRUE(server.Next(&got));
+    server.Answer(seq, answer);
+    ASSERT_TRUE(server.Next(&got, &seq));
     EXPECT_TRUE(got.idle);
     ChannelResponse refused;
     refused.code = absl::StatusCode::kAborted;
     refused.message = "step 42 was rolled back";
-    server.Answer(refused);
+    server.Answer(seq, refused);
   });
   absl::StatusOr<ChannelResponse> a =
       client.Call(Request(41), absl::Seconds(60));
@@ -82,14 +83,15 @@ TEST(StepChannelTest, AWaitRetriedAfterItsDeadlineIsTheSameRequest) {
   ChannelClient client(page.get());
   ChannelServer server(page.get());
   ChannelRequest got;
+  uint32_t seq = 0;
   // No answer yet: the wait ends at its deadline, the request stays posted.
   EXPECT_EQ(client.Call(Request(7), absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
-  ASSERT_TRUE(server.Next(&got));
+  ASSERT_TRUE(server.Next(&got, &seq));
   std::thread dp_ps([&] {
     ChannelResponse answer;
     answer.step = 8;
-    server.Answer(answer);
+    server.Answer(seq, answer);
   });
   absl::StatusOr<ChannelResponse> a =
       client.Call(Request(7), absl::Seconds(60));
@@ -105,9 +107,10 @@ TEST(StepChannelTest, AClosedPageEndsTheWaitInProgressAndEveryLaterOne) {
   ChannelServer server(page.get());
   std::thread dp_ps([&] {
     ChannelRequest got;
-    ASSERT_TRUE(server.Next(&got));
+    uint32_t seq = 0;
+    ASSERT_TRUE(server.Next(&got, &seq));
     server.Close(absl::FailedPreconditionError("another process registered"));
-    EXPECT_FALSE(server.Next(&got));
+    EXPECT_FALSE(server.Next(&got, &seq));
   });
   absl::StatusOr<ChannelResponse> a = client.Call(Request(3), absl::Hours(1));
   dp_ps.join();
@@ -138,7 +141,8 @@ TEST(StepChannelTest, StopEndsAParkedServer) {
   ChannelServer server(page.get());
   std::thread dp_ps([&] {
     ChannelRequest got;
-    EXPECT_FALSE(server.Next(&got));
+    uint32_t seq = 0;
+    EXPECT_FALSE(server.Next(&got, &seq));
   });
   server.Stop();
   dp_ps.join();
@@ -161,8 +165,9 @@ TEST(StepChannelTest, WakesWithoutARequestAndRewritesAfterOneChangeNothing) {
   });
   absl::Notification read;
   ChannelRequest got;
+  uint32_t seq = 0;
   std::thread dp_ps([&] {
-    ASSERT_TRUE(server.Next(&got));
+    ASSERT_TRUE(server.Next(&got, &seq));
     read.Notify();
   });
   // However often it is woken, dp-ps reads no request until one is posted.

@@ -1,9 +1,16 @@
 // dp-ps's end of the step channels: a request read from a page and not yet
 // answered is waited for before dp-ps stops serving (the telling of a
-// failure is written just after the coordinator counts it), and a wait that
-// no answer ends gives up at its deadline.
+// failure is written just after the coordinator counts it), a wait that no
+// answer ends gives up at its deadline, and a page's thread sleeps once per
+// request, not once more for each answer.
 #include "server/step_channels.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -12,6 +19,35 @@
 
 namespace dp {
 namespace {
+
+// A line of /proc/self/task/<tid>/<file>: its field `index` (0-based,
+// split at spaces).
+std::string TaskField(pid_t tid, const std::string& file, int index) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/" + file);
+  std::stringstream all;
+  all << in.rdbuf();
+  std::istringstream words(all.str());
+  std::string word;
+  for (int i = 0; i <= index && (words >> word); ++i) {
+  }
+  return word;
+}
+
+// Waits until thread `tid` sleeps (state S: parked on a futex or mutex).
+void AwaitAsleep(pid_t tid) {
+  // stat: "pid (comm) state ..." - comm is this test's thread name, one word.
+  while (TaskField(tid, "stat", 2) != "S") std::this_thread::yield();
+}
+
+int64_t VoluntarySwitches(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::string key = "voluntary_ctxt_switches:";
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size()));
+  }
+  return -1;
+}
 
 TEST(StepChannelsTest, AwaitAnsweredWaitsForTheAnswerOfARequestRead) {
   absl::Mutex mu;
@@ -55,6 +91,73 @@ TEST(StepChannelsTest, AwaitAnsweredWaitsForTheAnswerOfARequestRead) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->code, absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(got->message, "the job failed: test");
+}
+
+// A step's answer comes from another thread (the one that applied the
+// update). The page's thread then already sleeps on the page for the next
+// request: the answer must not wake it a second time per request, a
+// hand-off that costs dp-ps's cores a switch per rank per step.
+TEST(StepChannelsTest, APageThreadSleepsOncePerRequest) {
+  absl::Mutex mu;
+  StepChannels::Answer held;  // under mu
+  pid_t page_thread = 0;      // under mu
+  StepChannels channels(
+      [&](int, uint64_t, const ChannelRequest&, StepChannels::Answer answer) {
+        absl::MutexLock lock(&mu);
+        page_thread = static_cast<pid_t>(syscall(SYS_gettid));
+        held = std::move(answer);
+      },
+      ChannelSpin{});
+  absl::StatusOr<int> fd = channels.Open(0, 7);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  auto page = SharedRegion::Map(*fd, kStepChannelBytes, /*writable=*/true);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ChannelClient client(page->get());
+
+  constexpr int kRequests = 100;
+  int64_t before = 0;
+  pid_t tid = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    // Each request meets the page's thread asleep, and its answer is given
+    // once the thread has gone to sleep again after handing it on: every
+    // sleep it can take is taken.
+    if (tid != 0) AwaitAsleep(tid);
+    absl::StatusOr<ChannelResponse> got;
+    std::thread worker([&] {
+      ChannelRequest request;
+      request.step = i;
+      got = client.Call(request, absl::Minutes(5));
+    });
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(
+          +[](StepChannels::Answer* a) { return static_cast<bool>(*a); },
+          &held));
+      if (tid == 0) {
+        tid = page_thread;
+        before = VoluntarySwitches(tid);
+      }
+    }
+    AwaitAsleep(tid);
+    StepChannels::Answer answer;
+    {
+      absl::MutexLock lock(&mu);
+      answer = std::exchange(held, nullptr);
+    }
+    ChannelResponse response;
+    response.step = i + 1;
+    answer(response);
+    worker.join();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->step, i + 1);
+  }
+  AwaitAsleep(tid);
+  const int64_t sleeps = VoluntarySwitches(tid) - before;
+  // The first request's sleeps were counted from inside its handler: the
+  // remaining 99 requests, one sleep each (a sleep awaiting an answer would
+  // make it 2 each).
+  EXPECT_LT(sleeps, kRequests * 3 / 2) << "sleeps of the page thread";
+  EXPECT_GE(sleeps, kRequests - 1);
 }
 
 }  // namespace
