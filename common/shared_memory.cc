@@ -215,19 +215,31 @@ size_t WeightsRegionBytes(int64_t num_values, Encoding encoding) {
   return 2 * (kWeightsHeaderBytes + (values + line - 1) / line * line);
 }
 
-void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
-                    absl::Span<const float> values) {
+char* BeginWeights(SharedRegion* region, int64_t step, Encoding encoding,
+                   int64_t num_values) {
   WeightsHeader* h = HeaderOf(*region, step);
   const uint64_t seq = h->seq.load(std::memory_order_relaxed);
+  DP_CHECK(seq % 2 == 0);  // one writer, one version at a time
   h->seq.store(seq + 1, std::memory_order_relaxed);  // odd: being written
   // The odd counter is visible before any of the writes below.
   std::atomic_thread_fence(std::memory_order_release);
   h->step = step;
   h->encoding = static_cast<uint32_t>(encoding);
-  h->num_values = static_cast<int64_t>(values.size());
-  Encode(encoding, values.data(), static_cast<int64_t>(values.size()),
-         BufferOf(*region, step) + kWeightsHeaderBytes);
-  h->seq.store(seq + 2, std::memory_order_release);
+  h->num_values = num_values;
+  return BufferOf(*region, step) + kWeightsHeaderBytes;
+}
+
+void EndWeights(SharedRegion* region, int64_t step) {
+  WeightsHeader* h = HeaderOf(*region, step);
+  h->seq.store(h->seq.load(std::memory_order_relaxed) + 1,
+               std::memory_order_release);
+}
+
+void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,
+                    absl::Span<const float> values) {
+  const auto n = static_cast<int64_t>(values.size());
+  Encode(encoding, values.data(), n, BeginWeights(region, step, encoding, n));
+  EndWeights(region, step);
 }
 
 absl::StatusOr<SharedWeights> FindWeights(const SharedRegion& region,

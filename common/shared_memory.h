@@ -81,6 +81,13 @@ class SharedRegion {
 // it in place; the sequence counter tells it when something did (a second
 // process of its rank pushing for it, a shard rolled back).
 size_t WeightsRegionBytes(int64_t num_values, Encoding encoding);
+// dp-ps: PublishWeights in two halves, for a writer that makes the values
+// as it writes them (the update): BeginWeights marks the buffer of version
+// `step` as being written and returns where its `num_values` values go,
+// encoded as `encoding`; EndWeights(step) makes them the version.
+char* BeginWeights(SharedRegion* region, int64_t step, Encoding encoding,
+                   int64_t num_values);
+void EndWeights(SharedRegion* region, int64_t step);
 // dp-ps: writes version `step` of every value, encoded as it is written,
 // into its buffer: one pass from dp-ps's parameters, in any encoding.
 void PublishWeights(SharedRegion* region, int64_t step, Encoding encoding,

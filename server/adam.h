@@ -61,12 +61,24 @@ void AverageAndAdamStep(const AdamOptions& options, int64_t t,
 int64_t AddEncodedToSum(Encoding e, const char* bytes, int64_t n, float limit,
                         const float* sum, absl::Span<const float* const> kept,
                         float* out, WorkerPool* pool = nullptr);
+// Where an update also writes the weights it makes, encoded (Encode of
+// the updated params): the workers' copy in shared memory, written in the
+// update's own pass while each block is in L1 - the pass is bound by its
+// divisions, so the copy costs next to nothing there, against a pass of
+// its own over the weights afterwards. Null `out`: no copy.
+struct EncodedCopy {
+  char* out = nullptr;  // n values of `encoding`
+  Encoding encoding = Encoding::kF32;
+};
+
 // AverageAndAdamStep on a sum of `count` gradients (AddEncodedToSum; the
 // micro-batch tree's root, of K micro-batches): the same bits as
-// AverageAndAdamStep on the gradients themselves.
+// AverageAndAdamStep on the gradients themselves, and the updated params
+// encoded into `copy`.
 void AdamStepOnSum(const AdamOptions& options, int64_t t, int64_t total_steps,
                    const float* sum, int count, int64_t n, float* params,
-                   float* m, float* v, WorkerPool* pool = nullptr);
+                   float* m, float* v, WorkerPool* pool = nullptr,
+                   EncodedCopy copy = {});
 
 }  // namespace dp
 

@@ -167,6 +167,13 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       on_weights_collected_(options.on_weights_collected),
       weight_encoding_(coordinator->Status().config.weight_encoding) {
   if (shared_ != nullptr) {
+    // Each version goes into shared memory as the update makes it, not in
+    // a second pass at the first answer.
+    coordinator_->SetUpdateSink(
+        [plane = shared_](int64_t step,
+                          absl::FunctionRef<void(EncodedCopy)> update) {
+          plane->PublishAsMade(step, update);
+        });
     shared_->ServeSteps(
         [this](int rank, uint64_t slot_id, const ChannelRequest& request,
                StepChannels::Answer answer) {
@@ -177,8 +184,12 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
 }
 
 PsService::~PsService() {
-  // The channels' threads call this service.
-  if (shared_ != nullptr) shared_->StopSteps();
+  // The channels' threads call this service; the coordinator may outlive
+  // it and the plane.
+  if (shared_ != nullptr) {
+    shared_->StopSteps();
+    coordinator_->SetUpdateSink(nullptr);
+  }
 }
 
 void PsService::DescribeShard(const CoordinatorStatus& s,

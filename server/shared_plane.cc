@@ -4,6 +4,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -26,10 +27,12 @@ uint64_t NewSlotId() {
 
 SharedPlane::SharedPlane(std::unique_ptr<SharedMemoryOffer> offer,
                          std::unique_ptr<SharedRegion> weights, int world_size,
-                         size_t slot_bytes, Encoding weight_encoding)
+                         int64_t num_values, size_t slot_bytes,
+                         Encoding weight_encoding)
     : offer_(std::move(offer)),
       slot_bytes_(slot_bytes),
       weight_encoding_(weight_encoding),
+      num_values_(num_values),
       weights_(std::move(weights)),
       slots_(world_size) {}
 
@@ -44,7 +47,7 @@ absl::StatusOr<std::unique_ptr<SharedPlane>> SharedPlane::Start(
                            WeightsRegionBytes(num_params, weight_encoding),
                            SharedRegion::Peers::kReadOnly));
   return std::unique_ptr<SharedPlane>(new SharedPlane(
-      std::move(offer), std::move(weights), world_size,
+      std::move(offer), std::move(weights), world_size, num_params,
       static_cast<size_t>(num_params) * BytesPerValue(grad_encoding),
       weight_encoding));
 }
@@ -119,6 +122,30 @@ void SharedPlane::Publish(int64_t step, absl::Span<const float> params) {
   if (step == published_step_) return;
   PublishWeights(weights_.get(), step, weight_encoding_, params);
   published_step_ = step;
+  ++separate_publishes_;
+}
+
+void SharedPlane::PublishAsMade(int64_t step,
+                                absl::FunctionRef<void(EncodedCopy)> make) {
+  absl::MutexLock lock(&mu_);
+  const bool read_here =
+      std::any_of(slots_.begin(), slots_.end(),
+                  [](const GradientSlot& s) { return s.region != nullptr; });
+  if (!read_here) {
+    // The buffer of `step` does not hold it: the next Publish writes it.
+    published_step_ = -1;
+    return make(EncodedCopy{});
+  }
+  make(EncodedCopy{
+      BeginWeights(weights_.get(), step, weight_encoding_, num_values_),
+      weight_encoding_});
+  EndWeights(weights_.get(), step);
+  published_step_ = step;
+}
+
+int64_t SharedPlane::separate_publishes() const {
+  absl::MutexLock lock(&mu_);
+  return separate_publishes_;
 }
 
 }  // namespace dp

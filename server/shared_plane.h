@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/shared_memory.h"
 #include "common/tensor_codec.h"
+#include "server/adam.h"
 #include "server/step_channels.h"
 
 namespace dp {
@@ -58,6 +60,13 @@ class SharedPlane {
   // job's weight encoding as they are written) unless that version is
   // there already.
   void Publish(int64_t step, absl::Span<const float> params);
+  // Version `step` written as it is made: make(copy) must fill copy.out
+  // with every value, encoded as copy.encoding - the update that makes the
+  // version, in its own pass (server/adam.h). A null copy.out while no
+  // worker holds a slot here: nobody would read the weights.
+  void PublishAsMade(int64_t step, absl::FunctionRef<void(EncodedCopy)> make);
+  // The versions Publish wrote in a pass of their own (tests).
+  int64_t separate_publishes() const;
 
  private:
   struct GradientSlot {
@@ -66,14 +75,16 @@ class SharedPlane {
   };
   SharedPlane(std::unique_ptr<SharedMemoryOffer> offer,
               std::unique_ptr<SharedRegion> weights, int world_size,
-              size_t slot_bytes, Encoding weight_encoding);
+              int64_t num_values, size_t slot_bytes, Encoding weight_encoding);
 
   const std::unique_ptr<SharedMemoryOffer> offer_;
   const size_t slot_bytes_;
   const Encoding weight_encoding_;
+  const int64_t num_values_;
   mutable absl::Mutex mu_;
   std::unique_ptr<SharedRegion> weights_ ABSL_GUARDED_BY(mu_);
   int64_t published_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t separate_publishes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<GradientSlot> slots_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<StepChannels> channels_;  // set before the first offer
 };

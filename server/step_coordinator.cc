@@ -367,9 +367,17 @@ std::vector<StepCoordinator::Wake> StepCoordinator::ApplyLocked() {
   const int k = K();
   weights_.BeforeUpdate(state_.params);
   const absl::Time apply_start = absl::Now();
-  AdamStepOnSum(config_.adam, state_.step + 1, TotalStepsLocked(), sums_.root(),
-                k, n_, state_.params.data(), state_.m.data(), state_.v.data(),
-                &pool_);
+  auto update = [&](EncodedCopy copy) {
+    mu_.AssertHeld();
+    AdamStepOnSum(config_.adam, state_.step + 1, TotalStepsLocked(),
+                  sums_.root(), k, n_, state_.params.data(), state_.m.data(),
+                  state_.v.data(), &pool_, copy);
+  };
+  if (update_sink_) {
+    update_sink_(state_.step + 1, update);
+  } else {
+    update(EncodedCopy{});
+  }
   if (update_observer_) update_observer_(absl::Now() - apply_start);
   last_loss_ = sums_.root_loss() / static_cast<float>(k);
   ++state_.step;
@@ -518,6 +526,11 @@ void StepCoordinator::SetUpdateObserver(
     std::function<void(absl::Duration)> observer) {
   absl::MutexLock lock(&mu_);
   update_observer_ = std::move(observer);
+}
+
+void StepCoordinator::SetUpdateSink(UpdateSink sink) {
+  absl::MutexLock lock(&mu_);
+  update_sink_ = std::move(sink);
 }
 
 void StepCoordinator::Fail(const absl::Status& reason) {

@@ -281,6 +281,14 @@ class StepCoordinator {
   // the coordinator's lock: it must be quick and must not call back. For
   // metrics; set it before serving.
   void SetUpdateObserver(std::function<void(absl::Duration)> observer);
+  // Where each update also writes the weights it makes, in its own pass:
+  // the sink is called with the version the update makes and must call
+  // `update` once, with where the weights go (the shared plane's buffer of
+  // that version, in the job's weight encoding) or no copy. Under the
+  // coordinator's lock: it must not call back. Set it before serving.
+  using UpdateSink = std::function<void(
+      int64_t step, absl::FunctionRef<void(EncodedCopy)> update)>;
+  void SetUpdateSink(UpdateSink sink);
 
   TrainingState Snapshot() const;
   CoordinatorStatus Status() const;
@@ -396,6 +404,7 @@ class StepCoordinator {
   StepStats stats_ ABSL_GUARDED_BY(mu_);
   StragglerBackups backups_ ABSL_GUARDED_BY(mu_);
   std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);
+  UpdateSink update_sink_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dp

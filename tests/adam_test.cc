@@ -492,6 +492,43 @@ TEST(AdamTest, FoldingGradientsAsTheyArriveGivesTheSameBits) {
   }
 }
 
+// The copy an update writes as it goes (the workers' weights in shared
+// memory) is the encoding of the params it leaves, every value of them, in
+// either encoding and with a pool or not, and the update is the same bits
+// as without it. 3000 values end within a block.
+TEST(AdamTest, TheCopyWrittenInTheUpdatesPassIsTheEncodedParams) {
+  const int64_t n = 3000;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> sum(n), p0(n), m0(n), v0(n);
+  for (int64_t i = 0; i < n; ++i) {
+    sum[i] = 0.1f * uniform(rng);
+    p0[i] = uniform(rng);
+    m0[i] = 0.01f * uniform(rng);
+    v0[i] = 0.001f * std::fabs(uniform(rng));
+  }
+  auto p = p0, m = m0, v = v0;
+  AdamStepOnSum(AdamOptions(), 3, kTotalSteps, sum.data(), 2, n, p.data(),
+                m.data(), v.data());
+  WorkerPool pool(3);
+  for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
+    for (WorkerPool* with : {static_cast<WorkerPool*>(nullptr), &pool}) {
+      // One byte more than the copy, which must stay as it was.
+      std::string copy(n * BytesPerValue(e) + 1, '\x5a');
+      auto cp = p0, cm = m0, cv = v0;
+      AdamStepOnSum(AdamOptions(), 3, kTotalSteps, sum.data(), 2, n, cp.data(),
+                    cm.data(), cv.data(), with, EncodedCopy{copy.data(), e});
+      EXPECT_EQ(std::memcmp(cp.data(), p.data(), n * 4), 0);
+      EXPECT_EQ(std::memcmp(cm.data(), m.data(), n * 4), 0);
+      EXPECT_EQ(std::memcmp(cv.data(), v.data(), n * 4), 0);
+      const std::string expected = Encoded(e, p);
+      EXPECT_EQ(copy.substr(0, expected.size()), expected)
+          << EncodingName(e) << (with != nullptr ? ", pool" : "");
+      EXPECT_EQ(copy.back(), '\x5a');
+    }
+  }
+}
+
 // dp-ps adds the gradient of the next rank to fold to the rank sum as it
 // reads it from the wire bytes, with the gradients of the ranks after it
 // that came early: the sum must be the bits of decoding it and then adding

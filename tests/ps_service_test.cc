@@ -426,9 +426,9 @@ TEST(PsServiceSharedMemoryTest, WeightsReadInPlaceAreCheckedBeforeAPush) {
 }
 
 // A job whose workers all take the weights through shared memory: each
-// version is written there straight from the params when they travel as
-// float32, with no snapshot between, and through the one snapshot of the
-// version in bf16; either way the worker reads what gRPC would send.
+// version is written there by the update that makes it, encoded as it
+// goes, with no snapshot between and no pass of its own; the worker reads
+// what gRPC would send.
 TEST(PsServiceSharedMemoryTest, WeightsGoToSharedMemoryWithoutASnapshot) {
   for (Encoding e : {Encoding::kF32, Encoding::kBf16}) {
     SCOPED_TRACE(EncodingName(e));
@@ -463,8 +463,11 @@ TEST(PsServiceSharedMemoryTest, WeightsGoToSharedMemoryWithoutASnapshot) {
     Encode(e, params.data(), params.size(), encoded.data());
     Decode(e, encoded.data(), params.size(), expected.data());
     EXPECT_EQ(Flat(shared), expected);
-    // Encoded straight into the region, in either encoding.
+    // Encoded straight into the region, in either encoding: version 0 by
+    // the first pull, and every later one by the update that made it, in
+    // its own pass - none written again at its answer.
     EXPECT_EQ(coordinator.Status().snapshots, 0);
+    EXPECT_EQ(job.ps->shared_plane()->separate_publishes(), 1);
 
     PsClientOptions grpc_options;
     grpc_options.address = job.ps->address();
