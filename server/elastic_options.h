@@ -34,9 +34,10 @@ struct ElasticOptions {
   // read from; a test passes a clock it advances itself (it is called
   // under the coordinator's lock, from any thread).
   std::function<absl::Time()> clock = absl::Now;
-  // The first step this process plans waits this long for every rank
-  // (world_size) to register, then starts with those there (at least
-  // min_workers): workers starting together start together.
+  // The first step this process plans waits this long, from the first
+  // registration, for every rank (world_size) to register, then starts
+  // with those there (at least min_workers): workers starting together
+  // start together, however long after dp-ps they come.
   absl::Duration start_wait = absl::Seconds(30);
   // A rank's lease (--worker_timeout_s): a rank whose connection is open
   // and that made a call within it, or waits in one, is held by its

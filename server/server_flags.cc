@@ -366,9 +366,9 @@ void AddElasticFlags(Flags* flags, ServerFlags* f) {
       .AtLeast(0);
   flags
       ->AddDouble("start_wait_s", &f->start_wait_s,
-                  "the first step waits this long for all --workers to "
-                  "register, then starts with those there (at least "
-                  "--min_workers)")
+                  "the first step waits this long, from the first "
+                  "registration, for all --workers to register, then "
+                  "starts with those there (at least --min_workers)")
       .NotBelow(0.0);
 }
 

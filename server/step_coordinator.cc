@@ -188,6 +188,7 @@ absl::StatusOr<StepCoordinator::Registration> StepCoordinator::RegisterLocked(
   Log("rank %d registered %sat step %d", rank,
       roster_.registered(rank) ? "again " : "", state_.step);
   const uint64_t session = roster_.Register(rank, worker_id, now);
+  if (!first_registration_.has_value()) first_registration_ = elastic_.clock();
   return Registration{config_, state_.step, rank, session};
 }
 
@@ -394,10 +395,13 @@ void StepCoordinator::NewStepLocked() {
 }
 
 std::vector<int> StepCoordinator::TakingPartLocked() const {
-  // The first step waits a while for everyone.
-  const bool hold = !stats_.any_applied() &&
-                    roster_.num_registered() < roster_.world() &&
-                    absl::Now() - started_ < elastic_.start_wait;
+  // The first step waits a while for everyone, counted from the first
+  // registration: however long dp-ps waited for its first worker (an
+  // image pull, a slow start), the others get the whole wait to follow it.
+  const bool hold =
+      !stats_.any_applied() && roster_.num_registered() < roster_.world() &&
+      (!first_registration_.has_value() ||
+       elastic_.clock() - *first_registration_ < elastic_.start_wait);
   return planner_.TakingPart(hold);
 }
 

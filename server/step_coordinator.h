@@ -404,6 +404,9 @@ class StepCoordinator {
   StepStats stats_ ABSL_GUARDED_BY(mu_);
   StragglerBackups backups_ ABSL_GUARDED_BY(mu_);
   std::function<void(absl::Duration)> update_observer_ ABSL_GUARDED_BY(mu_);
+  // When (by elastic_.clock) the first rank registered: the start wait
+  // counts from then.
+  std::optional<absl::Time> first_registration_ ABSL_GUARDED_BY(mu_);
   UpdateSink update_sink_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -278,6 +278,29 @@ TEST(ElasticCoordinatorTest, TheFirstStepWaitsForEveryRankUntilTheStartWait) {
   EXPECT_EQ(d->Pull(0, 0, 0)->block, (Block{0, 2}));
 }
 
+// The start wait counts from the first registration, not from dp-ps's
+// start: workers that come long after dp-ps (a slow image pull, a long
+// import) still start together, and the first to come does not train
+// alone.
+TEST(ElasticCoordinatorTest, TheStartWaitCountsFromTheFirstRegistration) {
+  ManualClock clock;
+  ElasticOptions patient;
+  patient.backup_blocks = 0;
+  patient.start_wait = absl::Seconds(30);
+  patient.clock = [&clock] { return clock.Now(); };
+  auto c = Started(TestJob(2, 2), 0, patient);
+  clock.Advance(absl::Hours(1));  // dp-ps waited an hour for anyone
+  ASSERT_TRUE(RegisterRank(*c, 0).ok());
+  c->CheckLeases(absl::Hours(1));
+  EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty()) << "rank 1 is not there yet";
+  clock.Advance(absl::Seconds(30) - absl::Nanoseconds(1));
+  c->CheckLeases(absl::Hours(1));
+  EXPECT_TRUE(c->Pull(0, 0, 0)->block.empty()) << "still within the wait";
+  clock.Advance(absl::Nanoseconds(1));
+  c->CheckLeases(absl::Hours(1));  // what dp-ps's lease thread calls
+  EXPECT_EQ(c->Pull(0, 0, 0)->block, (Block{0, 2})) << "the wait is over";
+}
+
 // A push while the step waits for ranks counts (any node does), and
 // planning the step when the last rank registers keeps it.
 TEST(ElasticCoordinatorTest, PlanningTheStepKeepsWhatIsIn) {
