@@ -5,13 +5,17 @@
 // request, not once more for each answer.
 #include "server/step_channels.h"
 
+#include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <climits>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -158,6 +162,73 @@ TEST(StepChannelsTest, APageThreadSleepsOncePerRequest) {
   // make it 2 each).
   EXPECT_LT(sleeps, kRequests * 3 / 2) << "sleeps of the page thread";
   EXPECT_GE(sleeps, kRequests - 1);
+}
+
+// A worker that posts its next request before reading the answer to the
+// last (only a broken or hostile one does) has it handed on only once the
+// last is answered, and that answer still reaches the wait for the last:
+// dp-ps never holds two requests of one page.
+TEST(StepChannelsTest, ARequestPostedBeforeTheLastAnswerWaitsForIt) {
+  absl::Mutex mu;
+  std::vector<StepChannels::Answer> held;  // under mu
+  pid_t page_thread = 0;                   // under mu
+  StepChannels channels(
+      [&](int, uint64_t, const ChannelRequest&, StepChannels::Answer answer) {
+        absl::MutexLock lock(&mu);
+        page_thread = static_cast<pid_t>(syscall(SYS_gettid));
+        held.push_back(std::move(answer));
+      },
+      ChannelSpin{});
+  absl::StatusOr<int> fd = channels.Open(0, 7);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  auto page = SharedRegion::Map(*fd, kStepChannelBytes, /*writable=*/true);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ChannelClient client(page->get());
+  ChannelRequest request;
+  request.step = 1;
+  EXPECT_EQ(client.Call(request, absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);  // posted, not answered
+  // Waits until the handler has had `n` requests.
+  struct Handed {
+    const std::vector<StepChannels::Answer>* held;
+    size_t n;
+    bool Enough() const { return held->size() >= n; }
+  };
+  auto handed = [&](size_t n) {
+    absl::MutexLock lock(&mu);
+    const Handed h{&held, n};
+    mu.Await(absl::Condition(&h, &Handed::Enough));
+  };
+  handed(1);
+  // The request word moves again without a look at the answer (the page's
+  // first word), and dp-ps is woken.
+  auto* word = reinterpret_cast<std::atomic<uint32_t>*>((*page)->data());
+  word->fetch_add(1);
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  while (channels.served() < 2) std::this_thread::yield();
+  pid_t tid = 0;
+  {
+    absl::MutexLock lock(&mu);
+    tid = page_thread;
+  }
+  AwaitAsleep(tid);  // read, and waiting for the first answer
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(held.size(), 1u) << "two requests of one page in dp-ps";
+  }
+  StepChannels::Answer first;
+  {
+    absl::MutexLock lock(&mu);
+    first = held[0];
+  }
+  ChannelResponse response;
+  response.step = 2;
+  first(response);
+  // The client's retry of its request meets the answer to it.
+  absl::StatusOr<ChannelResponse> got = client.Call(request, absl::Minutes(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->step, 2);
+  handed(2);  // and only now the second request
 }
 
 }  // namespace
