@@ -292,6 +292,12 @@ bool IsMovedUnderRead(const absl::Status& status) {
   return status.GetPayload(kMovedUrl).has_value();
 }
 
+absl::Status MarkedMovedUnderRead(const absl::Status& status) {
+  absl::Status s = status;
+  s.SetPayload(kMovedUrl, absl::Cord());
+  return s;
+}
+
 bool StillHolds(const SharedRegion& region, const SharedWeights& found) {
   // Every read of the values before the fence happened before this load.
   std::atomic_thread_fence(std::memory_order_acquire);

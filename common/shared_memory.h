@@ -118,6 +118,10 @@ bool StillHolds(const SharedRegion& region, const SharedWeights& found);
 // version it asks for. An ABORTED from dp-ps itself (a shard behind, a
 // rollback) says nothing of the kind: reading again meets it again.
 bool IsMovedUnderRead(const absl::Status& status);
+// `status` with the same mark: another ABORTED that reading again mends (a
+// follower shard no longer holding the version shard 0 gave a moment
+// before, because the job moved on in between: worker/ps_group.cc).
+absl::Status MarkedMovedUnderRead(const absl::Status& status);
 // A worker: version `step` decoded to float32 into `out` (its size is the
 // number of values), as FindWeights finds it; a read that a publish
 // overtook is read again.

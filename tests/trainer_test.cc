@@ -2,6 +2,7 @@
 // what it computes and sends per step when it has to wait.
 #include "worker/trainer.h"
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -113,13 +114,16 @@ struct ShardedRun {
   std::vector<TrainingState> shards;
 };
 
-// `before_call` runs on shard 0 as each of its calls arrives. The tensors
-// travel through shared memory (and the steps through its step channels)
-// when `shm`.
+// The coordinators of the two shards, by shard.
+using TwoShards = std::array<StepCoordinator*, 2>;
+
+// `before_call` runs on a shard as each of its calls arrives, with the
+// shard's index. The tensors travel through shared memory (and the steps
+// through its step channels) when `shm`.
 ShardedRun RunOnTwoShards(
-    bool shm,
-    std::function<void(StepCoordinator& shard0, const std::string& method)>
-        before_call) {
+    bool shm, std::function<void(int shard, const std::string& method,
+                                 const TwoShards& shards)>
+                  before_call) {
   std::unique_ptr<InProcessPs> ps[2];
   for (int k : {1, 0}) {
     InProcessPsOptions o;
@@ -128,9 +132,10 @@ ShardedRun RunOnTwoShards(
     o.shard = k;
     o.shards = 2;
     o.shared_memory = shm;
-    if (k == 0 && before_call) {
-      o.before_call = [&ps, before_call](const std::string& method) {
-        before_call(ps[0]->coordinator(), method);
+    if (before_call) {
+      o.before_call = [&ps, before_call, k](const std::string& method) {
+        before_call(k, method,
+                    TwoShards{&ps[0]->coordinator(), &ps[1]->coordinator()});
       };
     }
     auto started = InProcessPs::Start(o);
@@ -165,22 +170,22 @@ TEST_P(TrainerShardTest,
   int reference_pulls = 0;
   const ShardedRun reference = RunOnTwoShards(
       GetParam(),
-      [&reference_pulls](StepCoordinator&, const std::string& method) {
-        if (absl::EndsWith(method, "/Pull")) ++reference_pulls;
+      [&reference_pulls](int k, const std::string& method, const TwoShards&) {
+        if (k == 0 && absl::EndsWith(method, "/Pull")) ++reference_pulls;
       });
   ASSERT_TRUE(reference.status.ok()) << reference.status;
   bool moved = false;
   int pulls = 0;
   const ShardedRun run = RunOnTwoShards(
-      GetParam(),
-      [&moved, &pulls](StepCoordinator& shard0, const std::string& method) {
-        if (!absl::EndsWith(method, "/Pull")) return;
+      GetParam(), [&moved, &pulls](int k, const std::string& method,
+                                   const TwoShards& shards) {
+        if (k != 0 || !absl::EndsWith(method, "/Pull")) return;
         ++pulls;
         if (moved) return;
         moved = true;
-        auto pushed = PushGradient(shard0, 0, 0);
+        auto pushed = PushGradient(*shards[0], 0, 0);
         EXPECT_TRUE(pushed.ok()) << pushed.status();
-        EXPECT_EQ(shard0.Status().step, 1);
+        EXPECT_EQ(shards[0]->Status().step, 1);
       });
   EXPECT_TRUE(moved);
   // The versions the shards answered with differ: pulling again changes
@@ -194,6 +199,80 @@ TEST_P(TrainerShardTest,
     EXPECT_TRUE(run.shards[k].params == reference.shards[k].params)
         << "shard " << k << " differs from the undisturbed job";
   }
+}
+
+// The job moves on two steps between the worker's pull of shard 0 and its
+// pull of shard 1 (as when its block was backed up and the others run on
+// without it): shard 1 no longer holds the version shard 0 gave. That is
+// no shard behind: the worker pulls again and goes on, without
+// registering again and without rolling any shard back.
+TEST_P(TrainerShardTest, AJobMovingOnBetweenTheShardsPullsIsPulledAgain) {
+  bool moved = false;
+  int registrations = 0, rollbacks = 0;
+  const ShardedRun run = RunOnTwoShards(
+      GetParam(),
+      [&](int k, const std::string& method, const TwoShards& shards) {
+        if (absl::EndsWith(method, "/Register")) registrations += k == 0;
+        if (absl::EndsWith(method, "/Rollback")) ++rollbacks;
+        if (k != 1 || !absl::EndsWith(method, "/Pull") || moved) return;
+        const int64_t at = shards[0]->Status().step;
+        if (shards[1]->Status().step != at) return;
+        moved = true;
+        // Followers first, as workers push.
+        for (int64_t step : {at, at + 1}) {
+          for (StepCoordinator* c : {shards[1], shards[0]}) {
+            auto pushed = PushGradient(*c, 0, step);
+            EXPECT_TRUE(pushed.ok()) << pushed.status();
+          }
+        }
+      });
+  EXPECT_TRUE(moved);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(registrations, 1) << "the worker registered again";
+  EXPECT_EQ(rollbacks, 0);
+  ASSERT_EQ(run.shards.size(), 2u);
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(run.shards[k].step, 5) << k;
+}
+
+// The job moves on between a join's registration with shard 0 and its
+// registration with shard 1, far enough that the two answer steps two
+// apart. They were asked one after the other, not found apart: the worker
+// joins at the newest version and rolls nothing back (a rollback would
+// throw away the steps in between; to step 0 without a checkpoint). The
+// join is forced as in the test above: shard 0 takes a push shard 1 never
+// saw, and the worker's first pull finds them apart.
+TEST_P(TrainerShardTest, AJobMovingOnBetweenTheShardsRegistrationsIsJoined) {
+  bool parted = false, moved = false;
+  int rollbacks = 0, registrations = 0;
+  const ShardedRun run = RunOnTwoShards(
+      GetParam(),
+      [&](int k, const std::string& method, const TwoShards& shards) {
+        if (absl::EndsWith(method, "/Rollback")) ++rollbacks;
+        if (k == 0 && absl::EndsWith(method, "/Pull") && !parted) {
+          parted = true;
+          auto pushed = PushGradient(*shards[0], 0, 0);
+          EXPECT_TRUE(pushed.ok()) << pushed.status();
+        }
+        if (k != 1 || !absl::EndsWith(method, "/Register")) return;
+        if (++registrations != 2 || moved) return;
+        // The join: shard 0 answered step 1; shard 1, still at 0, takes
+        // step 0 and both run on to step 3 before it answers.
+        moved = true;
+        ASSERT_EQ(shards[0]->Status().step, 1);
+        ASSERT_EQ(shards[1]->Status().step, 0);
+        EXPECT_TRUE(PushGradient(*shards[1], 0, 0).ok());
+        for (int64_t step : {1, 2}) {
+          for (StepCoordinator* c : {shards[1], shards[0]}) {
+            auto pushed = PushGradient(*c, 0, step);
+            EXPECT_TRUE(pushed.ok()) << pushed.status();
+          }
+        }
+      });
+  EXPECT_TRUE(moved);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(rollbacks, 0) << "shards seen apart were rolled back";
+  ASSERT_EQ(run.shards.size(), 2u);
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(run.shards[k].step, 5) << k;
 }
 
 INSTANTIATE_TEST_SUITE_P(DataPlanes, TrainerShardTest, testing::Bool(),

@@ -18,6 +18,7 @@
 #include "common/job_failure.h"
 #include "common/log.h"
 #include "common/model_layout.h"
+#include "common/shared_memory.h"
 #include "common/status_macros.h"
 #include "worker/backend.h"
 
@@ -278,6 +279,20 @@ absl::StatusOr<JoinPlan> PlanJoin(const std::vector<JobStatus>& all) {
 
 }  // namespace
 
+bool PsGroup::MovedWhileRegistering(const std::vector<JobStatus>& all) {
+  // Shard 0 is asked first. A follower is never behind shard 0 and never
+  // more than a step ahead of it at any one time, so followers that
+  // answered later at or after its step, with shard 0 past the step it
+  // answered now, are a job that moved on meanwhile - not a shard that
+  // restarted behind the others (that one is behind shard 0, or shard 0
+  // is, and stays there: the job cannot move without it).
+  for (const JobStatus& s : all) {
+    if (s.step < all[0].step) return false;
+  }
+  absl::StatusOr<JobStatus> leader = shard(0).GetStatus();
+  return leader.ok() && leader->step > all[0].step;
+}
+
 absl::Status PsGroup::RollBack(const std::vector<JobStatus>& all,
                                int64_t target) {
   return ForEachShard([&](int k) -> absl::Status {
@@ -339,7 +354,12 @@ absl::StatusOr<JobStatus> PsGroup::Register(const RegistrationRequest& wanted) {
     // Backoff: another worker may be rolling the same shards back.
     absl::SleepFor(absl::Milliseconds(10) * round);
     RETURN_IF_ERROR(StandBy(attempt, give_up).status());
-    ASSIGN_OR_RETURN(const JoinPlan plan, PlanJoin(all));
+    ASSIGN_OR_RETURN(JoinPlan plan, PlanJoin(all));
+    if (!plan.join && MovedWhileRegistering(all)) {
+      // The shards were asked one after another while the job ran on:
+      // they are together, only seen apart. Join at the newest version.
+      plan = JoinPlan{true, all[0].step, std::nullopt};
+    }
     if (plan.join) {
       join_version_ = plan.version;
       JobStatus joined = all[0];
@@ -442,9 +462,19 @@ absl::Status PsGroup::PullFollowers(int rank, int64_t version,
                                     absl::Span<float> all,
                                     std::vector<Received>* received) {
   if (shards() == 1) return absl::OkStatus();
-  return ForEachShard(
+  absl::Status s = ForEachShard(
       [&](int k) { return shard(k).Pull(rank, version, all, &(*received)[k]); },
       /*with_leader=*/false);
+  if (s.code() != absl::StatusCode::kAborted || IsMovedUnderRead(s)) return s;
+  // A follower that no longer holds the version shard 0 gave a moment ago
+  // was not behind: the job moved on in between (it does not wait for a
+  // worker whose block was backed up), and shard 0 has moved too, since a
+  // follower is never more than a step ahead of it. The version is merely
+  // gone, as one rewritten under a read is, and pulling again gets the
+  // newest; a shard behind the others stays the join's to mend.
+  absl::StatusOr<JobStatus> leader = shard(0).GetStatus();
+  if (leader.ok() && leader->step > version) return MarkedMovedUnderRead(s);
+  return s;
 }
 
 absl::Status PsGroup::PushToFollowers(const Gradient& gradient,

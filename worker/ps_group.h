@@ -90,6 +90,9 @@ class PsGroup {
   // The push to every shard but 0 (none for an idle one).
   absl::Status PushToFollowers(const Gradient& gradient,
                                std::vector<int64_t>* sent);
+  // Whether shards that registration found apart (`all`, by shard) were
+  // only seen apart: the job moved on while they were asked in turn.
+  bool MovedWhileRegistering(const std::vector<JobStatus>& all);
   // One round of Register: the statuses by shard index (`leader`: the
   // answer shard(0) gave already, not asked again).
   absl::StatusOr<std::vector<JobStatus>> RegisterAll(
