@@ -12,11 +12,13 @@
 #include <atomic>
 #include <climits>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -97,27 +99,65 @@ TEST(StepChannelsTest, AwaitAnsweredWaitsForTheAnswerOfARequestRead) {
   EXPECT_EQ(got->message, "the job failed: test");
 }
 
+// Rank 0's page of a StepChannels whose handler keeps every request's
+// answer for the test to give, mapped as its worker maps it.
+class HeldAnswers {
+ public:
+  HeldAnswers()
+      : channels_(
+            [this](int, uint64_t, const ChannelRequest&,
+                   StepChannels::Answer answer) {
+              absl::MutexLock lock(&mu_);
+              page_thread_ = static_cast<pid_t>(syscall(SYS_gettid));
+              held_.push_back(std::move(answer));
+            },
+            ChannelSpin{}) {
+    absl::StatusOr<int> fd = channels_.Open(0, 7);
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    auto page = SharedRegion::Map(*fd, kStepChannelBytes, /*writable=*/true);
+    EXPECT_TRUE(page.ok()) << page.status();
+    page_ = *std::move(page);
+  }
+  SharedRegion* page() { return page_.get(); }
+  const StepChannels& channels() const { return channels_; }
+
+  // Waits until `n` requests were handed on; the answer of the n-th.
+  StepChannels::Answer Handed(size_t n) {
+    absl::MutexLock lock(&mu_);
+    const Count count{&held_, n};
+    mu_.Await(absl::Condition(&count, &Count::Enough));
+    return held_[n - 1];
+  }
+  // The thread that handed the requests on (once one was).
+  pid_t page_thread() {
+    absl::MutexLock lock(&mu_);
+    return page_thread_;
+  }
+  size_t handed() {
+    absl::MutexLock lock(&mu_);
+    return held_.size();
+  }
+
+ private:
+  struct Count {
+    const std::vector<StepChannels::Answer>* held;
+    size_t n;
+    bool Enough() const { return held->size() >= n; }
+  };
+  absl::Mutex mu_;
+  std::vector<StepChannels::Answer> held_ ABSL_GUARDED_BY(mu_);
+  pid_t page_thread_ ABSL_GUARDED_BY(mu_) = 0;
+  StepChannels channels_;  // after what its handler uses: stopped first
+  std::unique_ptr<SharedRegion> page_;
+};
+
 // A step's answer comes from another thread (the one that applied the
 // update). The page's thread then already sleeps on the page for the next
 // request: the answer must not wake it a second time per request, a
 // hand-off that costs dp-ps's cores a switch per rank per step.
 TEST(StepChannelsTest, APageThreadSleepsOncePerRequest) {
-  absl::Mutex mu;
-  StepChannels::Answer held;  // under mu
-  pid_t page_thread = 0;      // under mu
-  StepChannels channels(
-      [&](int, uint64_t, const ChannelRequest&, StepChannels::Answer answer) {
-        absl::MutexLock lock(&mu);
-        page_thread = static_cast<pid_t>(syscall(SYS_gettid));
-        held = std::move(answer);
-      },
-      ChannelSpin{});
-  absl::StatusOr<int> fd = channels.Open(0, 7);
-  ASSERT_TRUE(fd.ok()) << fd.status();
-  auto page = SharedRegion::Map(*fd, kStepChannelBytes, /*writable=*/true);
-  ASSERT_TRUE(page.ok()) << page.status();
-  ChannelClient client(page->get());
-
+  HeldAnswers page;
+  ChannelClient client(page.page());
   constexpr int kRequests = 100;
   int64_t before = 0;
   pid_t tid = 0;
@@ -132,22 +172,12 @@ TEST(StepChannelsTest, APageThreadSleepsOncePerRequest) {
       request.step = i;
       got = client.Call(request, absl::Minutes(5));
     });
-    {
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(
-          +[](StepChannels::Answer* a) { return static_cast<bool>(*a); },
-          &held));
-      if (tid == 0) {
-        tid = page_thread;
-        before = VoluntarySwitches(tid);
-      }
+    StepChannels::Answer answer = page.Handed(i + 1);
+    if (tid == 0) {
+      tid = page.page_thread();
+      before = VoluntarySwitches(tid);
     }
     AwaitAsleep(tid);
-    StepChannels::Answer answer;
-    {
-      absl::MutexLock lock(&mu);
-      answer = std::exchange(held, nullptr);
-    }
     ChannelResponse response;
     response.step = i + 1;
     answer(response);
@@ -169,58 +199,21 @@ TEST(StepChannelsTest, APageThreadSleepsOncePerRequest) {
 // last is answered, and that answer still reaches the wait for the last:
 // dp-ps never holds two requests of one page.
 TEST(StepChannelsTest, ARequestPostedBeforeTheLastAnswerWaitsForIt) {
-  absl::Mutex mu;
-  std::vector<StepChannels::Answer> held;  // under mu
-  pid_t page_thread = 0;                   // under mu
-  StepChannels channels(
-      [&](int, uint64_t, const ChannelRequest&, StepChannels::Answer answer) {
-        absl::MutexLock lock(&mu);
-        page_thread = static_cast<pid_t>(syscall(SYS_gettid));
-        held.push_back(std::move(answer));
-      },
-      ChannelSpin{});
-  absl::StatusOr<int> fd = channels.Open(0, 7);
-  ASSERT_TRUE(fd.ok()) << fd.status();
-  auto page = SharedRegion::Map(*fd, kStepChannelBytes, /*writable=*/true);
-  ASSERT_TRUE(page.ok()) << page.status();
-  ChannelClient client(page->get());
+  HeldAnswers page;
+  ChannelClient client(page.page());
   ChannelRequest request;
   request.step = 1;
   EXPECT_EQ(client.Call(request, absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);  // posted, not answered
-  // Waits until the handler has had `n` requests.
-  struct Handed {
-    const std::vector<StepChannels::Answer>* held;
-    size_t n;
-    bool Enough() const { return held->size() >= n; }
-  };
-  auto handed = [&](size_t n) {
-    absl::MutexLock lock(&mu);
-    const Handed h{&held, n};
-    mu.Await(absl::Condition(&h, &Handed::Enough));
-  };
-  handed(1);
+  StepChannels::Answer first = page.Handed(1);
   // The request word moves again without a look at the answer (the page's
   // first word), and dp-ps is woken.
-  auto* word = reinterpret_cast<std::atomic<uint32_t>*>((*page)->data());
+  auto* word = reinterpret_cast<std::atomic<uint32_t>*>(page.page()->data());
   word->fetch_add(1);
   syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-  while (channels.served() < 2) std::this_thread::yield();
-  pid_t tid = 0;
-  {
-    absl::MutexLock lock(&mu);
-    tid = page_thread;
-  }
-  AwaitAsleep(tid);  // read, and waiting for the first answer
-  {
-    absl::MutexLock lock(&mu);
-    EXPECT_EQ(held.size(), 1u) << "two requests of one page in dp-ps";
-  }
-  StepChannels::Answer first;
-  {
-    absl::MutexLock lock(&mu);
-    first = held[0];
-  }
+  while (page.channels().served() < 2) std::this_thread::yield();
+  AwaitAsleep(page.page_thread());  // read, and waiting for the first answer
+  EXPECT_EQ(page.handed(), 1u) << "two requests of one page in dp-ps";
   ChannelResponse response;
   response.step = 2;
   first(response);
@@ -228,7 +221,7 @@ TEST(StepChannelsTest, ARequestPostedBeforeTheLastAnswerWaitsForIt) {
   absl::StatusOr<ChannelResponse> got = client.Call(request, absl::Minutes(5));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->step, 2);
-  handed(2);  // and only now the second request
+  page.Handed(2);  // and only now the second request
 }
 
 }  // namespace
