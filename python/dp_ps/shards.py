@@ -172,6 +172,10 @@ class ShardGroup:
             time.sleep(0.01 * round_)  # another worker may be rolling back too
             all_ = self._stand_by(request, give_up)
             join, step, version = plan_join(all_)
+            if not join and self._moved_while_registering(all_):
+                # Asked one after another while the job ran on: the shards
+                # are together, only seen apart. Join at the newest version.
+                join, step, version = True, all_[0].step, None
             if join:
                 self._join_version = version
                 return all_[0], step
@@ -185,6 +189,23 @@ class ShardGroup:
                 if getattr(e, "code", None) != grpc.StatusCode.ABORTED:
                     raise
         raise errors.WorkerFailure(f"the shards did not settle on one step in {MAX_JOIN_ROUNDS} rounds")
+
+    def _moved_while_registering(self, shards):
+        """Whether shards a registration found apart were only seen apart,
+        as dp-worker decides it: shard 0 is asked first, and no follower is
+        behind it or more than a step ahead of it at any one time, so
+        followers at or past its step with shard 0 since past the step it
+        answered are a job that moved on meanwhile, not a shard restarted
+        behind the others (which stays behind: the job cannot move)."""
+        if any(s.step < shards[0].step for s in shards):
+            return False
+        return self._leader_past(shards[0].step)
+
+    def _leader_past(self, step):
+        try:
+            return self.shard(0).call("GetStatus", dp_pb2.GetStatusRequest()).step > step
+        except errors.DpError:
+            return False
 
     def pull(self, rank, flat):
         """The newest weights (the join's version once) into `flat`: the
@@ -210,7 +231,16 @@ class ShardGroup:
                 raise e
             self._write(k, r, flat)
             return r.ByteSize()
-        self.wire_bytes[1] += sum(self._each(pull, list(range(1, len(self.clients)))))
+        try:
+            self.wire_bytes[1] += sum(self._each(pull, list(range(1, len(self.clients)))))
+        except errors.DpError as e:
+            # A follower without the version shard 0 gave a moment ago, with
+            # shard 0 past it now: the job moved on in between, and pulling
+            # again gets the newest (moved_on); a shard behind stays the
+            # join's to mend.
+            if getattr(e, "code", None) == grpc.StatusCode.ABORTED and self._leader_past(version):
+                e.moved_on = True
+            raise
 
     def _write(self, k, response, flat):
         offset, length = self.ranges[k]

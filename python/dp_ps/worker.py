@@ -100,7 +100,7 @@ class Worker:
         for _ in range(MAX_RESYNCS_IN_A_ROW):
             self._register()
             try:
-                self._adopt(self._group.pull(self.rank, self._flat))
+                self._adopt(self._pull_newest())
                 return
             except errors.DpError as e:
                 if getattr(e, "code", None) != grpc.StatusCode.ABORTED:
@@ -209,7 +209,7 @@ class Worker:
             print(f"rank {self.rank}: moving on from step {self.step}: {why or 'another version came'}",
                   flush=True)
             try:
-                self._adopt(self._group.pull(self.rank, self._flat))
+                self._adopt(self._pull_newest())
                 return
             except errors.DpError as e:
                 if getattr(e, "code", None) not in (grpc.StatusCode.ABORTED,
@@ -218,6 +218,18 @@ class Worker:
                 why = e
         print(f"rank {self.rank}: re-joining at step {self.step}: {why}", flush=True)
         self.join()
+
+    def _pull_newest(self):
+        """The newest weights, pulled again while the job moves on between
+        the shards' answers (the shards then are not apart)."""
+        for _ in range(MAX_RESYNCS_IN_A_ROW):
+            try:
+                return self._group.pull(self.rank, self._flat)
+            except errors.DpError as e:
+                if not getattr(e, "moved_on", False):
+                    raise
+                last = e
+        raise last
 
     def _adopt(self, answer):
         self.step = answer.step

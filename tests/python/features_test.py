@@ -6,7 +6,8 @@ model (matched by name); a module with BatchNorm's buffers is refused
 job's (another data_id: DataMismatch, exit 2); a worker without dp-ps's
 token or with a wrong one (Unauthenticated, exit 2), while one with the
 token trains; a worker whose shards part between its registration and
-its pull registers again.
+its pull registers again, and one that sees them apart only because the
+job moved on while it asked them rolls nothing back.
 
 Usage: features_test.py --ps BIN --worker BIN --source_dir DIR
 """
@@ -116,6 +117,70 @@ def join_race(checks, a, d):
             p.wait(60)
 
 
+def join_skew(checks, a, d):
+    """The job moves on two steps between a join's registration with shard 0
+    and its registration with shard 1, so the two answer steps two apart:
+    they were asked one after another, not found apart, and the worker
+    joins at the newest version instead of rolling the shards back (to step
+    0, throwing the steps away)."""
+    procs, addresses = harness.start_shards(a.ps, ["--workers=1", "--max_steps=6", "--batch_size=16"], 2,
+                                            "join skew")
+    try:
+        if addresses is None:
+            checks.check(False, "two dp-ps shards start")
+            return
+        worker = dp_ps.Worker(",".join(addresses), models.make("mlp", "784,256,128,10"), dp_ps.IdxDataset(),
+                              rank=0, data_plane="grpc", retry_for_s=60)
+        worker.join()  # at step 0 on both: the shards' ranges are known
+        group = worker._group
+
+        def move_on_two_steps(first):
+            for step in (first, first + 1):
+                for k in (1, 0):  # followers first, as workers push
+                    offset, length = group.ranges[k]
+                    group.shard(k).call("Push", dp_pb2.PushRequest(
+                        rank=0, step=step, offset=offset, gradient=bytes(4 * length), loss=1.0,
+                        num_samples=16, block=dp_pb2.Block(first=0, count=1)))
+
+        def once(name, before):
+            original = getattr(group, name)
+
+            def hooked(*args):
+                setattr(group, name, original)
+                before()
+                return original(*args)
+            setattr(group, name, hooked)
+
+        def join(at, what):
+            output = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(output):
+                    worker.join()
+                failure = None
+            except dp_ps.errors.DpError as e:
+                failure = e
+            steps = [harness.status(address).step for address in addresses]
+            out = output.getvalue()
+            checks.check(failure is None and worker.step == at and steps == [at, at]
+                         and "rolling them back" not in out and "registering again" not in out,
+                         f"{what}: joined at step {worker.step} with the shards at {steps} ({failure}; "
+                         f"{out.strip()})")
+
+        # Between the registrations: shard 0 answered 0, shard 1 answers 2.
+        once("_register_all", lambda: move_on_two_steps(0))
+        join(2, "shards seen two steps apart while the job moved on are joined at the newest version, "
+                "not rolled back")
+        # Between the pulls: shard 1 no longer holds the version shard 0 gave.
+        once("_pull_followers", lambda: move_on_two_steps(2))
+        join(4, "a version gone from shard 1 because the job moved on after shard 0 gave it is pulled "
+                "again, without registering again")
+        worker.close()
+    finally:
+        for p in procs:
+            p.p.kill()
+            p.wait(60)
+
+
 def main():
     a = harness.args()
     checks = harness.Checks()
@@ -123,6 +188,7 @@ def main():
         buffers_refused(checks, d)
         any_tensor_order(checks, a, d)
         join_race(checks, a, d)
+        join_skew(checks, a, d)
         job = ["--workers=2", "--max_steps=100000", "--batch_size=16"]
         refused(checks, a.ps, job, ["--data_id", "set-a"], ["--data_id", "set-b"], "DataMismatch")
         token = os.path.join(d, "token")
