@@ -201,6 +201,17 @@ TEST_P(TrainerShardTest,
   }
 }
 
+// Rank 0's gradients of steps [first, last] to both shards, shard 1 first,
+// as workers push: the job moves on without the worker under test.
+void PushSteps(const TwoShards& shards, int64_t first, int64_t last) {
+  for (int64_t step = first; step <= last; ++step) {
+    for (StepCoordinator* c : {shards[1], shards[0]}) {
+      auto pushed = PushGradient(*c, 0, step);
+      EXPECT_TRUE(pushed.ok()) << pushed.status();
+    }
+  }
+}
+
 // The job moves on two steps between the worker's pull of shard 0 and its
 // pull of shard 1 (as when its block was backed up and the others run on
 // without it): shard 1 no longer holds the version shard 0 gave. That is
@@ -218,13 +229,7 @@ TEST_P(TrainerShardTest, AJobMovingOnBetweenTheShardsPullsIsPulledAgain) {
         const int64_t at = shards[0]->Status().step;
         if (shards[1]->Status().step != at) return;
         moved = true;
-        // Followers first, as workers push.
-        for (int64_t step : {at, at + 1}) {
-          for (StepCoordinator* c : {shards[1], shards[0]}) {
-            auto pushed = PushGradient(*c, 0, step);
-            EXPECT_TRUE(pushed.ok()) << pushed.status();
-          }
-        }
+        PushSteps(shards, at, at + 1);
       });
   EXPECT_TRUE(moved);
   ASSERT_TRUE(run.status.ok()) << run.status;
@@ -261,12 +266,7 @@ TEST_P(TrainerShardTest, AJobMovingOnBetweenTheShardsRegistrationsIsJoined) {
         ASSERT_EQ(shards[0]->Status().step, 1);
         ASSERT_EQ(shards[1]->Status().step, 0);
         EXPECT_TRUE(PushGradient(*shards[1], 0, 0).ok());
-        for (int64_t step : {1, 2}) {
-          for (StepCoordinator* c : {shards[1], shards[0]}) {
-            auto pushed = PushGradient(*c, 0, step);
-            EXPECT_TRUE(pushed.ok()) << pushed.status();
-          }
-        }
+        PushSteps(shards, 1, 2);
       });
   EXPECT_TRUE(moved);
   ASSERT_TRUE(run.status.ok()) << run.status;

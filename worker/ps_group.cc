@@ -289,8 +289,12 @@ bool PsGroup::MovedWhileRegistering(const std::vector<JobStatus>& all) {
   for (const JobStatus& s : all) {
     if (s.step < all[0].step) return false;
   }
+  return LeaderPast(all[0].step);
+}
+
+bool PsGroup::LeaderPast(int64_t step) {
   absl::StatusOr<JobStatus> leader = shard(0).GetStatus();
-  return leader.ok() && leader->step > all[0].step;
+  return leader.ok() && leader->step > step;
 }
 
 absl::Status PsGroup::RollBack(const std::vector<JobStatus>& all,
@@ -472,9 +476,7 @@ absl::Status PsGroup::PullFollowers(int rank, int64_t version,
   // follower is never more than a step ahead of it. The version is merely
   // gone, as one rewritten under a read is, and pulling again gets the
   // newest; a shard behind the others stays the join's to mend.
-  absl::StatusOr<JobStatus> leader = shard(0).GetStatus();
-  if (leader.ok() && leader->step > version) return MarkedMovedUnderRead(s);
-  return s;
+  return LeaderPast(version) ? MarkedMovedUnderRead(s) : s;
 }
 
 absl::Status PsGroup::PushToFollowers(const Gradient& gradient,

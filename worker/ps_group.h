@@ -93,6 +93,8 @@ class PsGroup {
   // Whether shards that registration found apart (`all`, by shard) were
   // only seen apart: the job moved on while they were asked in turn.
   bool MovedWhileRegistering(const std::vector<JobStatus>& all);
+  // Shard 0, asked now, is past `step` (false if it does not answer).
+  bool LeaderPast(int64_t step);
   // One round of Register: the statuses by shard index (`leader`: the
   // answer shard(0) gave already, not asked again).
   absl::StatusOr<std::vector<JobStatus>> RegisterAll(
