@@ -73,48 +73,77 @@ def any_tensor_order(checks, a, d):
     checks.check(all(ends), f"dp-ps hears the end from rank 0 without a test set ({ends})")
 
 
+@contextlib.contextmanager
+def two_shard_worker(checks, a, name):
+    """A one-rank job on two dp-ps shards and its Python worker (over gRPC),
+    or (None, None) when the shards do not start; killed afterwards."""
+    procs, addresses = harness.start_shards(a.ps, ["--workers=1", "--max_steps=6", "--batch_size=16"], 2,
+                                            name)
+    try:
+        if addresses is None:
+            checks.check(False, "two dp-ps shards start")
+            yield None, None
+            return
+        worker = dp_ps.Worker(",".join(addresses), models.make("mlp", "784,256,128,10"), dp_ps.IdxDataset(),
+                              rank=0, data_plane="grpc", retry_for_s=60)
+        try:
+            yield worker, addresses
+        finally:
+            worker.close()
+    finally:
+        for p in procs:
+            p.p.kill()
+            p.wait(60)
+
+
+def push_step(group, k, step):
+    """Rank 0's (zero) gradient of `step` to shard k, past the worker."""
+    offset, length = group.ranges[k]
+    group.shard(k).call("Push", dp_pb2.PushRequest(
+        rank=0, step=step, offset=offset, gradient=bytes(4 * length), loss=1.0, num_samples=16,
+        block=dp_pb2.Block(first=0, count=1)))
+
+
+def before_once(group, name, before):
+    """The group's method `name` calls before() first, the next time only."""
+    original = getattr(group, name)
+
+    def hooked(*args):
+        setattr(group, name, original)
+        before()
+        return original(*args)
+    setattr(group, name, hooked)
+
+
+def join(worker, addresses):
+    """worker.join(): (its failure or None, what it printed, the shards'
+    steps after it)."""
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output):
+            worker.join()
+        failure = None
+    except dp_ps.errors.DpError as e:
+        failure = e
+    return failure, output.getvalue(), [harness.status(address).step for address in addresses]
+
+
 def join_race(checks, a, d):
     """Shard 0 applies a step that shard 1 never saw between a worker's
     registration (both at step 0) and its pull, as when shard 1 restarted
     behind a push that shard 0 took after the restart: the pull meets the
     shards at other versions, and the worker registers again (its join
     rolls shard 0 back) instead of failing."""
-    procs, addresses = harness.start_shards(a.ps, ["--workers=1", "--max_steps=6", "--batch_size=16"], 2,
-                                            "join race")
-    try:
-        if addresses is None:
-            checks.check(False, "two dp-ps shards start")
+    with two_shard_worker(checks, a, "join race") as (worker, addresses):
+        if worker is None:
             return
-        worker = dp_ps.Worker(",".join(addresses), models.make("mlp", "784,256,128,10"), dp_ps.IdxDataset(),
-                              rank=0, data_plane="grpc", retry_for_s=60)
-        group, pull = worker._group, worker._group.pull
-
-        def moved_first(rank, flat):
-            group.pull = pull  # once
-            offset, length = group.ranges[0]
-            group.shard(0).call("Push", dp_pb2.PushRequest(
-                rank=0, step=0, offset=offset, gradient=bytes(4 * length), loss=1.0, num_samples=16,
-                block=dp_pb2.Block(first=0, count=1)))
-            return pull(rank, flat)
-        group.pull = moved_first
-        output = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(output):
-                worker.join()
-            failure = None
-        except dp_ps.errors.DpError as e:
-            failure = e
-        steps = [harness.status(address).step for address in addresses]
-        worker.close()
+        before_once(worker._group, "pull", lambda: push_step(worker._group, 0, 0))
+        failure, out, steps = join(worker, addresses)
         checks.check(failure is None and worker.step == 0 and steps == [0, 0]
-                     and "registering again" in output.getvalue(),
+                     and "registering again" in out,
                      f"a shard that moved on between the registration and the pull makes the worker register "
                      f"again: it joined at step {worker.step} with the shards at {steps} ({failure}; "
-                     f"{output.getvalue().strip()})")
-    finally:
-        for p in procs:
-            p.p.kill()
-            p.wait(60)
+                     f"{out.strip()})")
 
 
 def join_skew(checks, a, d):
@@ -122,63 +151,31 @@ def join_skew(checks, a, d):
     and its registration with shard 1, so the two answer steps two apart:
     they were asked one after another, not found apart, and the worker
     joins at the newest version instead of rolling the shards back (to step
-    0, throwing the steps away)."""
-    procs, addresses = harness.start_shards(a.ps, ["--workers=1", "--max_steps=6", "--batch_size=16"], 2,
-                                            "join skew")
-    try:
-        if addresses is None:
-            checks.check(False, "two dp-ps shards start")
+    0, throwing the steps away). Then the same between its pulls: shard 1
+    no longer holds the version shard 0 gave, and the worker pulls again
+    without registering again."""
+    with two_shard_worker(checks, a, "join skew") as (worker, addresses):
+        if worker is None:
             return
-        worker = dp_ps.Worker(",".join(addresses), models.make("mlp", "784,256,128,10"), dp_ps.IdxDataset(),
-                              rank=0, data_plane="grpc", retry_for_s=60)
         worker.join()  # at step 0 on both: the shards' ranges are known
         group = worker._group
 
         def move_on_two_steps(first):
             for step in (first, first + 1):
                 for k in (1, 0):  # followers first, as workers push
-                    offset, length = group.ranges[k]
-                    group.shard(k).call("Push", dp_pb2.PushRequest(
-                        rank=0, step=step, offset=offset, gradient=bytes(4 * length), loss=1.0,
-                        num_samples=16, block=dp_pb2.Block(first=0, count=1)))
+                    push_step(group, k, step)
 
-        def once(name, before):
-            original = getattr(group, name)
-
-            def hooked(*args):
-                setattr(group, name, original)
-                before()
-                return original(*args)
-            setattr(group, name, hooked)
-
-        def join(at, what):
-            output = io.StringIO()
-            try:
-                with contextlib.redirect_stdout(output):
-                    worker.join()
-                failure = None
-            except dp_ps.errors.DpError as e:
-                failure = e
-            steps = [harness.status(address).step for address in addresses]
-            out = output.getvalue()
+        for hooked, at, what in (
+                ("_register_all", 2, "shards seen two steps apart while the job moved on are joined at the "
+                                     "newest version, not rolled back"),
+                ("_pull_followers", 4, "a version gone from shard 1 because the job moved on after shard 0 "
+                                       "gave it is pulled again, without registering again")):
+            before_once(group, hooked, lambda first=at - 2: move_on_two_steps(first))
+            failure, out, steps = join(worker, addresses)
             checks.check(failure is None and worker.step == at and steps == [at, at]
                          and "rolling them back" not in out and "registering again" not in out,
                          f"{what}: joined at step {worker.step} with the shards at {steps} ({failure}; "
                          f"{out.strip()})")
-
-        # Between the registrations: shard 0 answered 0, shard 1 answers 2.
-        once("_register_all", lambda: move_on_two_steps(0))
-        join(2, "shards seen two steps apart while the job moved on are joined at the newest version, "
-                "not rolled back")
-        # Between the pulls: shard 1 no longer holds the version shard 0 gave.
-        once("_pull_followers", lambda: move_on_two_steps(2))
-        join(4, "a version gone from shard 1 because the job moved on after shard 0 gave it is pulled "
-                "again, without registering again")
-        worker.close()
-    finally:
-        for p in procs:
-            p.p.kill()
-            p.wait(60)
 
 
 def main():
