@@ -126,7 +126,9 @@ class SharedPlane:
     def read_weights(self, step, out):
         """Version `step` into `out` (float32, `length` values). ABORTED
         (re-sync) when the buffer holds another version or dp-ps kept
-        rewriting it; DATA_LOSS when it does not hold what it should."""
+        rewriting it, marked moved_on as dp-worker's "moved under the
+        read": the job went on, and pulling again gets the newest; DATA_LOSS
+        when it does not hold what it should."""
         base = (step & 1) * self._half
         word = base // 8
         values = np.frombuffer(self._weights, dtype="<f4", count=self.length, offset=base + HEADER_BYTES)
@@ -136,8 +138,7 @@ class SharedPlane:
             attempt += 1
             if attempt > 64:
                 if time.monotonic() > give_up:
-                    raise _error(f"the shared weights kept changing while read for {PATIENCE_S} s",
-                                 "ABORTED")
+                    raise _moved(f"the shared weights kept changing while read for {PATIENCE_S} s")
                 os.sched_yield()  # let a descheduled writer finish
             seq = int(self._u64[word])
             if seq % 2 == 1:
@@ -151,8 +152,8 @@ class SharedPlane:
                 raise _error(f"the shared weights' buffer {step & 1} holds {num_values} values in "
                              f"encoding {encoding}; expected {self.length} float32", "DATA_LOSS")
             if found_step != step:
-                raise _error(f"the shared weights' buffer of version {step} holds version "
-                             f"{found_step}: re-sync", "ABORTED")
+                raise _moved(f"the shared weights' buffer of version {step} holds version "
+                             f"{found_step}: re-sync")
             out[:] = values
             if int(self._u64[word]) == seq:
                 return
@@ -161,4 +162,10 @@ class SharedPlane:
 def _error(message, code):
     e = errors.WorkerFailure(message)
     e.code = getattr(grpc.StatusCode, code)
+    return e
+
+
+def _moved(message):
+    e = _error(message, "ABORTED")
+    e.moved_on = True
     return e

@@ -221,7 +221,8 @@ class Worker:
 
     def _pull_newest(self):
         """The newest weights, pulled again while the job moves on between
-        the shards' answers (the shards then are not apart)."""
+        the shards' answers (the shards then are not apart) or under a read
+        from shared memory (the version asked for was rewritten)."""
         for _ in range(MAX_RESYNCS_IN_A_ROW):
             try:
                 return self._group.pull(self.rank, self._flat)

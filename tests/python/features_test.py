@@ -7,7 +7,9 @@ job's (another data_id: DataMismatch, exit 2); a worker without dp-ps's
 token or with a wrong one (Unauthenticated, exit 2), while one with the
 token trains; a worker whose shards part between its registration and
 its pull registers again, and one that sees them apart only because the
-job moved on while it asked them rolls nothing back.
+job moved on while it asked them rolls nothing back; a version rewritten
+in shared memory just before the worker reads it is pulled again, without
+registering again.
 
 Usage: features_test.py --ps BIN --worker BIN --source_dir DIR
 """
@@ -74,9 +76,10 @@ def any_tensor_order(checks, a, d):
 
 
 @contextlib.contextmanager
-def two_shard_worker(checks, a, name):
-    """A one-rank job on two dp-ps shards and its Python worker (over gRPC),
-    or (None, None) when the shards do not start; killed afterwards."""
+def two_shard_worker(checks, a, name, data_plane="grpc"):
+    """A one-rank job on two dp-ps shards and its Python worker (over
+    `data_plane`), or (None, None) when the shards do not start; killed
+    afterwards."""
     procs, addresses = harness.start_shards(a.ps, ["--workers=1", "--max_steps=6", "--batch_size=16"], 2,
                                             name)
     try:
@@ -85,7 +88,7 @@ def two_shard_worker(checks, a, name):
             yield None, None
             return
         worker = dp_ps.Worker(",".join(addresses), models.make("mlp", "784,256,128,10"), dp_ps.IdxDataset(),
-                              rank=0, data_plane="grpc", retry_for_s=60)
+                              rank=0, data_plane=data_plane, retry_for_s=60)
         try:
             yield worker, addresses
         finally:
@@ -178,6 +181,32 @@ def join_skew(checks, a, d):
                          f"{out.strip()})")
 
 
+def shm_moved_under_read(checks, a, d):
+    """The job moves on two steps just before the worker reads the version
+    shard 0 gave from shared memory, so that buffer holds a newer version:
+    the worker pulls again, as dp-worker does, and does not register
+    again."""
+    with two_shard_worker(checks, a, "shm moved", data_plane="shm") as (worker, addresses):
+        if worker is None:
+            return
+        worker.join()
+        group = worker._group
+        checks.check(group.shard(0).plane is not None, "the worker reads shard 0's weights from shared memory")
+
+        def move_on_two_steps():
+            for step in (0, 1):
+                for k in (1, 0):  # followers first, as workers push
+                    push_step(group, k, step)
+
+        # A registration maps the plane anew: hook the one the pull reads.
+        before_once(group, "pull", lambda: before_once(group.shard(0).plane, "read_weights", move_on_two_steps))
+        failure, out, steps = join(worker, addresses)
+        checks.check(failure is None and worker.step == 2 and steps == [2, 2] and "registering again" not in out,
+                     f"a shared-memory version overwritten because the job moved on is pulled again, without "
+                     f"registering again: joined at step {worker.step} with the shards at {steps} ({failure}; "
+                     f"{out.strip()})")
+
+
 def main():
     a = harness.args()
     checks = harness.Checks()
@@ -186,6 +215,7 @@ def main():
         any_tensor_order(checks, a, d)
         join_race(checks, a, d)
         join_skew(checks, a, d)
+        shm_moved_under_read(checks, a, d)
         job = ["--workers=2", "--max_steps=100000", "--batch_size=16"]
         refused(checks, a.ps, job, ["--data_id", "set-a"], ["--data_id", "set-b"], "DataMismatch")
         token = os.path.join(d, "token")
