@@ -80,6 +80,9 @@ struct PsServerOptions {
   // Offer workers on this host (this network namespace) their tensors
   // through shared memory.
   bool shared_memory = true;
+  // How long a step channel's thread looks for the next request before it
+  // parks (zero: parks at once).
+  absl::Duration step_spin = absl::ZeroDuration();
   ServerSecurity security;  // credentials default to plaintext
   // Sharded jobs: this dp-ps is shard `shard` of `shards` and owns that
   // range of the vector (common/shard_plan.h). Shard 0 speaks for the job:

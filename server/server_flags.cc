@@ -403,6 +403,13 @@ void AddServerFlags(Flags* flags, ServerFlags* f) {
                  "offer workers on this host (this network namespace) their "
                  "tensors through shared memory; gRPC stays the control "
                  "plane");
+  flags
+      ->AddInt("spin_us", &f->spin_us,
+               "a step channel's thread looks for the next request this long "
+               "before it sleeps, giving its core to any other runnable "
+               "process meanwhile (0: sleeps at once; spinning helps only "
+               "with a core to spare)")
+      .InRange(0, 10000);
   AddShardFlags(flags, f);
   flags->AddBool("exit_when_done", &f->exit_when_done,
                  "exit once training is finished; false keeps serving the "
@@ -481,6 +488,7 @@ absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f) {
   o.update_threads = f.update_threads;
   o.exit_when_done = f.exit_when_done;
   o.shared_memory = f.shared_memory;
+  o.step_spin = absl::Microseconds(f.spin_us);
   o.shards = f.shards;
   o.shard = shard;
   o.gather.addresses = *std::move(peers);

@@ -64,6 +64,7 @@ struct ServerFlags {
   int update_threads = 0;
   bool exit_when_done = true;
   bool shared_memory = true;
+  int spin_us = 0;
   int shards = 1;
   int shard = -1;
   std::string shard_addresses;

@@ -49,18 +49,21 @@ std::vector<std::string> SharedMemoryOf(pid_t pid) {
   return found;
 }
 
-// A 40-step job whose ranks use `planes` ("shm" or "grpc"); the saved model.
+// A 40-step job whose ranks use `planes` ("shm" or "grpc"), with both ends
+// of the step channels spinning before they sleep when `spin`; the saved
+// model.
 std::string Job(const TempDir& dir, const std::string& name,
-                const std::vector<std::string>& planes) {
+                const std::vector<std::string>& planes, bool spin = false) {
   const std::string model = dir.File(name);
+  const std::string spin_flag = spin ? "--spin_us=300" : "--spin_us=0";
   int port = 0;
   auto ps = StartServer({"--workers=2", "--max_steps=40", "--batch_size=32",
-                         "--seed=11", "--save_model=" + model},
+                         "--seed=11", "--save_model=" + model, spin_flag},
                         &port);
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int r = 0; r < 2; ++r) {
-    workers.push_back(
-        StartWorker(port, r, {absl::StrCat("--data_plane=", planes[r])}));
+    workers.push_back(StartWorker(
+        port, r, {absl::StrCat("--data_plane=", planes[r]), spin_flag}));
   }
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(workers[r]->Wait(kJobTimeout), 0) << workers[r]->output();
@@ -79,9 +82,12 @@ TEST(DataPlaneTest, EveryMixOfPathsTrainsTheSameModelToTheByte) {
   const std::string grpc = Job(dir, "grpc.safetensors", {"grpc", "grpc"});
   const std::string shm = Job(dir, "shm.safetensors", {"shm", "shm"});
   const std::string mixed = Job(dir, "mixed.safetensors", {"shm", "grpc"});
+  const std::string spinning =
+      Job(dir, "spinning.safetensors", {"shm", "shm"}, /*spin=*/true);
   ASSERT_FALSE(grpc.empty());
   EXPECT_TRUE(shm == grpc);
   EXPECT_TRUE(mixed == grpc);
+  EXPECT_TRUE(spinning == grpc);
 }
 
 TEST(DataPlaneTest, ForcedSharedMemoryWithoutAnOfferIsAConfigurationError) {

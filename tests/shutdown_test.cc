@@ -278,6 +278,8 @@ TEST(DryRunTest, RefusesInvalidValuesWithTheConfigurationErrorCode) {
       {DP_PS_BINARY, "--dry_run", "--min_workers=3"},
       {DP_PS_BINARY, "--dry_run", "--on_worker_loss=retry"},
       {DP_PS_BINARY, "--dry_run", "--straggler_factor=1"},
+      {DP_PS_BINARY, "--dry_run", "--spin_us=10001"},
+      {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--spin_us=-1"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=a:1,b"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=ps-{shard}:1"},
       {DP_WORKER_BINARY, "--dry_run", "--rank=0", "--ps=no-port"},

@@ -6,7 +6,9 @@
 #include "common/step_channel.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -188,6 +190,64 @@ TEST(StepChannelTest, WakesWithoutARequestAndRewritesAfterOneChangeNothing) {
   constexpr int kRun = ChannelSpin::kIdleWakesBeforeBackoff;
   EXPECT_GE(server.backoffs(), 1000 - kRun);
   EXPECT_LE(server.idle_wakes() - server.backoffs(), kRun);
+}
+
+double ThreadCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+// Burns `seconds` of this thread's CPU time: the other end's work.
+void Work(double seconds) {
+  const double start = ThreadCpuSeconds();
+  while (ThreadCpuSeconds() - start < seconds) {
+  }
+}
+
+// Both ends on one core, each spinning far longer than the test: only a
+// spin that gives the core away lets the other end, on the same core, do
+// the work it waits for. Counted in CPU time, not wall time: the waiting
+// end spends less than half of what the working end burns, where a spin
+// that held the core would get half of it, shared fairly.
+TEST(StepChannelTest, ASpinningWaitGivesItsCoreToTheEndItWaitsFor) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  // This thread, and the one started below, which inherits it.
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  constexpr double kWork = 0.2;
+  ChannelSpin spin;
+  spin.spin = absl::Hours(1);
+  auto page = NewPage();
+  ChannelClient client(page.get(), spin);
+  ChannelServer server(page.get(), spin);
+  double server_waited = 0;
+  std::thread dp_ps([&] {
+    ChannelRequest got;
+    uint32_t seq = 0;
+    const double start = ThreadCpuSeconds();
+    ASSERT_TRUE(server.Next(&got, &seq));  // while the worker computes
+    server_waited = ThreadCpuSeconds() - start;
+    Work(kWork);  // the update
+    server.Answer(seq, ChannelResponse{});
+  });
+  Work(kWork);  // the worker's compute
+  const double start = ThreadCpuSeconds();
+  absl::StatusOr<ChannelResponse> a = client.Call(Request(1), absl::Hours(1));
+  const double client_waited = ThreadCpuSeconds() - start;
+  dp_ps.join();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_LT(server_waited, kWork / 2) << "dp-ps spun " << server_waited;
+  EXPECT_LT(client_waited, kWork / 2);
 }
 
 }  // namespace
