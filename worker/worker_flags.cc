@@ -100,8 +100,7 @@ void AddWorkerFlags(Flags* flags, WorkerFlags* f) {
       ->AddInt("spin_us", &f->spin_us,
                "a step channel wait looks for the answer this long before it "
                "sleeps, giving its core to any other runnable process "
-               "meanwhile (0: sleeps at once; spinning helps only with a "
-               "core to spare)")
+               "meanwhile (0: sleeps at once)")
       .InRange(0, 10000);
   flags
       ->AddInt("wait_timeout_s", &f->wait_timeout_s,

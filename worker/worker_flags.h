@@ -28,7 +28,7 @@ struct WorkerFlags {
   std::string data_plane = "auto";
   std::string protocol = "fused";
   bool step_channel = true;
-  int spin_us = 0;
+  int spin_us = 300;
   int wait_timeout_s = 30;
   int retry_for_s = 120;
   int stop_timeout_s = 20;
