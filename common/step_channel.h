@@ -58,9 +58,10 @@ struct ChannelResponse {
 };
 
 // How long a waiting side spins on the other's word before it parks on the
-// futex: a spin saves the two context switches of a park where a core is
-// free to spin on, and costs a core where there is none (more processes than
-// cores): 0 parks at once.
+// futex: a spin saves the two context switches of a park, and the wake-up of
+// a sleeping CPU, where a core is free to spin on; each look yields, so where
+// processes outnumber cores the spinner runs only while nobody else wants
+// the core: 0 parks at once.
 struct ChannelSpin {
   absl::Duration spin = absl::ZeroDuration();
   // dp-ps's end only: after kIdleWakesBeforeBackoff wake-ups in a row that

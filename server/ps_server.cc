@@ -257,8 +257,8 @@ void PsServer::StartSharedPlane() {
 }
 
 PsServiceOptions PsServer::ServiceOptions() {
-  PsServiceOptions service_options{options_.security.auth_token, shared_.get()};
-  service_options.step_spin.spin = options_.step_spin;
+  PsServiceOptions service_options{options_.security.auth_token, shared_.get(),
+                                   options_.step_spin};
   if (!sharded()) return service_options;
   if (store_ != nullptr) {
     service_options.restorable_steps = [this] {

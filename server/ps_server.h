@@ -22,6 +22,7 @@
 #include "common/job_config.h"
 #include "common/metrics.h"
 #include "common/model_layout.h"
+#include "common/step_channel.h"
 #include "proto/health_server.h"
 #include "proto/security.h"
 #include "server/checkpoint.h"
@@ -80,9 +81,9 @@ struct PsServerOptions {
   // Offer workers on this host (this network namespace) their tensors
   // through shared memory.
   bool shared_memory = true;
-  // How long a step channel's thread looks for the next request before it
-  // parks (zero: parks at once).
-  absl::Duration step_spin = absl::ZeroDuration();
+  // How a step channel's thread waits for the next request (the default:
+  // it parks at once).
+  ChannelSpin step_spin;
   ServerSecurity security;  // credentials default to plaintext
   // Sharded jobs: this dp-ps is shard `shard` of `shards` and owns that
   // range of the vector (common/shard_plan.h). Shard 0 speaks for the job:

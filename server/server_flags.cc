@@ -488,7 +488,7 @@ absl::StatusOr<PsServerOptions> ServerOptionsFromFlags(const ServerFlags& f) {
   o.update_threads = f.update_threads;
   o.exit_when_done = f.exit_when_done;
   o.shared_memory = f.shared_memory;
-  o.step_spin = absl::Microseconds(f.spin_us);
+  o.step_spin.spin = absl::Microseconds(f.spin_us);
   o.shards = f.shards;
   o.shard = shard;
   o.gather.addresses = *std::move(peers);
