@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <ctime>
 
@@ -57,6 +58,29 @@ struct Page {
   ResponseHalf response;
 };
 static_assert(sizeof(Page) <= kStepChannelBytes);
+// The Python worker (python/dp_ps/step_channel.py) writes and reads the
+// page at these byte offsets.
+static_assert(offsetof(Page, request.seq) == 0 &&
+              offsetof(Page, request.server_parked) == 4 &&
+              offsetof(Page, request.step) == 8 &&
+              offsetof(Page, request.block_first) == 16 &&
+              offsetof(Page, request.block_count) == 20 &&
+              offsetof(Page, request.loss_bits) == 24 &&
+              offsetof(Page, request.num_samples) == 28 &&
+              offsetof(Page, request.encoding) == 32 &&
+              offsetof(Page, request.idle) == 36);
+static_assert(offsetof(Page, response.seq) == 64 &&
+              offsetof(Page, response.client_parked) == 68 &&
+              offsetof(Page, response.code) == 72 &&
+              offsetof(Page, response.step) == 80 &&
+              offsetof(Page, response.block_first) == 88 &&
+              offsetof(Page, response.block_count) == 92 &&
+              offsetof(Page, response.flags) == 96 &&
+              offsetof(Page, response.message_bytes) == 100 &&
+              offsetof(Page, response.message) == 104 &&
+              offsetof(Page, response.closed) == 1128 &&
+              offsetof(Page, response.closed_code) == 1132 &&
+              offsetof(Page, response.closed_message) == 1136);
 static_assert(std::atomic<uint32_t>::is_always_lock_free &&
                   std::atomic<int64_t>::is_always_lock_free,
               "the words are shared between processes");

@@ -79,7 +79,12 @@ def _channel(address, tls, max_message_bytes):
 def error_of(e, address):
     """The dp_ps.errors exception for a failed call, its gRPC code kept
     (e.code) for the callers that act on it (ABORTED: re-sync, ...)."""
-    code, details = e.code(), e.details() or ""
+    return error_for(e.code(), e.details() or "", address)
+
+
+def error_for(code, details, address):
+    """error_of for dp-ps's status `code` and message, however it came (a
+    call, or the step channel's answer)."""
     if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("the job failed"):
         cls = errors.JobFailed
     elif code == grpc.StatusCode.FAILED_PRECONDITION and "different data" in details:
@@ -107,15 +112,18 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 class PsClient:
     """data_plane as dp-worker's --data_plane: "auto" takes the shared
     memory dp-ps offers when it can reach it (its host), else gRPC; "shm"
-    fails where it cannot; "grpc" never asks for it."""
+    fails where it cannot; "grpc" never asks for it. step_channel as
+    dp-worker's --step_channel: with shared memory, each step goes through
+    the registration's step channel instead of a PushPull call."""
 
     def __init__(self, address, tls=None, token=None, call_timeout_s=30.0,
                  wait_timeout_s=30.0, retry_for_s=120.0, max_message_bytes=4 << 20,
-                 data_plane="auto"):
+                 data_plane="auto", step_channel=True):
         if data_plane not in DATA_PLANES:
             raise errors.ConfigError(f"data_plane: {data_plane!r} is none of {', '.join(DATA_PLANES)}")
         self.address = address
         self.data_plane = data_plane
+        self.step_channel = step_channel
         self.plane = None  # SharedPlane since the last Register, or None
         self.why_not_shm = None
         self.call_timeout_s = call_timeout_s
@@ -224,9 +232,14 @@ class PsClient:
         if why is None:
             try:
                 self.plane = SharedPlane(response.shm_socket, response.shm_ticket, response.shard.length,
-                                         response.shm_slot)
+                                         response.shm_slot, self.address, self.step_channel)
             except errors.DpError as e:
                 why = str(e)
+        if self.plane is not None and self.plane.channel is not None and self._attendance is not None:
+            # The attendance's end is dp-ps gone: the channel's wait ends
+            # with it, and the step goes over gRPC, which tells whether the
+            # dp-ps that answers knows this registration.
+            self._attendance.when_ended(self.plane.channel.close)
         if why is not None and self.data_plane == "shm":
             self.end_attendance()
             raise errors.ConfigError(f"data_plane='shm': {why}")
@@ -246,6 +259,9 @@ class _Attendance:
     def __init__(self, stub, metadata, rank, session):
         self._call = stub.Attend(dp_pb2.AttendRequest(rank=rank, session=session),
                                  metadata=metadata)
+        self._lock = threading.Lock()
+        self._ended = False
+        self._on_end = None
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
 
@@ -255,6 +271,18 @@ class _Attendance:
                 pass
         except grpc.RpcError:
             pass
+        with self._lock:
+            self._ended, on_end = True, self._on_end
+        if on_end is not None:
+            on_end()
+
+    def when_ended(self, on_end):
+        """on_end() once the call has ended, however it ends (now, if it has)."""
+        with self._lock:
+            ended = self._ended
+            self._on_end = on_end
+        if ended:
+            on_end()
 
     def end(self):
         self._call.cancel()

@@ -60,6 +60,7 @@ class ShardGroup:
         self.ranges = [(0, 0)] * len(self.clients)  # (offset, length) by shard
         self._pool = ThreadPoolExecutor(len(self.clients)) if len(self.clients) > 1 else None
         self._join_version = None
+        self.channel_exchanges = 0  # push_pulls answered through the step channel
 
     def shard(self, k):
         return self.clients[self.order[k]]
@@ -278,23 +279,38 @@ class ShardGroup:
                 r.gradient_in_shm, r.shm_slot = True, plane.slot_id
             return r
         requests = [request_for(k) for k in range(len(self.clients))]
-        self.wire_bytes = [sum(r.ByteSize() for r in requests), 0]
+        lead = self.shard(0)
+        channel = lead.plane.channel if lead.plane is not None else None
+        # Over the step channel shard 0's exchange is no message at all.
+        self.wire_bytes = [sum(r.ByteSize() for r in requests[1 if channel else 0:]), 0]
         if not request.idle:
             self._each(lambda k: self.shard(k).call("Push", requests[k]),
                        list(range(1, len(self.clients))))
-        lead = self.shard(0)
         head_request = requests[0]
         while True:
             try:
-                head = lead.call("PushPull", head_request, lead.wait_timeout_s)
+                if channel is not None:
+                    head = _through(channel, head_request, lead.wait_timeout_s)
+                    self.channel_exchanges += 1
+                else:
+                    head = lead.call("PushPull", head_request, lead.wait_timeout_s)
+                    self.wire_bytes[1] += head.ByteSize()
                 break
             except errors.DpError as e:
-                if getattr(e, "code", None) != grpc.StatusCode.DEADLINE_EXCEEDED:
+                code = getattr(e, "code", None)
+                if channel is not None and code == grpc.StatusCode.UNAVAILABLE:
+                    # dp-ps went away under the wait: gRPC retries the step,
+                    # and tells whether the dp-ps that answers knows this
+                    # registration.
+                    lead.plane.drop_channel()
+                    channel = None
+                    self.wire_bytes[0] += head_request.ByteSize()
+                    continue
+                if code != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise
                 # The push is recorded, or sent again with the same bytes:
                 # dp-ps counts a repeat once.
                 print(f"rank {request.rank}: still waiting at step {request.step}", flush=True)
-        self.wire_bytes[1] += head.ByteSize()
         if not head.work_only:
             self._pull_followers(request.rank, head.step, flat)
             self._write(0, head, flat)
@@ -302,3 +318,13 @@ class ShardGroup:
 
     def report_eval(self, request):
         return self.shard(0).call("ReportEval", request)
+
+
+def _through(channel, request, timeout_s):
+    """PushPull's request through the step channel: the PullResponse the
+    call would have answered (weights in shared memory, or work only)."""
+    a = channel.call(request.step, (request.block.first, request.block.count), request.loss,
+                     request.num_samples, request.idle, timeout_s)
+    return dp_pb2.PullResponse(step=a.step, done=a.done, params_in_shm=not a.work_only,
+                               block=dp_pb2.Block(first=a.block[0], count=a.block[1]),
+                               work_only=a.work_only)

@@ -2,8 +2,8 @@
 the descriptors handed over dp-ps's Unix socket for Register's one-time
 ticket, the weights read from their double buffer under its sequence
 counter, and the gradient written into this rank's slot, so that a step
-moves no tensor through gRPC. The step channel's page is not used: each
-step stays one PushPull call, which now carries only its header."""
+moves no tensor through gRPC; with the step channel's page (step_channel.py)
+a step makes no call either."""
 
 import mmap
 import os
@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 
 from . import errors
+from .step_channel import StepChannel
 
 # A weights buffer's header: sequence counter (u64, odd while dp-ps
 # writes), version (i64), number of values (i64), encoding (u32), padded
@@ -92,18 +93,33 @@ def _map(fd, size, writable):
 
 class SharedPlane:
     """One shard's weights and this rank's slot of its range (`length`
-    float32 values), for registration `slot_id`."""
+    float32 values), for registration `slot_id`; with `step_channel`, its
+    page (self.channel, else None), whose errors name dp-ps at `address`."""
 
-    def __init__(self, socket_name, ticket, length, slot_id):
+    def __init__(self, socket_name, ticket, length, slot_id, address="", step_channel=False):
         fds = fetch(socket_name, ticket)
-        os.close(fds[2])
+        self.channel = None
+        if not step_channel:
+            os.close(fds[2])
+        else:
+            try:
+                self.channel = StepChannel(fds[2], address)  # takes fds[2]
+            except BaseException:
+                _close_all(fds[:2])
+                raise
         try:
             weights = _map(fds[0], weights_region_bytes(length), writable=False)
         except BaseException:
             os.close(fds[1])
+            self.drop_channel()
             raise
         self._weights = weights
-        self._slot = _map(fds[1], 4 * length, writable=True)
+        try:
+            self._slot = _map(fds[1], 4 * length, writable=True)
+        except BaseException:
+            weights.close()
+            self.drop_channel()
+            raise
         self.length = length
         self.slot_id = slot_id
         self._half = len(weights) // 2
@@ -117,6 +133,12 @@ class SharedPlane:
         self._u64 = self._i64 = self._u32 = self._slot_values = None
         self._weights.close()
         self._slot.close()
+        self.drop_channel()
+
+    def drop_channel(self):
+        if self.channel is not None:
+            self.channel.unmap()
+            self.channel = None
 
     def write_gradient(self, values):
         """This range's gradient (float32) into the slot; dp-ps reads it once

@@ -100,17 +100,19 @@ class _StopSignals:
 
 def train(model, train_set, ps, loss_fn=F.cross_entropy, test_set=None, device="cpu", rank=-1,
           tls=None, token=None, data_id=None, metrics_port=0, retry_for_s=120.0,
-          wait_timeout_s=30.0, data_plane="auto", stop_timeout_s=20.0):
+          wait_timeout_s=30.0, data_plane="auto", stop_timeout_s=20.0, step_channel=True):
     """Trains `model` in the dp-ps job at `ps` until the job ends; see
     docs/python.md. Returns {"rank", "steps", "gradients", "last_loss",
-    "step", "test_accuracy" (rank 0, when it evaluated)}."""
+    "step", "channel_exchanges", "test_accuracy" (rank 0, when it
+    evaluated)}."""
     model.to(device)
     metrics = WorkerMetrics(metrics_port) if metrics_port else None
     try:
         with _StopSignals(stop_timeout_s) as stop:
             return _train(model, train_set, ps, loss_fn, test_set, device, metrics, stop,
                           dict(rank=rank, tls=tls, token=token, data_id=data_id, retry_for_s=retry_for_s,
-                               wait_timeout_s=wait_timeout_s, metrics=metrics, data_plane=data_plane))
+                               wait_timeout_s=wait_timeout_s, metrics=metrics, data_plane=data_plane,
+                               step_channel=step_channel))
     finally:
         if metrics:
             metrics.close()
@@ -156,7 +158,7 @@ def _train(model, train_set, ps, loss_fn, test_set, device, metrics, stop, worke
         # dp-ps does not wait for an evaluation that cannot come.
         if w.rank == 0 and test_set is None and w.step == w.total_steps > 0:
             _send_report(w, w.schedule.epoch_of(w.total_steps - 1) + 1, 0.0, 0.0, 0)
-        summary.update(rank=w.rank, step=w.step)
+        summary.update(rank=w.rank, step=w.step, channel_exchanges=w.channel_exchanges)
     return summary
 
 

@@ -48,7 +48,8 @@ class Worker:
     fingerprinted with data_id) or its (num_samples, hash) fingerprint."""
 
     def __init__(self, ps, model, data, rank=-1, tls=None, token=None, data_id=None,
-                 retry_for_s=120.0, wait_timeout_s=30.0, metrics=None, data_plane="auto"):
+                 retry_for_s=120.0, wait_timeout_s=30.0, metrics=None, data_plane="auto",
+                 step_channel=True):
         addresses = [a.strip() for a in ps.split(",") if a.strip()]
         if not addresses:
             raise errors.ConfigError(f"ps: no dp-ps address in {ps!r} (host:port, comma-separated)")
@@ -58,7 +59,8 @@ class Worker:
         self.retry_for_s = retry_for_s
         self.metrics = metrics
         self._group = ShardGroup(addresses, tls=tls, token=token, retry_for_s=retry_for_s,
-                                 wait_timeout_s=wait_timeout_s, data_plane=data_plane)
+                                 wait_timeout_s=wait_timeout_s, data_plane=data_plane,
+                                 step_channel=step_channel)
         self._request = dp_pb2.RegisterRequest(
             rank=max(rank, 0), any_rank=rank < 0, worker_id=f"{socket.gethostname()}/{os.getpid()}",
             data=dp_pb2.DataFingerprint(num_samples=self.fingerprint[0], hash=self.fingerprint[1]))
@@ -78,6 +80,11 @@ class Worker:
             return "shared memory"
         why = next((c.why_not_shm for c in clients if c.why_not_shm), None)
         return f"gRPC ({why})" if why else "gRPC"
+
+    @property
+    def channel_exchanges(self):
+        """Steps exchanged through shard 0's step channel (no call) so far."""
+        return self._group.channel_exchanges
 
     def close(self):
         """Ends the attendance: dp-ps counts this worker gone at once."""

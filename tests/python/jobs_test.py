@@ -10,6 +10,7 @@ One test each, so that each has its own deadline.
 Usage: jobs_test.py --ps BIN --worker BIN --source_dir DIR --model mlp|cnn
 """
 
+import json
 import os
 import re
 import signal
@@ -46,6 +47,18 @@ def planes_taken(procs):
             for m in [re.search(r"tensors over (.*)$", pr.output(), re.M)] if m}
 
 
+def channel_exchanges(procs):
+    """Each Python worker's (steps it trained, push_pulls answered through
+    the step channel), from its summary line."""
+    out = []
+    for pr in procs:
+        m = re.search(r"^summary (.*)$", pr.output(), re.M) if pr.name.startswith("python") else None
+        if m:
+            s = json.loads(m.group(1))
+            out.append((s["steps"], s["channel_exchanges"]))
+    return out
+
+
 def killed_and_replaced(model, joined_at):
     """Two workers; rank 1 killed at step KILL_AT, a new one started. Paced
     by events, not by how fast a step is: rank 0 holds itself (SIGSTOP)
@@ -78,12 +91,13 @@ def killed_and_replaced(model, joined_at):
 
 
 def check_model(checks, d, model, extra):
-    shas, planes = {}, set()
+    shas, planes, by_channel = {}, set(), {"shm": [], "grpc": []}
     for n in (1, 2, 4):
         shas[n], procs = harness.run_job(ARGS.ps, job_flags(extra, started=n),
                                          os.path.join(d, f"{model}-{n}.safetensors"),
                                          workers(n, model), name=f"{model} x{n}")
         planes |= planes_taken(procs)
+        by_channel["shm"] += channel_exchanges(procs)
         print(f"      {model}, {n} Python worker(s) over shared memory: sha256 {shas[n]}", flush=True)
     checks.check(shas[1] is not None, f"{model}: the job with one Python worker finishes")
     checks.check(shas[2] == shas[1] and shas[4] == shas[1],
@@ -94,12 +108,22 @@ def check_model(checks, d, model, extra):
                                      workers(2, model, plane), name=f"{model} {plane} {shards} shard(s)",
                                      shards=shards)
         planes |= planes_taken(procs)
+        by_channel[plane] += channel_exchanges(procs)
         print(f"      {model}, 2 Python workers over {plane} on {shards} dp-ps shard(s): sha256 {sha}",
               flush=True)
         checks.check(sha is not None and sha == shas[1],
                      f"{model}: over {plane} on {shards} dp-ps shard(s), the same sha256")
     checks.check(planes == {"shared memory", "gRPC"},
                  f"{model}: the workers said they took shared memory or gRPC as asked ({sorted(planes)})")
+    # Over shared memory shard 0's exchange goes through the step channel,
+    # on one shard and on two; over gRPC never.
+    checks.check(len(by_channel["shm"]) == 1 + 2 + 4 + 2 and
+                 all(steps == 0 or through > 0 for steps, through in by_channel["shm"]) and
+                 sum(through for _, through in by_channel["shm"]) >= 4 * STEPS,
+                 f"{model}: every Python worker over shared memory exchanged its steps through the "
+                 f"step channel ((steps, through the channel): {by_channel['shm']})")
+    checks.check(len(by_channel["grpc"]) == 4 and all(through == 0 for _, through in by_channel["grpc"]),
+                 f"{model}: over gRPC no step went through a step channel ({by_channel['grpc']})")
     # Two ranks, so that the new worker (no --rank) is given the lost rank 1:
     # with --on_worker_loss=wait each step waits for rank 1's block, and a
     # third rank would leave it waiting for ever. A long lease: rank 0 is
