@@ -153,7 +153,6 @@ class SharedPlane:
         when it does not hold what it should."""
         base = (step & 1) * self._half
         word = base // 8
-        values = np.frombuffer(self._weights, dtype="<f4", count=self.length, offset=base + HEADER_BYTES)
         give_up = time.monotonic() + PATIENCE_S
         attempt = 0
         while True:
@@ -176,7 +175,10 @@ class SharedPlane:
             if found_step != step:
                 raise _moved(f"the shared weights' buffer of version {step} holds version "
                              f"{found_step}: re-sync")
-            out[:] = values
+            # A view of the mapping lives only for the copy: a frame that
+            # raised (kept by its exception's traceback until a garbage
+            # collection) must hold none, or the mapping cannot be closed.
+            out[:] = np.frombuffer(self._weights, dtype="<f4", count=self.length, offset=base + HEADER_BYTES)
             if int(self._u64[word]) == seq:
                 return
 

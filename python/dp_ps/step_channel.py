@@ -137,20 +137,21 @@ class StepChannel:
                       "(it is gone or shutting down)")
 
     def _await(self, seq, deadline):
-        u32 = self._u32
+        # No view of the page in a local: a frame that raised, kept by its
+        # exception's traceback, would keep the page from being unmapped.
         word = ANSWER_SEQ // 4
         while True:
-            answered = int(u32[word]) == seq
+            answered = int(self._u32[word]) == seq
             if not answered and self._spin_s > 0:
                 until = time.monotonic() + self._spin_s
                 while not answered and time.monotonic() < until:
                     os.sched_yield()
-                    answered = int(u32[word]) == seq
+                    answered = int(self._u32[word]) == seq
             if answered:
                 break
             if self._closed:
                 raise self._unavailable()
-            if u32[CLOSED // 4] != 0:
+            if self._u32[CLOSED // 4] != 0:
                 code = _CODES.get(int(self._i32[CLOSED_CODE // 4]), grpc.StatusCode.UNKNOWN)
                 if code == grpc.StatusCode.OK:
                     code = grpc.StatusCode.UNAVAILABLE
@@ -160,17 +161,17 @@ class StepChannel:
                 raise _error(grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"dp-ps at {self._address}: no answer through shared memory before the "
                              "wait's deadline")
-            u32[CLIENT_PARKED // 4] = 1
-            now = int(u32[word])
-            if now != seq and not self._closed and u32[CLOSED // 4] == 0:
+            self._u32[CLIENT_PARKED // 4] = 1
+            now = int(self._u32[word])
+            if now != seq and not self._closed and self._u32[CLOSED // 4] == 0:
                 _futex(self._base + ANSWER_SEQ, _FUTEX_WAIT, now, left)
-            u32[CLIENT_PARKED // 4] = 0
+            self._u32[CLIENT_PARKED // 4] = 0
         code = _CODES.get(int(self._i32[CODE // 4]), grpc.StatusCode.UNKNOWN)
-        flags = int(u32[FLAGS // 4])
+        flags = int(self._u32[FLAGS // 4])
         answer = Answer(int(self._i64[ANSWER_STEP // 8]),
                         (int(self._i32[ANSWER_BLOCK_FIRST // 4]), int(self._i32[ANSWER_BLOCK_COUNT // 4])),
                         bool(flags & DONE), bool(flags & WORK_ONLY))
-        message = self._text(MESSAGE, min(int(u32[MESSAGE_BYTES // 4]), MAX_MESSAGE_BYTES))
+        message = self._text(MESSAGE, min(int(self._u32[MESSAGE_BYTES // 4]), MAX_MESSAGE_BYTES))
         self._answered = True
         if code != grpc.StatusCode.OK:
             raise self._error(code, message)
