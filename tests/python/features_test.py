@@ -9,7 +9,8 @@ token trains; a worker whose shards part between its registration and
 its pull registers again, and one that sees them apart only because the
 job moved on while it asked them rolls nothing back; a version rewritten
 in shared memory just before the worker reads it is pulled again, without
-registering again.
+registering again; a step-channel wait past its deadline waits again for
+the request it posted.
 
 Usage: features_test.py --ps BIN --worker BIN --source_dir DIR
 """
@@ -17,13 +18,16 @@ Usage: features_test.py --ps BIN --worker BIN --source_dir DIR
 import contextlib
 import io
 import os
+import signal
 import sys
 
+import torch
 import torch.nn as nn
 
 import harness
 import models
 import dp_ps
+from dp_ps import shards
 from dp_ps._proto import dp_pb2
 
 
@@ -76,21 +80,21 @@ def any_tensor_order(checks, a, d):
 
 
 @contextlib.contextmanager
-def two_shard_worker(checks, a, name, data_plane="grpc"):
+def two_shard_worker(checks, a, name, data_plane="grpc", **worker_options):
     """A one-rank job on two dp-ps shards and its Python worker (over
-    `data_plane`), or (None, None) when the shards do not start; killed
-    afterwards."""
+    `data_plane`), with the shards' processes by address, or (None, None,
+    None) when the shards do not start; killed afterwards."""
     procs, addresses = harness.start_shards(a.ps, ["--workers=1", "--max_steps=6", "--batch_size=16"], 2,
                                             name)
     try:
         if addresses is None:
             checks.check(False, "two dp-ps shards start")
-            yield None, None
+            yield None, None, None
             return
         worker = dp_ps.Worker(",".join(addresses), models.make("mlp", "784,256,128,10"), dp_ps.IdxDataset(),
-                              rank=0, data_plane=data_plane, retry_for_s=60)
+                              rank=0, data_plane=data_plane, retry_for_s=60, **worker_options)
         try:
-            yield worker, addresses
+            yield worker, addresses, procs
         finally:
             worker.close()
     finally:
@@ -137,7 +141,7 @@ def join_race(checks, a, d):
     behind a push that shard 0 took after the restart: the pull meets the
     shards at other versions, and the worker registers again (its join
     rolls shard 0 back) instead of failing."""
-    with two_shard_worker(checks, a, "join race") as (worker, addresses):
+    with two_shard_worker(checks, a, "join race") as (worker, addresses, _):
         if worker is None:
             return
         before_once(worker._group, "pull", lambda: push_step(worker._group, 0, 0))
@@ -157,7 +161,7 @@ def join_skew(checks, a, d):
     0, throwing the steps away). Then the same between its pulls: shard 1
     no longer holds the version shard 0 gave, and the worker pulls again
     without registering again."""
-    with two_shard_worker(checks, a, "join skew") as (worker, addresses):
+    with two_shard_worker(checks, a, "join skew") as (worker, addresses, _):
         if worker is None:
             return
         worker.join()  # at step 0 on both: the shards' ranges are known
@@ -186,7 +190,7 @@ def shm_moved_under_read(checks, a, d):
     shard 0 gave from shared memory, so that buffer holds a newer version:
     the worker pulls again, as dp-worker does, and does not register
     again."""
-    with two_shard_worker(checks, a, "shm moved", data_plane="shm") as (worker, addresses):
+    with two_shard_worker(checks, a, "shm moved", data_plane="shm") as (worker, addresses, _):
         if worker is None:
             return
         worker.join()
@@ -207,6 +211,47 @@ def shm_moved_under_read(checks, a, d):
                      f"{out.strip()})")
 
 
+def channel_wait_past_deadline(checks, a, d):
+    """A wait through the step channel that outlives wait_timeout_s waits
+    again for the same request instead of posting another: shard 0 is held
+    (SIGSTOP) from the post until the worker's wait has run out once, and
+    let go at the retry; the step is applied once, the request posted
+    once."""
+    with two_shard_worker(checks, a, "channel wait", data_plane="shm",
+                          wait_timeout_s=0.5) as (worker, addresses, procs):
+        if worker is None:
+            return
+        worker.join()
+        group = worker._group
+        channel = group.shard(0).plane.channel
+        checks.check(channel is not None, "the worker has shard 0's step channel")
+        if channel is None:
+            return
+        leader = procs[group.order[0]].p
+        posted = channel._posted
+        original, tries = shards._through, []
+
+        def held(*args):
+            tries.append(channel._posted)
+            leader.send_signal(signal.SIGSTOP if len(tries) == 1 else signal.SIGCONT)
+            return original(*args)
+        shards._through = held
+        output = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(output):
+                applied = worker.push(torch.zeros(sum(n for _, n in group.ranges)), 1.0)
+        finally:
+            shards._through = original
+            leader.send_signal(signal.SIGCONT)
+        steps = [harness.status(address).step for address in addresses]
+        checks.check(applied and worker.step == 1 and steps == [1, 1] and len(tries) == 2
+                     and channel._posted == posted + 1 and "still waiting at step 0" in output.getvalue()
+                     and group.channel_exchanges >= 1,
+                     f"a step-channel wait past its deadline waits again for its request: applied {applied}, "
+                     f"the worker at step {worker.step}, the shards at {steps}, {len(tries)} waits, "
+                     f"{channel._posted - posted} request(s) posted ({output.getvalue().strip()})")
+
+
 def main():
     a = harness.args()
     checks = harness.Checks()
@@ -216,6 +261,7 @@ def main():
         join_race(checks, a, d)
         join_skew(checks, a, d)
         shm_moved_under_read(checks, a, d)
+        channel_wait_past_deadline(checks, a, d)
         job = ["--workers=2", "--max_steps=100000", "--batch_size=16"]
         refused(checks, a.ps, job, ["--data_id", "set-a"], ["--data_id", "set-b"], "DataMismatch")
         token = os.path.join(d, "token")
