@@ -34,6 +34,7 @@ struct alignas(64) RequestHalf {  // the worker writes it
   std::atomic<int32_t> num_samples;
   std::atomic<int32_t> encoding;
   std::atomic<uint32_t> idle;
+  std::atomic<int32_t> kind;
 };
 
 struct alignas(64) ResponseHalf {  // dp-ps writes it
@@ -68,7 +69,8 @@ static_assert(offsetof(Page, request.seq) == 0 &&
               offsetof(Page, request.loss_bits) == 24 &&
               offsetof(Page, request.num_samples) == 28 &&
               offsetof(Page, request.encoding) == 32 &&
-              offsetof(Page, request.idle) == 36);
+              offsetof(Page, request.idle) == 36 &&
+              offsetof(Page, request.kind) == 40);
 static_assert(offsetof(Page, response.seq) == 64 &&
               offsetof(Page, response.client_parked) == 68 &&
               offsetof(Page, response.code) == 72 &&
@@ -126,7 +128,7 @@ bool SpinUntil(Done done, absl::Duration spin) {
 }  // namespace
 
 bool ChannelRequest::operator==(const ChannelRequest& o) const {
-  return step == o.step && block_first == o.block_first &&
+  return kind == o.kind && step == o.step && block_first == o.block_first &&
          block_count == o.block_count && loss == o.loss &&
          num_samples == o.num_samples && encoding == o.encoding &&
          idle == o.idle;
@@ -147,6 +149,7 @@ absl::StatusOr<ChannelResponse> ChannelClient::Call(
     if (request == pending_ || !last.ok()) return last;
   }
   RequestHalf& r = PageOf(page_)->request;
+  r.kind.store(static_cast<int32_t>(request.kind), std::memory_order_relaxed);
   r.step.store(request.step, std::memory_order_relaxed);
   r.block_first.store(request.block_first, std::memory_order_relaxed);
   r.block_count.store(request.block_count, std::memory_order_relaxed);
@@ -272,6 +275,8 @@ bool ChannelServer::Next(ChannelRequest* out, uint32_t* seq) {
     // writes from now on changes nothing about this request.
     seen_ = now;
     *seq = now;
+    out->kind =
+        static_cast<ChannelKind>(r.kind.load(std::memory_order_relaxed));
     out->step = r.step.load(std::memory_order_relaxed);
     out->block_first = r.block_first.load(std::memory_order_relaxed);
     out->block_count = r.block_count.load(std::memory_order_relaxed);

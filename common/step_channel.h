@@ -31,10 +31,19 @@ namespace dp {
 // The page's size (a region of exactly this many bytes).
 inline constexpr size_t kStepChannelBytes = 4096;
 
+// What a request asks, as the call it stands for would: a push and the wait
+// for the step (PushPull: shard 0's, which leads the step), a push alone
+// (Push: the other shards', answered once the gradient is read), or the
+// weights of version `step` in shared memory (Pull with a version: the
+// other shards', once shard 0 answered).
+enum class ChannelKind : int32_t { kPushPull = 0, kPush = 1, kPull = 2 };
+
 // A push of the gradient in the worker's slot (or, idle, of nothing) and the
-// wait for the step: PushPull's request, as far as shared memory needs it.
+// wait for the step, or one of its halves (`kind`): the call's request, as
+// far as shared memory needs it.
 struct ChannelRequest {
-  int64_t step = 0;
+  ChannelKind kind = ChannelKind::kPushPull;  // any value, as read
+  int64_t step = 0;                           // kPull: the version asked for
   int32_t block_first = 0;
   int32_t block_count = 0;  // 0: micro-batch `rank` alone
   float loss = 0.0f;
@@ -44,8 +53,9 @@ struct ChannelRequest {
   bool operator==(const ChannelRequest& o) const;
 };
 
-// PushPull's answer: an error, or the weights of version `step` in shared
-// memory (with the block of it to compute), or more work at `step`.
+// The answer: an error, or the weights of version `step` in shared memory
+// (with the block of it to compute), or more work at `step`; to a kPush, the
+// step the push counted for.
 struct ChannelResponse {
   absl::StatusCode code = absl::StatusCode::kOk;
   std::string message;  // with an error; cut to kMaxMessageBytes

@@ -165,6 +165,7 @@ PsService::PsService(StepCoordinator* coordinator, ServerMetrics* metrics,
       restore_(options.restore),
       on_rewound_(options.on_rewound),
       on_weights_collected_(options.on_weights_collected),
+      on_channel_request_(options.on_channel_request),
       weight_encoding_(coordinator->Status().config.weight_encoding) {
   if (shared_ != nullptr) {
     // Each version goes into shared memory as the update makes it, not in
@@ -474,7 +475,44 @@ absl::StatusOr<StepCoordinator::PushResult> PsService::ReceiveCheckedPush(
 void PsService::ServeStepChannel(int rank, uint64_t slot_id,
                                  const ChannelRequest& r,
                                  StepChannels::Answer answer) {
-  // The request as PushPull would have it: the gradient in the rank's
+  if (on_channel_request_) on_channel_request_(rank, r);
+  auto refuse = [this, answer](const absl::Status& s) {
+    metrics_->CountRejected(s.code());
+    ChannelResponse response;
+    response.code = s.code();
+    response.message = std::string(s.message());
+    answer(response);
+  };
+  auto accept = [this, answer](const ChannelResponse& response) {
+    metrics_->CountRejected(absl::StatusCode::kOk);
+    answer(response);
+  };
+  switch (r.kind) {
+    case ChannelKind::kPushPull:
+    case ChannelKind::kPush:
+      break;
+    case ChannelKind::kPull: {
+      // Pull with a version, the weights in shared memory. Any other
+      // version than the current one goes over gRPC, which can send the
+      // one before in a message.
+      absl::StatusOr<StepCoordinator::Version> v =
+          PublishInSharedMemory(rank, r.step);
+      if (!v.ok()) return refuse(v.status());
+      metrics_->SawRank(rank);
+      ChannelResponse response;
+      response.step = v->step;
+      response.block_first = v->block.first;
+      response.block_count = v->block.count;
+      response.done = coordinator_->done();
+      return accept(response);
+    }
+    default:
+      return refuse(absl::InvalidArgumentError(absl::StrFormat(
+          "rank %d's step channel: request kind %d is none of PushPull (0), "
+          "Push (1), Pull (2)",
+          rank, static_cast<int32_t>(r.kind))));
+  }
+  // The request as the call would have it: the gradient in the rank's
   // slot, the weights back in shared memory. The page was handed over for
   // a registration that passed the token; holding it is the credential, as
   // holding the slot is.
@@ -492,19 +530,17 @@ void PsService::ServeStepChannel(int rank, uint64_t slot_id,
     request.mutable_block()->set_first(r.block_first);
     request.mutable_block()->set_count(r.block_count);
   }
-  auto refuse = [this, answer](const absl::Status& s) {
-    metrics_->CountRejected(s.code());
+  absl::StatusOr<StepCoordinator::PushResult> pushed =
+      ReceiveCheckedPush(request, {});
+  if (!pushed.ok()) return refuse(pushed.status());
+  if (r.kind == ChannelKind::kPush) {
     ChannelResponse response;
-    response.code = s.code();
-    response.message = std::string(s.message());
-    answer(response);
-  };
-  if (auto pushed = ReceiveCheckedPush(request, {}); !pushed.ok()) {
-    return refuse(pushed.status());
+    response.step = pushed->step;
+    return accept(response);
   }
   const absl::Time arrived = absl::Now();
   // Filled on whichever thread the step is applied (or work handed) on.
-  auto respond = [this, rank, arrived, answer, refuse](int64_t step,
+  auto respond = [this, rank, arrived, accept, refuse](int64_t step,
                                                        Block work) {
     metrics_->ObserveBarrierWait(rank, absl::Now() - arrived);
     ChannelResponse response;
@@ -520,8 +556,7 @@ void PsService::ServeStepChannel(int rank, uint64_t slot_id,
     }
     response.block_first = work.first;
     response.block_count = work.count;
-    metrics_->CountRejected(absl::StatusCode::kOk);
-    answer(response);
+    accept(response);
   };
   absl::StatusOr<StepCoordinator::WaitTicket> ticket =
       coordinator_->WaitForStep(

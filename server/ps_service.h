@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
+#include "common/step_channel.h"
 #include "proto/dp.grpc.pb.h"
 #include "proto/security.h"
 #include "server/request_validator.h"
@@ -39,6 +40,10 @@ struct PsServiceOptions {
   // Called when shard 0 says it has collected this shard's weights of
   // `step` (GetStatus with `collected`).
   std::function<void(int64_t step)> on_weights_collected;
+  // Called on a step channel's thread as each request is read, before it
+  // is served: for tests, what a gRPC interceptor is to a call.
+  std::function<void(int rank, const ChannelRequest& request)>
+      on_channel_request;
 };
 
 // The generated callback service, with the three calls that carry tensors
@@ -230,6 +235,7 @@ class PsService final : public ParameterServerBase {
   const std::function<absl::StatusOr<TrainingState>(int64_t)> restore_;
   const std::function<void(int64_t, uint64_t)> on_rewound_;
   const std::function<void(int64_t)> on_weights_collected_;
+  const std::function<void(int, const ChannelRequest&)> on_channel_request_;
   const Encoding weight_encoding_;  // the job's, fixed
   Attendance attendance_;
 };

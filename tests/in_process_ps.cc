@@ -44,6 +44,18 @@ class BeforeCallFactory
   const std::function<void(const std::string&)>* const hook_;
 };
 
+std::string ChannelMethod(ChannelKind kind) {
+  switch (kind) {
+    case ChannelKind::kPushPull:
+      return "step channel /dp.v1.ParameterServer/PushPull";
+    case ChannelKind::kPush:
+      return "step channel /dp.v1.ParameterServer/Push";
+    case ChannelKind::kPull:
+      return "step channel /dp.v1.ParameterServer/Pull";
+  }
+  return "step channel: unknown";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
@@ -76,6 +88,14 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Start(
             int64_t step) -> absl::StatusOr<TrainingState> {
       if (step != 0) return absl::NotFoundError("no checkpoints");
       return initial;
+    };
+  }
+  if (options.before_call) {
+    // A step channel's request as the call it stands for, so that a hook
+    // on a method sees it whichever way it came.
+    service_options.on_channel_request = [hook = &ps->before_call_](
+                                             int, const ChannelRequest& r) {
+      (*hook)(ChannelMethod(r.kind));
     };
   }
   ps->service_ = std::make_unique<PsService>(ps->coordinator_.get(),

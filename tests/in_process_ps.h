@@ -38,7 +38,8 @@ struct InProcessPsOptions {
   int shards = 1;
   // Run on a gRPC thread as each call arrives, before its handler, with the
   // method's full name ("/dp.v1.ParameterServer/Pull"): a test acts between
-  // two calls of a worker.
+  // two calls of a worker. A request through a step channel, on its thread,
+  // is named as its call with "step channel " before it.
   std::function<void(const std::string& method)> before_call;
 };
 

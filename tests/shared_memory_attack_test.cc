@@ -316,7 +316,18 @@ TEST_P(SharedMemoryAttackTest, NonsenseThroughTheStepChannelIsRefused) {
   nan_loss.loss = std::numeric_limits<float>::quiet_NaN();
   ChannelRequest encoding = ChannelPush(0);
   encoding.encoding = 77;
-  for (const ChannelRequest& bad : {future, not_a_node, nan_loss, encoding}) {
+  ChannelRequest unknown_kind = ChannelPush(0);
+  unknown_kind.kind = static_cast<ChannelKind>(9);
+  ChannelRequest future_push = future;
+  future_push.kind = ChannelKind::kPush;
+  ChannelRequest future_pull;
+  future_pull.kind = ChannelKind::kPull;
+  future_pull.step = 1 << 30;
+  ChannelRequest negative_pull = future_pull;
+  negative_pull.step = -1;
+  for (const ChannelRequest& bad :
+       {future, not_a_node, nan_loss, encoding, unknown_kind, future_push,
+        future_pull, negative_pull}) {
     absl::StatusOr<ChannelResponse> a =
         w.channel().Call(bad, absl::Seconds(60));
     ASSERT_TRUE(a.ok()) << a.status();
@@ -324,6 +335,11 @@ TEST_P(SharedMemoryAttackTest, NonsenseThroughTheStepChannelIsRefused) {
     EXPECT_FALSE(a->message.empty());
     EXPECT_EQ(w.Step(), 0) << a->message;
   }
+  absl::StatusOr<ChannelResponse> a =
+      w.channel().Call(unknown_kind, absl::Seconds(60));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->code, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(a->message.find("request kind 9"), std::string::npos) << a->message;
   // A request whose words change while dp-ps reads them: one of them.
   std::atomic<bool> stop{false};
   std::thread scribbler([&] {
@@ -333,8 +349,7 @@ TEST_P(SharedMemoryAttackTest, NonsenseThroughTheStepChannelIsRefused) {
       step->store(-5, std::memory_order_relaxed);
     }
   });
-  absl::StatusOr<ChannelResponse> a =
-      w.channel().Call(ChannelPush(0), absl::Seconds(60));
+  a = w.channel().Call(ChannelPush(0), absl::Seconds(60));
   stop.store(true);
   scribbler.join();
   ASSERT_TRUE(a.ok()) << a.status();

@@ -4,12 +4,14 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/grpc_server.h"
@@ -273,6 +275,36 @@ TEST_P(TrainerShardTest, AJobMovingOnBetweenTheShardsRegistrationsIsJoined) {
   EXPECT_EQ(rollbacks, 0) << "shards seen apart were rolled back";
   ASSERT_EQ(run.shards.size(), 2u);
   for (int k = 0; k < 2; ++k) EXPECT_EQ(run.shards[k].step, 5) << k;
+}
+
+// Over shared memory a step makes no call on either shard: the push and
+// the wait go to shard 0 through its step channel, and the push to shard 1
+// and the pull of its new weights through shard 1's. Only the join's pull
+// of shard 0's current weights is a call; shard 1's of that version goes
+// through its channel too.
+TEST(TrainerShardChannelTest, EveryShardsStepsGoThroughItsStepChannel) {
+  absl::Mutex mu;
+  std::map<std::string, int> calls[2];  // by shard: method -> count
+  const ShardedRun run = RunOnTwoShards(
+      /*shm=*/true, [&](int k, const std::string& method, const TwoShards&) {
+        absl::MutexLock lock(&mu);
+        ++calls[k][method];
+      });
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ASSERT_EQ(run.shards.size(), 2u);
+  const std::string rpc = "/dp.v1.ParameterServer/";
+  const std::string channel = "step channel " + rpc;
+  absl::MutexLock lock(&mu);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(run.shards[k].step, 5) << k;
+    EXPECT_EQ(calls[k][rpc + "Push"], 0) << k;
+    EXPECT_EQ(calls[k][rpc + "PushPull"], 0) << k;
+  }
+  EXPECT_EQ(calls[0][rpc + "Pull"], 1);
+  EXPECT_EQ(calls[1][rpc + "Pull"], 0);
+  EXPECT_EQ(calls[0][channel + "PushPull"], 5);
+  EXPECT_EQ(calls[1][channel + "Push"], 5);
+  EXPECT_EQ(calls[1][channel + "Pull"], 6);
 }
 
 INSTANTIATE_TEST_SUITE_P(DataPlanes, TrainerShardTest, testing::Bool(),

@@ -516,6 +516,19 @@ absl::StatusOr<ShardState> PsClient::Rollback(int64_t step,
 
 absl::Status PsClient::Pull(int rank, std::optional<int64_t> version,
                             absl::Span<float> all, Received* received) {
+  if (version.has_value()) {
+    ChannelRequest pull;
+    pull.kind = ChannelKind::kPull;
+    pull.step = *version;
+    if (auto answer = OverChannel(pull, options_.call_timeout)) {
+      if (answer->ok()) return FromChannel(**answer, all, received);
+      // Any version but the current one is gRPC's to serve: the one
+      // before, in a message, or the refusal.
+      if (answer->status().code() != absl::StatusCode::kAborted) {
+        return answer->status();
+      }
+    }
+  }
   dp::v1::PullRequest request;
   request.set_rank(rank);
   request.set_offset(shard_.range.offset);
@@ -528,8 +541,15 @@ absl::Status PsClient::Pull(int rank, std::optional<int64_t> version,
 }
 
 absl::Status PsClient::Push(const Gradient& gradient, int64_t* sent_bytes) {
-  const grpc::ByteBuffer request =
-      SerializePush(gradient, PlaceInSlot(gradient));
+  const bool in_slot = PlaceInSlot(gradient);
+  if (in_slot || gradient.idle) {
+    if (auto answer = OverChannel(ChannelPush(gradient, ChannelKind::kPush),
+                                  options_.call_timeout)) {
+      *sent_bytes = 0;
+      return answer->status();
+    }
+  }
+  const grpc::ByteBuffer request = SerializePush(gradient, in_slot);
   *sent_bytes = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer bytes;
   RETURN_IF_ERROR(RawCall(Raw::kPush, options_.call_timeout, request, &bytes));
@@ -552,14 +572,13 @@ absl::Status PsClient::Barrier(int rank, int64_t step, Block* work) {
 absl::Status PsClient::PushPull(const Gradient& gradient, absl::Span<float> all,
                                 Received* received, int64_t* sent_bytes) {
   const bool in_slot = PlaceInSlot(gradient);
-  if (channel_ != nullptr && (in_slot || gradient.idle)) {
-    *sent_bytes = 0;
-    absl::Status s = ChannelPushPull(gradient, all, received);
-    // dp-ps went away under the wait: gRPC retries it, and tells whether
-    // the dp-ps that answers knows this registration.
-    if (s.code() != absl::StatusCode::kUnavailable) return s;
-    if (attendance_ != nullptr) attendance_->CloseOnEnd(nullptr);
-    channel_.reset();
+  if (in_slot || gradient.idle) {
+    if (auto answer = OverChannel(ChannelPush(gradient, ChannelKind::kPushPull),
+                                  options_.wait_timeout)) {
+      *sent_bytes = 0;
+      RETURN_IF_ERROR(answer->status());
+      return FromChannel(**answer, all, received);
+    }
   }
   const grpc::ByteBuffer request = SerializePush(gradient, in_slot);
   *sent_bytes = static_cast<int64_t>(request.Length());
@@ -569,10 +588,10 @@ absl::Status PsClient::PushPull(const Gradient& gradient, absl::Span<float> all,
   return ReadWeights(response, all, received);
 }
 
-absl::Status PsClient::ChannelPushPull(const Gradient& gradient,
-                                       absl::Span<float> all,
-                                       Received* received) {
+ChannelRequest PsClient::ChannelPush(const Gradient& gradient,
+                                     ChannelKind kind) {
   ChannelRequest request;
+  request.kind = kind;
   request.step = gradient.step;
   request.block_first = gradient.block.first;
   request.block_count = gradient.block.count;
@@ -580,11 +599,28 @@ absl::Status PsClient::ChannelPushPull(const Gradient& gradient,
   request.num_samples = gradient.num_samples;
   request.encoding = static_cast<int32_t>(ToProto(gradient.encoding));
   request.idle = gradient.idle;
-  ASSIGN_OR_RETURN(const ChannelResponse answer,
-                   channel_->Call(request, options_.wait_timeout));
-  if (answer.code != absl::StatusCode::kOk) {
-    return absl::Status(answer.code, answer.message);
+  return request;
+}
+
+std::optional<absl::StatusOr<ChannelResponse>> PsClient::OverChannel(
+    const ChannelRequest& request, absl::Duration timeout) {
+  if (channel_ == nullptr) return std::nullopt;
+  absl::StatusOr<ChannelResponse> answer = channel_->Call(request, timeout);
+  if (answer.ok() && answer->code != absl::StatusCode::kOk) {
+    answer = absl::Status(answer->code, answer->message);
   }
+  if (answer.status().code() != absl::StatusCode::kUnavailable) {
+    return answer;
+  }
+  // dp-ps went away under the wait: gRPC retries it, and tells whether
+  // the dp-ps that answers knows this registration.
+  if (attendance_ != nullptr) attendance_->CloseOnEnd(nullptr);
+  channel_.reset();
+  return std::nullopt;
+}
+
+absl::Status PsClient::FromChannel(const ChannelResponse& answer,
+                                   absl::Span<float> all, Received* received) {
   received->step = answer.step;
   received->wire_bytes = 0;
   received->block = Block{answer.block_first, answer.block_count};

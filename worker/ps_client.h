@@ -199,10 +199,17 @@ class PsClient {
   // Puts this shard's range of the gradient into the slot when there is
   // one (unless it is there already); true when it is there.
   bool PlaceInSlot(const Gradient& gradient);
-  // PushPull through the step channel: UNAVAILABLE once dp-ps ended this
-  // registration's attendance (it went away under the wait).
-  absl::Status ChannelPushPull(const Gradient& gradient, absl::Span<float> all,
-                               Received* received);
+  // The step channel's request that pushes `gradient` from the slot (or,
+  // idle, nothing) as `kind`.
+  static ChannelRequest ChannelPush(const Gradient& gradient, ChannelKind kind);
+  // `request` through the step channel, the answer or its error; nullopt
+  // when there is no channel, or no longer: dp-ps went away under the wait
+  // (UNAVAILABLE), and the caller makes the call over gRPC instead.
+  std::optional<absl::StatusOr<ChannelResponse>> OverChannel(
+      const ChannelRequest& request, absl::Duration timeout);
+  // The channel's answer of weights (or of more work) into `all`.
+  absl::Status FromChannel(const ChannelResponse& answer, absl::Span<float> all,
+                           Received* received);
   // A Push or PushPull request: naming the slot (in_slot), or carrying this
   // shard's range of gradient.wire without a copy.
   grpc::ByteBuffer SerializePush(const Gradient& gradient, bool in_slot) const;
