@@ -4,10 +4,13 @@
 # progress (epoch, step/total, loss, samples/s, ETA) and the test accuracy.
 # Stops everything on Ctrl-C or on the first process that fails.
 #
-# Usage: scripts/launch.sh [--workers N] [--backend auto|cpu|cuda]
+# Usage: scripts/launch.sh [--workers N] [--shards K] [--backend auto|cpu|cuda]
 #                          [--data_dir DIR] [--metrics_port P]
 #                          [--worker_flag=FLAG ...] [--rusage]
 #                          [any other dp-ps flag ...]
+# --shards K (default 1): K dp-ps shards (docs/sharding.md), each with the
+# other dp-ps flags; shard 0 logs to dp-ps.log and shows the progress,
+# shard k to dp-ps-k.log; the workers get every shard's address.
 # --backend (default auto): the workers' backend. With GPUs, worker r runs on
 # GPU r modulo their number, so each worker has its own while there are
 # enough.
@@ -25,8 +28,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/job-lib.sh
 BIN=${BIN:-build}
-take_flags workers=2 backend=auto data_dir= metrics_port=0 'worker_flag[]' \
-  -- "$@"
+take_flags workers=2 shards=1 backend=auto data_dir= metrics_port=0 \
+  'worker_flag[]' -- "$@"
 rusage=false
 ps_args=()
 for arg in "${other_args[@]}"; do
@@ -39,6 +42,13 @@ done
 case "$metrics_port" in
   '' | *[!0-9]*) echo "launch: --metrics_port must be a port number, got '$metrics_port'" >&2; exit 2 ;;
 esac
+case "$shards" in
+  '' | *[!0-9]* | 0) echo "launch: --shards must be a number of shards (1 or more), got '$shards'" >&2; exit 2 ;;
+esac
+if [ "$shards" -gt 1 ] && [ "$metrics_port" -gt 0 ]; then
+  echo "launch: --metrics_port serves one dp-ps; with --shards=$shards, leave it out" >&2
+  exit 2
+fi
 
 if $rusage && [ ! -x /usr/bin/time ]; then
   echo "launch: --rusage needs GNU time (/usr/bin/time, Debian package time)" >&2
@@ -77,21 +87,46 @@ metrics_flags() {  # the metrics flags of dp-ps (offset 0) or worker r (1+r)
   echo "--metrics_host=127.0.0.1 --metrics_port=$((metrics_port + $1))"
 }
 
+declare -A name_of
+# Shards 1..K-1 first: shard 0 needs their addresses. Each picks a free
+# port and says which.
+others=""
+shard_flags=()
+for ((k = 1; k < shards; k++)); do
+  : >"$run_dir/dp-ps-$k.log"
+  measured "dp-ps-$k" "$BIN/server/dp-ps" --host=127.0.0.1 --port=0 \
+    --workers="$workers" --shards="$shards" --shard="$k" "${ps_args[@]}" \
+    >"$run_dir/dp-ps-$k.log" 2>&1 &
+  pids+=("$!")
+  name_of[$!]="dp-ps shard $k"
+  p=$(ps_port "$run_dir/dp-ps-$k.log" "$!")
+  if [ -z "$p" ]; then
+    echo "launch: dp-ps shard $k did not start (log: $run_dir/dp-ps-$k.log)" >&2
+    stop_all
+    exit 1
+  fi
+  others+="${others:+,}127.0.0.1:$p"
+done
+[ "$shards" -gt 1 ] &&
+  shard_flags=(--shards="$shards" --shard=0 --shard_addresses="$others")
+
 # The log exists before dp-ps starts: tee creates it only once it runs, and
 # the poll below must not read a file that is not there yet.
 : >"$run_dir/dp-ps.log"
 measured dp-ps "$BIN/server/dp-ps" --host=127.0.0.1 --port=0 --workers="$workers" \
-  $(metrics_flags 0) "${ps_args[@]}" > >(tee "$run_dir/dp-ps.log") 2>&1 &
+  $(metrics_flags 0) "${shard_flags[@]}" "${ps_args[@]}" \
+  > >(tee "$run_dir/dp-ps.log") 2>&1 &
 ps_pid=$!
 pids+=("$ps_pid")
+name_of[$ps_pid]=dp-ps
 
-# dp-ps picks a free port and says which.
 port=$(ps_port "$run_dir/dp-ps.log" "$ps_pid")
 if [ -z "$port" ]; then
   echo "launch: dp-ps did not start (log: $run_dir/dp-ps.log)" >&2
   stop_all
   exit 1
 fi
+ps_list="127.0.0.1:$port${others:+,$others}"
 
 # GPUs this machine shows (0 without a driver); the CPU backend needs none.
 gpus=0
@@ -102,9 +137,8 @@ device_flag() {  # worker $1's GPU, when there are GPUs
   [ "$gpus" -gt 0 ] && echo "--device=$(($1 % gpus))"
 }
 
-declare -A name_of=([$ps_pid]=dp-ps)
 for ((r = 0; r < workers; r++)); do
-  measured "worker-$r" "$BIN/worker/dp-worker" --ps="127.0.0.1:$port" \
+  measured "worker-$r" "$BIN/worker/dp-worker" --ps="$ps_list" \
     --rank="$r" --backend="$backend" $(device_flag "$r") \
     ${data_dir:+--data_dir="$data_dir"} \
     $(metrics_flags $((r + 1))) "${worker_flag[@]}" \
@@ -114,7 +148,9 @@ for ((r = 0; r < workers; r++)); do
 done
 on_gpus=""
 [ "$gpus" -gt 0 ] && on_gpus=" on $gpus GPUs"
-echo "launch: dp-ps on port $port, $workers workers$on_gpus; logs in $run_dir"
+on_shards=""
+[ "$shards" -gt 1 ] && on_shards=" (shard 0 of $shards; the others on $others)"
+echo "launch: dp-ps on port $port$on_shards, $workers workers$on_gpus; logs in $run_dir"
 
 # Reap processes as they end; the first failure stops the others.
 remaining=${#pids[@]}
@@ -125,7 +161,10 @@ while [ "$remaining" -gt 0 ]; do
   if [ "$code" -ne 0 ]; then
     name=${name_of[$done_pid]:-process}
     echo "launch: $name exited with code $code; stopping the others" >&2
-    [ "$name" != dp-ps ] && tail -n 20 "$run_dir/worker-${name#worker }.log" >&2
+    case "$name" in
+      worker*) tail -n 20 "$run_dir/worker-${name#worker }.log" >&2 ;;
+      "dp-ps shard"*) tail -n 20 "$run_dir/dp-ps-${name#dp-ps shard }.log" >&2 ;;
+    esac
     stop_all
     exit "$code"
   fi

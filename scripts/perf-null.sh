@@ -22,7 +22,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 work=$(mktemp -d "${TMPDIR:-/tmp}/dp-perf-null-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 sizes="1 2 4 8"
-planes="shm shm-park shm-call grpc"
+planes="shm shm-park shm-call shm-2shards grpc"
 
 ratio() { calc "%.2fx" "a / b" "$1" "$2"; }  # a / b as "1.23x"
 
@@ -35,8 +35,10 @@ job() {
   local plane=$1 n=$2 dir ps w rate v values=() flags
   # shm-call: the same memory, with a PushPull call per step instead of the
   # step channel; shm-park: the step channel, the workers' waits sleeping at
-  # once instead of spinning first (--spin_us).
+  # once instead of spinning first (--spin_us); shm-2shards: shm on two
+  # dp-ps shards (each shard's step through its own channel).
   case $plane in
+    shm-2shards) flags=(--shards 2 --worker_flag=--data_plane=shm) ;;
     shm-call) flags=(--worker_flag=--data_plane=shm --worker_flag=--step_channel=false) ;;
     shm-park) flags=(--worker_flag=--data_plane=shm --worker_flag=--spin_us=0) ;;
     *) flags=(--worker_flag=--data_plane="$plane") ;;
@@ -90,21 +92,23 @@ done
 
 echo "== null compute: the step is the exchange (--backend=null, synthetic, batch 1,"
 echo "   $steps steps, dp-ps's update on $threads thread(s)), median of $repeats runs"
-row() { printf "%-3s %8s | %8s %8s %7s | %8s %8s %7s | %7s %8s %8s\n" "$@"; }
-row "" "floor" "" "shm" "" "" "gRPC" "" "gRPC" "shm-call" "shm-park"
-row N "ms" "step ms" "update" "/floor" "step ms" "update" "/floor" "/shm" "/shm" "/shm"
+row() { printf "%-3s %8s | %8s %8s %7s | %8s %8s %7s | %7s %8s %8s %8s\n" "$@"; }
+row "" "floor" "" "shm" "" "" "gRPC" "" "gRPC" "shm-call" "shm-park" "2 shards"
+row N "ms" "step ms" "update" "/floor" "step ms" "update" "/floor" "/shm" "/shm" "/shm" "/shm"
 for n in $sizes; do
   row "$n" "${med[floor-$n]}" \
     "${med[shm-$n,1]}" "${med[shm-$n,4]}" "$(ratio "${med[shm-$n,1]}" "${med[floor-$n]}")" \
     "${med[grpc-$n,1]}" "${med[grpc-$n,4]}" "$(ratio "${med[grpc-$n,1]}" "${med[floor-$n]}")" \
     "$(ratio "${med[grpc-$n,1]}" "${med[shm-$n,1]}")" \
     "$(ratio "${med[shm-call-$n,1]}" "${med[shm-$n,1]}")" \
-    "$(ratio "${med[shm-park-$n,1]}" "${med[shm-$n,1]}")"
+    "$(ratio "${med[shm-park-$n,1]}" "${med[shm-$n,1]}")" \
+    "$(ratio "${med[shm-2shards-$n,1]}" "${med[shm-$n,1]}")"
 done
 echo "floor: dp-ps's update alone for N (average of N gradients + Adam; exchange_bench"
 echo "  --update_only=$threads, warm caches). step ms: dp-ps's wall time per step, first"
 echo "  update to last. update: dp-ps's update per step in the job. /floor: step over floor."
 echo "  shm-park: the workers' step channel waits sleep at once instead of spinning first."
+echo "  2 shards: shm on two dp-ps shards (shard 0's step time) over shm on one."
 echo
 echo "rank 0's step in parts (medians, ms per step): compute (batch gather + the null"
 echo "  backend's fill of the gradient), exchange (push, barrier, new weights), and on"
