@@ -5,13 +5,14 @@ new weights come from every shard. A join brings the shards to one step,
 rolling them back to the newest step all of them can restore when one
 restarted from an older checkpoint. One address: one dp-ps."""
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
 
-from . import errors
+from . import errors, step_channel
 from ._proto import dp_pb2
 from .ps_client import PsClient
 
@@ -61,6 +62,10 @@ class ShardGroup:
         self._pool = ThreadPoolExecutor(len(self.clients)) if len(self.clients) > 1 else None
         self._join_version = None
         self.channel_exchanges = 0  # push_pulls answered through the step channel
+        # gRPC calls of steps' exchanges (Push, Pull, PushPull) to any shard:
+        # none in a healthy job over shared memory with step channels.
+        self.step_calls = 0
+        self._calls_lock = threading.Lock()
 
     def shard(self, k):
         return self.clients[self.order[k]]
@@ -221,17 +226,58 @@ class ShardGroup:
         self._write(0, head, flat)
         return head
 
+    def _step_call(self, k, method, request, timeout_s=None):
+        """A gRPC call of a step's exchange to shard k, counted."""
+        with self._calls_lock:
+            self.step_calls += 1
+        return self.shard(k).call(method, request, timeout_s)
+
+    def _over_channel(self, k, kind, request, timeout_s):
+        """`request` (a PushRequest, or the version asked for) of `kind`
+        through shard k's step channel: the PullResponse the call would have
+        answered; None without a channel, or once dp-ps went away under the
+        wait (gRPC then retries it, and tells whether the dp-ps that answers
+        knows this registration)."""
+        client = self.shard(k)
+        channel = client.plane.channel if client.plane is not None else None
+        if channel is None:
+            return None
+        try:
+            return _through(channel, kind, request, timeout_s)
+        except errors.DpError as e:
+            if getattr(e, "code", None) != grpc.StatusCode.UNAVAILABLE:
+                raise
+            client.plane.drop_channel()
+            return None
+
+    def _push(self, k, request):
+        """A follower's push: through its step channel, else a Push call."""
+        client = self.shard(k)
+        if self._over_channel(k, step_channel.PUSH, request, client.call_timeout_s) is None:
+            self._step_call(k, "Push", request)
+
     def _pull_followers(self, rank, version, flat):
         def pull(k):
-            r = self.shard(k).call("Pull", dp_pb2.PullRequest(
-                rank=rank, offset=self.ranges[k][0], version=version,
-                weights_in_shm=self.shard(k).plane is not None))
+            client = self.shard(k)
+            try:
+                r = self._over_channel(k, step_channel.PULL, version, client.call_timeout_s)
+            except errors.DpError as e:
+                # Any version but the current one is gRPC's to serve (the
+                # one before, in a message) or to refuse.
+                if getattr(e, "code", None) != grpc.StatusCode.ABORTED:
+                    raise
+                r = None
+            through = r is not None
+            if not through:
+                r = self._step_call(k, "Pull", dp_pb2.PullRequest(
+                    rank=rank, offset=self.ranges[k][0], version=version,
+                    weights_in_shm=client.plane is not None))
             if r.step != version:
                 e = errors.WorkerFailure(f"the shards answered with versions {version} and {r.step}: re-sync")
                 e.code = grpc.StatusCode.ABORTED
                 raise e
             self._write(k, r, flat)
-            return r.ByteSize()
+            return 0 if through else r.ByteSize()
         try:
             self.wire_bytes[1] += sum(self._each(pull, list(range(1, len(self.clients)))))
         except errors.DpError as e:
@@ -279,34 +325,26 @@ class ShardGroup:
                 r.gradient_in_shm, r.shm_slot = True, plane.slot_id
             return r
         requests = [request_for(k) for k in range(len(self.clients))]
-        lead = self.shard(0)
-        channel = lead.plane.channel if lead.plane is not None else None
-        # Over the step channel shard 0's exchange is no message at all.
-        self.wire_bytes = [sum(r.ByteSize() for r in requests[1 if channel else 0:]), 0]
+        # Through a step channel an exchange is no message at all.
+        self.wire_bytes = [sum(r.ByteSize() for k, r in enumerate(requests) if not self._has_channel(k)), 0]
         if not request.idle:
-            self._each(lambda k: self.shard(k).call("Push", requests[k]),
-                       list(range(1, len(self.clients))))
+            self._each(lambda k: self._push(k, requests[k]), list(range(1, len(self.clients))))
         head_request = requests[0]
+        lead = self.shard(0)
         while True:
             try:
-                if channel is not None:
-                    head = _through(channel, head_request, lead.wait_timeout_s)
+                had_channel = self._has_channel(0)
+                head = self._over_channel(0, step_channel.PUSH_PULL, head_request, lead.wait_timeout_s)
+                if head is not None:
                     self.channel_exchanges += 1
                 else:
-                    head = lead.call("PushPull", head_request, lead.wait_timeout_s)
+                    if had_channel:
+                        self.wire_bytes[0] += head_request.ByteSize()
+                    head = self._step_call(0, "PushPull", head_request, lead.wait_timeout_s)
                     self.wire_bytes[1] += head.ByteSize()
                 break
             except errors.DpError as e:
-                code = getattr(e, "code", None)
-                if channel is not None and code == grpc.StatusCode.UNAVAILABLE:
-                    # dp-ps went away under the wait: gRPC retries the step,
-                    # and tells whether the dp-ps that answers knows this
-                    # registration.
-                    lead.plane.drop_channel()
-                    channel = None
-                    self.wire_bytes[0] += head_request.ByteSize()
-                    continue
-                if code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                if getattr(e, "code", None) != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise
                 # The push is recorded, or sent again with the same bytes:
                 # dp-ps counts a repeat once.
@@ -320,11 +358,20 @@ class ShardGroup:
         return self.shard(0).call("ReportEval", request)
 
 
-def _through(channel, request, timeout_s):
-    """PushPull's request through the step channel: the PullResponse the
-    call would have answered (weights in shared memory, or work only)."""
-    a = channel.call(request.step, (request.block.first, request.block.count), request.loss,
-                     request.num_samples, request.idle, timeout_s)
+    def _has_channel(self, k):
+        plane = self.shard(k).plane
+        return plane is not None and plane.channel is not None
+
+
+def _through(channel, kind, request, timeout_s):
+    """A request through the step channel - a PushRequest, or for PULL the
+    version asked for - as the PullResponse the call would have answered
+    (weights in shared memory, or work only)."""
+    if kind == step_channel.PULL:
+        a = channel.call(request, (0, 0), 0.0, 0, False, timeout_s, kind)
+    else:
+        a = channel.call(request.step, (request.block.first, request.block.count), request.loss,
+                         request.num_samples, request.idle, timeout_s, kind)
     return dp_pb2.PullResponse(step=a.step, done=a.done, params_in_shm=not a.work_only,
                                block=dp_pb2.Block(first=a.block[0], count=a.block[1]),
                                work_only=a.work_only)

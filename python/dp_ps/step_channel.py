@@ -28,8 +28,12 @@ PAGE_BYTES = 4096  # kStepChannelBytes
 MAX_MESSAGE_BYTES = 1024  # ChannelResponse::kMaxMessageBytes
 # Byte offsets in the page: common/step_channel.cc's RequestHalf (the
 # worker's) and ResponseHalf (dp-ps's), which it asserts.
-REQUEST_SEQ, SERVER_PARKED, STEP, BLOCK_FIRST, BLOCK_COUNT, LOSS_BITS, NUM_SAMPLES, ENCODING, IDLE = (
-    0, 4, 8, 16, 20, 24, 28, 32, 36)
+REQUEST_SEQ, SERVER_PARKED, STEP, BLOCK_FIRST, BLOCK_COUNT, LOSS_BITS, NUM_SAMPLES, ENCODING, IDLE, KIND = (
+    0, 4, 8, 16, 20, 24, 28, 32, 36, 40)
+# ChannelKind: the call a request stands for. PUSH_PULL: shard 0's push and
+# wait for the step; PUSH: another shard's push, answered once read; PULL:
+# version `step`'s weights in shared memory.
+PUSH_PULL, PUSH, PULL = 0, 1, 2
 ANSWER_SEQ, CLIENT_PARKED, CODE, ANSWER_STEP, ANSWER_BLOCK_FIRST, ANSWER_BLOCK_COUNT, FLAGS = (
     64, 68, 72, 80, 88, 92, 96)
 MESSAGE_BYTES, MESSAGE, CLOSED, CLOSED_CODE, CLOSED_MESSAGE = 100, 104, 1128, 1132, 1136
@@ -106,14 +110,15 @@ class StepChannel:
             self._closed = True
             _futex(self._base + ANSWER_SEQ, _FUTEX_WAKE, _INT_MAX)
 
-    def call(self, step, block, loss, num_samples, idle, timeout_s):
-        """Posts a push-and-wait (block: (first, count) of the gradient in
-        the slot) and waits up to timeout_s for its Answer; errors as
+    def call(self, step, block, loss, num_samples, idle, timeout_s, kind=PUSH_PULL):
+        """Posts a request of `kind` - by default a push-and-wait (block:
+        (first, count) of the gradient in the slot); PULL asks for version
+        `step` - and waits up to timeout_s for its Answer; errors as
         dp_ps.errors with dp-ps's gRPC code. The same request again while
         the last is unanswered (after DEADLINE_EXCEEDED) waits for that one."""
         loss_bits = struct.unpack("<I", struct.pack("<f", loss))[0]
         # The encoding word: the job's grad_encoding, float32 (ENCODING_F32).
-        request = (step, block[0], block[1], loss_bits, num_samples, 0, 1 if idle else 0)
+        request = (step, block[0], block[1], loss_bits, num_samples, 0, 1 if idle else 0, kind)
         deadline = time.monotonic() + timeout_s
         if not self._answered:
             last = self._await(self._posted, deadline)
@@ -122,7 +127,7 @@ class StepChannel:
         if self._closed:
             raise self._unavailable()
         self._i64[STEP // 8] = step
-        for offset, value in zip((BLOCK_FIRST, BLOCK_COUNT, LOSS_BITS, NUM_SAMPLES, ENCODING, IDLE),
+        for offset, value in zip((BLOCK_FIRST, BLOCK_COUNT, LOSS_BITS, NUM_SAMPLES, ENCODING, IDLE, KIND),
                                  request[1:]):
             self._u32[offset // 4] = value & 0xFFFFFFFF
         self._posted = (self._posted + 1) & 0xFFFFFFFF

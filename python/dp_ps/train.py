@@ -103,7 +103,7 @@ def train(model, train_set, ps, loss_fn=F.cross_entropy, test_set=None, device="
           wait_timeout_s=30.0, data_plane="auto", stop_timeout_s=20.0, step_channel=True):
     """Trains `model` in the dp-ps job at `ps` until the job ends; see
     docs/python.md. Returns {"rank", "steps", "gradients", "last_loss",
-    "step", "channel_exchanges", "test_accuracy" (rank 0, when it
+    "step", "channel_exchanges", "step_calls", "test_accuracy" (rank 0, when it
     evaluated)}."""
     model.to(device)
     metrics = WorkerMetrics(metrics_port) if metrics_port else None
@@ -158,7 +158,8 @@ def _train(model, train_set, ps, loss_fn, test_set, device, metrics, stop, worke
         # dp-ps does not wait for an evaluation that cannot come.
         if w.rank == 0 and test_set is None and w.step == w.total_steps > 0:
             _send_report(w, w.schedule.epoch_of(w.total_steps - 1) + 1, 0.0, 0.0, 0)
-        summary.update(rank=w.rank, step=w.step, channel_exchanges=w.channel_exchanges)
+        summary.update(rank=w.rank, step=w.step, channel_exchanges=w.channel_exchanges,
+                       step_calls=w.step_calls)
     return summary
 
 

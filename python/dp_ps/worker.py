@@ -86,6 +86,12 @@ class Worker:
         """Steps exchanged through shard 0's step channel (no call) so far."""
         return self._group.channel_exchanges
 
+    @property
+    def step_calls(self):
+        """gRPC calls (Push, Pull, PushPull) the steps' exchanges made so far,
+        to any shard: none over shared memory with step channels."""
+        return self._group.step_calls
+
     def close(self):
         """Ends the attendance: dp-ps counts this worker gone at once."""
         self._group.close()

@@ -231,10 +231,13 @@ def channel_wait_past_deadline(checks, a, d):
         posted = channel._posted
         original, tries = shards._through, []
 
-        def held(*args):
-            tries.append(channel._posted)
-            leader.send_signal(signal.SIGSTOP if len(tries) == 1 else signal.SIGCONT)
-            return original(*args)
+        def held(through, kind, *args):
+            # Shard 0's push-and-wait only: the follower's push and pull go
+            # through its own channel.
+            if through is channel:
+                tries.append(channel._posted)
+                leader.send_signal(signal.SIGSTOP if len(tries) == 1 else signal.SIGCONT)
+            return original(through, kind, *args)
         shards._through = held
         output = io.StringIO()
         try:

@@ -49,13 +49,14 @@ def planes_taken(procs):
 
 def channel_exchanges(procs):
     """Each Python worker's (steps it trained, push_pulls answered through
-    the step channel), from its summary line."""
+    the step channel, gRPC calls of its steps' exchanges), from its summary
+    line."""
     out = []
     for pr in procs:
         m = re.search(r"^summary (.*)$", pr.output(), re.M) if pr.name.startswith("python") else None
         if m:
             s = json.loads(m.group(1))
-            out.append((s["steps"], s["channel_exchanges"]))
+            out.append((s["steps"], s["channel_exchanges"], s["step_calls"]))
     return out
 
 
@@ -115,14 +116,18 @@ def check_model(checks, d, model, extra):
                      f"{model}: over {plane} on {shards} dp-ps shard(s), the same sha256")
     checks.check(planes == {"shared memory", "gRPC"},
                  f"{model}: the workers said they took shared memory or gRPC as asked ({sorted(planes)})")
-    # Over shared memory shard 0's exchange goes through the step channel,
-    # on one shard and on two; over gRPC never.
+    # Over shared memory every exchange goes through the step channels, on
+    # one shard and on two (the follower's push and pull too): no call; over
+    # gRPC never.
     checks.check(len(by_channel["shm"]) == 1 + 2 + 4 + 2 and
-                 all(steps == 0 or through > 0 for steps, through in by_channel["shm"]) and
-                 sum(through for _, through in by_channel["shm"]) >= 4 * STEPS,
+                 all(steps == 0 or through > 0 for steps, through, _ in by_channel["shm"]) and
+                 sum(through for _, through, _ in by_channel["shm"]) >= 4 * STEPS and
+                 all(calls == 0 for _, _, calls in by_channel["shm"]),
                  f"{model}: every Python worker over shared memory exchanged its steps through the "
-                 f"step channel ((steps, through the channel): {by_channel['shm']})")
-    checks.check(len(by_channel["grpc"]) == 4 and all(through == 0 for _, through in by_channel["grpc"]),
+                 f"step channels, with no call ((steps, through shard 0's channel, calls): "
+                 f"{by_channel['shm']})")
+    checks.check(len(by_channel["grpc"]) == 4 and
+                 all(through == 0 and calls >= steps for steps, through, calls in by_channel["grpc"]),
                  f"{model}: over gRPC no step went through a step channel ({by_channel['grpc']})")
     # Two ranks, so that the new worker (no --rank) is given the lost rank 1:
     # with --on_worker_loss=wait each step waits for rank 1's block, and a
