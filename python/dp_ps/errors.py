@@ -3,6 +3,8 @@
 Kubernetes Job treats dp-worker's: `exit_code` is the code dp-worker would
 have exited with."""
 
+import grpc
+
 
 class DpError(Exception):
     """Anything that ends train() or a Worker call; exit_code as dp-worker's."""
@@ -52,3 +54,32 @@ class CannotRunHere(DpError):
     """This machine cannot run the computation asked for, e.g. device="cuda"
     without a usable GPU (exit 5)."""
     exit_code = 5
+
+
+def coded(message, code):
+    """A WorkerFailure carrying gRPC status `code` (e.code), for the callers
+    that act on it (ABORTED: re-sync, UNAVAILABLE: retry, ...)."""
+    e = WorkerFailure(message)
+    e.code = code
+    return e
+
+
+def for_status(code, details, address):
+    """The exception for dp-ps's status `code` and message, however it came
+    (a call, or the step channel's answer), its code kept (e.code)."""
+    if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("the job failed"):
+        cls = JobFailed
+    elif code == grpc.StatusCode.FAILED_PRECONDITION and "different data" in details:
+        cls = DataMismatch
+    elif code == grpc.StatusCode.FAILED_PRECONDITION and "different model" in details:
+        cls = ModelMismatch
+    elif code == grpc.StatusCode.UNAUTHENTICATED:
+        cls = Unauthenticated
+    elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                  grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DATA_LOSS):
+        cls = ConfigError
+    else:
+        cls = WorkerFailure
+    err = cls(f"dp-ps at {address}: {code.name}: {details}")
+    err.code = code
+    return err

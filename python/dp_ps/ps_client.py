@@ -77,30 +77,8 @@ def _channel(address, tls, max_message_bytes):
 
 
 def error_of(e, address):
-    """The dp_ps.errors exception for a failed call, its gRPC code kept
-    (e.code) for the callers that act on it (ABORTED: re-sync, ...)."""
-    return error_for(e.code(), e.details() or "", address)
-
-
-def error_for(code, details, address):
-    """error_of for dp-ps's status `code` and message, however it came (a
-    call, or the step channel's answer)."""
-    if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("the job failed"):
-        cls = errors.JobFailed
-    elif code == grpc.StatusCode.FAILED_PRECONDITION and "different data" in details:
-        cls = errors.DataMismatch
-    elif code == grpc.StatusCode.FAILED_PRECONDITION and "different model" in details:
-        cls = errors.ModelMismatch
-    elif code == grpc.StatusCode.UNAUTHENTICATED:
-        cls = errors.Unauthenticated
-    elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-                  grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DATA_LOSS):
-        cls = errors.ConfigError
-    else:
-        cls = errors.WorkerFailure
-    err = cls(f"dp-ps at {address}: {code.name}: {details}")
-    err.code = code
-    return err
+    """The dp_ps.errors exception for a failed call (errors.for_status)."""
+    return errors.for_status(e.code(), e.details() or "", address)
 
 
 _READY = 2  # grpc_connectivity_state GRPC_CHANNEL_READY

@@ -170,8 +170,9 @@ class SharedPlane:
             if int(self._u64[word]) != seq:
                 continue
             if encoding != F32 or num_values != self.length:
-                raise _error(f"the shared weights' buffer {step & 1} holds {num_values} values in "
-                             f"encoding {encoding}; expected {self.length} float32", "DATA_LOSS")
+                raise errors.coded(f"the shared weights' buffer {step & 1} holds {num_values} values "
+                                   f"in encoding {encoding}; expected {self.length} float32",
+                                   grpc.StatusCode.DATA_LOSS)
             if found_step != step:
                 raise _moved(f"the shared weights' buffer of version {step} holds version "
                              f"{found_step}: re-sync")
@@ -183,13 +184,7 @@ class SharedPlane:
                 return
 
 
-def _error(message, code):
-    e = errors.WorkerFailure(message)
-    e.code = getattr(grpc.StatusCode, code)
-    return e
-
-
 def _moved(message):
-    e = _error(message, "ABORTED")
+    e = errors.coded(message, grpc.StatusCode.ABORTED)
     e.moved_on = True
     return e

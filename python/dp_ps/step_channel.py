@@ -137,9 +137,8 @@ class StepChannel:
         return self._await(self._posted, deadline)
 
     def _unavailable(self):
-        return _error(grpc.StatusCode.UNAVAILABLE,
-                      f"dp-ps at {self._address}: UNAVAILABLE: dp-ps ended this worker's attendance "
-                      "(it is gone or shutting down)")
+        return errors.coded(f"dp-ps at {self._address}: UNAVAILABLE: dp-ps ended this worker's "
+                            "attendance (it is gone or shutting down)", grpc.StatusCode.UNAVAILABLE)
 
     def _await(self, seq, deadline):
         # No view of the page in a local: a frame that raised, kept by its
@@ -160,12 +159,12 @@ class StepChannel:
                 code = _CODES.get(int(self._i32[CLOSED_CODE // 4]), grpc.StatusCode.UNKNOWN)
                 if code == grpc.StatusCode.OK:
                     code = grpc.StatusCode.UNAVAILABLE
-                raise self._error(code, self._text(CLOSED_MESSAGE, MAX_MESSAGE_BYTES, nul=True))
+                raise errors.for_status(code, self._text(CLOSED_MESSAGE, MAX_MESSAGE_BYTES, nul=True),
+                                        self._address)
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _error(grpc.StatusCode.DEADLINE_EXCEEDED,
-                             f"dp-ps at {self._address}: no answer through shared memory before the "
-                             "wait's deadline")
+                raise errors.coded(f"dp-ps at {self._address}: no answer through shared memory "
+                                   "before the wait's deadline", grpc.StatusCode.DEADLINE_EXCEEDED)
             self._u32[CLIENT_PARKED // 4] = 1
             now = int(self._u32[word])
             if now != seq and not self._closed and self._u32[CLOSED // 4] == 0:
@@ -179,7 +178,7 @@ class StepChannel:
         message = self._text(MESSAGE, min(int(self._u32[MESSAGE_BYTES // 4]), MAX_MESSAGE_BYTES))
         self._answered = True
         if code != grpc.StatusCode.OK:
-            raise self._error(code, message)
+            raise errors.for_status(code, message, self._address)
         return answer
 
     def _text(self, offset, size, nul=False):
@@ -187,15 +186,3 @@ class StepChannel:
         if nul:
             raw = raw.split(b"\0", 1)[0]
         return raw.decode("utf-8", "replace")
-
-    def _error(self, code, details):
-        # Imported here: ps_client imports this module (through
-        # shared_memory).
-        from .ps_client import error_for
-        return error_for(code, details, self._address)
-
-
-def _error(code, message):
-    e = errors.WorkerFailure(message)
-    e.code = code
-    return e
