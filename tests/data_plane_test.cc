@@ -50,10 +50,12 @@ std::vector<std::string> SharedMemoryOf(pid_t pid) {
 }
 
 // A 40-step job whose ranks use `planes` ("shm" or "grpc"), with both ends
-// of the step channels spinning before they sleep when `spin`; the saved
-// model.
+// of the step channels spinning before they sleep when `spin`, and the
+// workers' `protocol`; the saved model. A worker over shared memory says
+// its steps go through its step channel, unless the protocol is plain.
 std::string Job(const TempDir& dir, const std::string& name,
-                const std::vector<std::string>& planes, bool spin = false) {
+                const std::vector<std::string>& planes, bool spin = false,
+                const std::string& protocol = "fused") {
   const std::string model = dir.File(name);
   const std::string spin_flag = spin ? "--spin_us=300" : "--spin_us=0";
   int port = 0;
@@ -62,14 +64,17 @@ std::string Job(const TempDir& dir, const std::string& name,
                         &port);
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int r = 0; r < 2; ++r) {
-    workers.push_back(StartWorker(
-        port, r, {absl::StrCat("--data_plane=", planes[r]), spin_flag}));
+    workers.push_back(StartWorker(port, r,
+                                  {absl::StrCat("--data_plane=", planes[r]),
+                                   spin_flag, "--protocol=" + protocol}));
   }
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(workers[r]->Wait(kJobTimeout), 0) << workers[r]->output();
-    const std::string path = planes[r] == "shm"
-                                 ? "tensors through shared memory"
-                                 : "tensors through gRPC";
+    const std::string path =
+        planes[r] != "shm" ? "tensors through gRPC"
+        : protocol == "fused"
+            ? "tensors through shared memory, steps through step channels"
+            : "tensors through shared memory, steps by gRPC calls";
     EXPECT_NE(workers[r]->output().find(path), std::string::npos)
         << workers[r]->output();
   }
@@ -84,10 +89,13 @@ TEST(DataPlaneTest, EveryMixOfPathsTrainsTheSameModelToTheByte) {
   const std::string mixed = Job(dir, "mixed.safetensors", {"shm", "grpc"});
   const std::string spinning =
       Job(dir, "spinning.safetensors", {"shm", "shm"}, /*spin=*/true);
+  const std::string plain = Job(dir, "plain.safetensors", {"shm", "shm"},
+                                /*spin=*/false, "plain");
   ASSERT_FALSE(grpc.empty());
   EXPECT_TRUE(shm == grpc);
   EXPECT_TRUE(mixed == grpc);
   EXPECT_TRUE(spinning == grpc);
+  EXPECT_TRUE(plain == grpc);
 }
 
 TEST(DataPlaneTest, ForcedSharedMemoryWithoutAnOfferIsAConfigurationError) {

@@ -152,6 +152,9 @@ class PsClient {
   // Since the last Register: tensors go through shared memory. Else why
   // not ("" when gRPC was asked for).
   bool shared_memory() const { return slot_ != nullptr; }
+  // Since the last Register: steps go through the step channel, while it
+  // works.
+  bool step_channel() const { return channel_ != nullptr; }
   const std::string& why_not_shared_memory() const { return why_not_shm_; }
   // This rank's gradient slot (empty without shared memory): the trainer
   // writes the encoded gradient here and pushes with in_shared_memory.

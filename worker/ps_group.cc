@@ -391,6 +391,13 @@ bool PsGroup::shared_memory() const {
   return true;
 }
 
+bool PsGroup::step_channels() const {
+  for (const auto& c : clients_) {
+    if (!c->step_channel()) return false;
+  }
+  return true;
+}
+
 std::string PsGroup::why_not_shared_memory() const {
   std::vector<std::string> why;
   for (const auto& c : clients_) {

@@ -57,6 +57,8 @@ class PsGroup {
   absl::StatusOr<JobStatus> Register(const RegistrationRequest& registration);
   // Every shard's tensors go through shared memory.
   bool shared_memory() const;
+  // Every shard's steps go through its step channel (no call per step).
+  bool step_channels() const;
   std::string why_not_shared_memory() const;
   // One dp-ps only: its gradient slot (see PsClient); empty otherwise.
   absl::Span<char> GradientSlot() const;

@@ -178,7 +178,9 @@ absl::Status Trainer::Register() {
   const bool shm = client_->shared_memory();
   if (first || shm != logged_shared_memory_) {
     Log("rank %d: tensors through %s", rank_,
-        shm ? "shared memory"
+        shm ? (client_->step_channels()
+                   ? "shared memory, steps through step channels"
+                   : "shared memory, steps by gRPC calls")
             : (client_->why_not_shared_memory().empty()
                    ? std::string("gRPC")
                    : absl::StrCat("gRPC (no shared memory: ",

@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "proto/health_server.h"
 #include "common/metrics.h"
+#include "proto/health_server.h"
 #include "worker/backend_choice.h"
 #include "worker/ps_group.h"
 #include "worker/trainer.h"

@@ -144,7 +144,8 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(const Flags& flags,
   o.cpu_threads = f.threads;
   o.tf32 = f.tf32;
   o.fused = f.protocol == "fused";
-  o.client.step_channel = f.step_channel;
+  // The plain protocol's three calls stay calls, as --protocol=plain says.
+  o.client.step_channel = f.step_channel && o.fused;
   o.client.step_spin.spin = absl::Microseconds(f.spin_us);
   o.client.data_plane = f.data_plane == "grpc"  ? DataPlane::kGrpc
                         : f.data_plane == "shm" ? DataPlane::kShm
