@@ -3,9 +3,12 @@
 against one PushPull call per step: dp-ps with 2 Python workers
 (tests/python/job_worker.py, the MLP on Fashion-MNIST, batch 2 x 16),
 the two alternated round by round; dp-ps's samples/s while training,
-median of the rounds, and the channel's rate over the call's.
+median of the rounds, and the channel's rate over the call's. With
+--spins US,US,...: the channel alone, its waits spinning that long before
+they park (train()'s spin_us), the lengths alternated round by round; each
+one's rate over the first's.
 
-Usage: bench/python_channel.py BUILD_DIR [ROUNDS] [STEPS]
+Usage: bench/python_channel.py BUILD_DIR [ROUNDS] [STEPS] [--spins US,...]
 """
 
 import os
@@ -37,11 +40,33 @@ def rate(ps_binary, steps, worker_flags):
     return float(line.group(1))
 
 
+def spins(ps_binary, rounds, steps, lengths):
+    rates = {us: [] for us in lengths}
+    for r in range(rounds):
+        for us in lengths:
+            rates[us].append(rate(ps_binary, steps, ["--spin_us", str(us)]))
+        print(f"round {r + 1}: " + ", ".join(f"spin {us} us {rates[us][-1]:.0f}" for us in lengths)
+              + " samples/s", flush=True)
+    first = lengths[0]
+    for us in lengths:
+        ratios = [a / b for a, b in zip(rates[us], rates[first])]
+        print(f"spin {us} us: median {statistics.median(rates[us]):.0f} samples/s, "
+              f"{statistics.median(ratios):.2f}x spin {first} us (median of {rounds} rounds' ratios)")
+
+
 def main():
-    build = sys.argv[1]
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 600
+    args = sys.argv[1:]
+    lengths = None
+    if "--spins" in args:
+        at = args.index("--spins")
+        lengths = [int(v) for v in args[at + 1].split(",")]
+        del args[at:at + 2]
+    build = args[0]
+    rounds = int(args[1]) if len(args) > 1 else 5
+    steps = int(args[2]) if len(args) > 2 else 600
     ps_binary = os.path.join(build, "server", "dp-ps")
+    if lengths:
+        return spins(ps_binary, rounds, steps, lengths)
     channel, call = [], []
     for r in range(rounds):
         channel.append(rate(ps_binary, steps, []))

@@ -14,6 +14,7 @@ import grpc
 from . import errors
 from ._proto import dp_pb2, dp_pb2_grpc
 from .shared_memory import SharedPlane, why_unusable
+from .step_channel import MAX_SPIN_US, SPIN_US
 
 DATA_PLANES = ("auto", "grpc", "shm")
 
@@ -92,13 +93,18 @@ class PsClient:
     memory dp-ps offers when it can reach it (its host), else gRPC; "shm"
     fails where it cannot; "grpc" never asks for it. step_channel as
     dp-worker's --step_channel: with shared memory, each step goes through
-    the registration's step channel instead of a PushPull call."""
+    the registration's step channel instead of a PushPull call; spin_us as
+    dp-worker's --spin_us: how long its waits look for the answer, yielding
+    the core at each look, before they park."""
 
     def __init__(self, address, tls=None, token=None, call_timeout_s=30.0,
                  wait_timeout_s=30.0, retry_for_s=120.0, max_message_bytes=4 << 20,
-                 data_plane="auto", step_channel=True):
+                 data_plane="auto", step_channel=True, spin_us=SPIN_US):
         if data_plane not in DATA_PLANES:
             raise errors.ConfigError(f"data_plane: {data_plane!r} is none of {', '.join(DATA_PLANES)}")
+        if not 0 <= spin_us <= MAX_SPIN_US:
+            raise errors.ConfigError(f"spin_us: {spin_us!r} is outside [0, {MAX_SPIN_US}] microseconds")
+        self.spin_s = spin_us * 1e-6
         self.address = address
         self.data_plane = data_plane
         self.step_channel = step_channel
@@ -210,7 +216,8 @@ class PsClient:
         if why is None:
             try:
                 self.plane = SharedPlane(response.shm_socket, response.shm_ticket, response.shard.length,
-                                         response.shm_slot, self.address, self.step_channel)
+                                         response.shm_slot, self.address, self.step_channel,
+                                         self.spin_s)
             except errors.DpError as e:
                 why = str(e)
         if self.plane is not None and self.plane.channel is not None and self._attendance is not None:

@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 
 from . import errors
-from .step_channel import StepChannel
+from .step_channel import SPIN_S, StepChannel
 
 # A weights buffer's header: sequence counter (u64, odd while dp-ps
 # writes), version (i64), number of values (i64), encoding (u32), padded
@@ -94,16 +94,18 @@ def _map(fd, size, writable):
 class SharedPlane:
     """One shard's weights and this rank's slot of its range (`length`
     float32 values), for registration `slot_id`; with `step_channel`, its
-    page (self.channel, else None), whose errors name dp-ps at `address`."""
+    page (self.channel, else None), whose errors name dp-ps at `address` and
+    whose waits spin for `spin_s` before they park."""
 
-    def __init__(self, socket_name, ticket, length, slot_id, address="", step_channel=False):
+    def __init__(self, socket_name, ticket, length, slot_id, address="", step_channel=False,
+                 spin_s=SPIN_S):
         fds = fetch(socket_name, ticket)
         self.channel = None
         if not step_channel:
             os.close(fds[2])
         else:
             try:
-                self.channel = StepChannel(fds[2], address)  # takes fds[2]
+                self.channel = StepChannel(fds[2], address, spin_s)  # takes fds[2]
             except BaseException:
                 _close_all(fds[:2])
                 raise

@@ -38,9 +38,10 @@ ANSWER_SEQ, CLIENT_PARKED, CODE, ANSWER_STEP, ANSWER_BLOCK_FIRST, ANSWER_BLOCK_C
     64, 68, 72, 80, 88, 92, 96)
 MESSAGE_BYTES, MESSAGE, CLOSED, CLOSED_CODE, CLOSED_MESSAGE = 100, 104, 1128, 1132, 1136
 DONE, WORK_ONLY = 1, 2
-# dp-worker's --spin_us default: how long an answer is looked for, yielding
-# the core at each look, before the wait parks.
-SPIN_S = 300e-6
+# dp-worker's --spin_us, its default and bound: how long an answer is looked
+# for, yielding the core at each look, before the wait parks.
+SPIN_US, MAX_SPIN_US = 300, 10000
+SPIN_S = SPIN_US * 1e-6
 
 _SYS_FUTEX = 202  # x86-64
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared, not FUTEX_PRIVATE_FLAG

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from . import errors
 from .metrics import WorkerMetrics
 from .micro_batch_tree import sum_in_tree_order
+from .step_channel import SPIN_US
 from .worker import Worker
 
 # Test samples per forward pass of the evaluation.
@@ -100,7 +101,8 @@ class _StopSignals:
 
 def train(model, train_set, ps, loss_fn=F.cross_entropy, test_set=None, device="cpu", rank=-1,
           tls=None, token=None, data_id=None, metrics_port=0, retry_for_s=120.0,
-          wait_timeout_s=30.0, data_plane="auto", stop_timeout_s=20.0, step_channel=True):
+          wait_timeout_s=30.0, data_plane="auto", stop_timeout_s=20.0, step_channel=True,
+          spin_us=SPIN_US):
     """Trains `model` in the dp-ps job at `ps` until the job ends; see
     docs/python.md. Returns {"rank", "steps", "gradients", "last_loss",
     "step", "channel_exchanges", "step_calls", "test_accuracy" (rank 0, when it
@@ -112,7 +114,7 @@ def train(model, train_set, ps, loss_fn=F.cross_entropy, test_set=None, device="
             return _train(model, train_set, ps, loss_fn, test_set, device, metrics, stop,
                           dict(rank=rank, tls=tls, token=token, data_id=data_id, retry_for_s=retry_for_s,
                                wait_timeout_s=wait_timeout_s, metrics=metrics, data_plane=data_plane,
-                               step_channel=step_channel))
+                               step_channel=step_channel, spin_us=spin_us))
     finally:
         if metrics:
             metrics.close()

@@ -21,6 +21,7 @@ from .fingerprint import data_fingerprint, model_fingerprint
 from .micro_batch_tree import Block
 from .safetensors import trained_tensors
 from .shards import ShardGroup
+from .step_channel import SPIN_US
 
 # Re-syncs in a row without a finished step: something other than a
 # restart is wrong.
@@ -49,7 +50,7 @@ class Worker:
 
     def __init__(self, ps, model, data, rank=-1, tls=None, token=None, data_id=None,
                  retry_for_s=120.0, wait_timeout_s=30.0, metrics=None, data_plane="auto",
-                 step_channel=True):
+                 step_channel=True, spin_us=SPIN_US):
         addresses = [a.strip() for a in ps.split(",") if a.strip()]
         if not addresses:
             raise errors.ConfigError(f"ps: no dp-ps address in {ps!r} (host:port, comma-separated)")
@@ -60,7 +61,7 @@ class Worker:
         self.metrics = metrics
         self._group = ShardGroup(addresses, tls=tls, token=token, retry_for_s=retry_for_s,
                                  wait_timeout_s=wait_timeout_s, data_plane=data_plane,
-                                 step_channel=step_channel)
+                                 step_channel=step_channel, spin_us=spin_us)
         self._request = dp_pb2.RegisterRequest(
             rank=max(rank, 0), any_rank=rank < 0, worker_id=f"{socket.gethostname()}/{os.getpid()}",
             data=dp_pb2.DataFingerprint(num_samples=self.fingerprint[0], hash=self.fingerprint[1]))

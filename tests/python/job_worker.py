@@ -7,7 +7,7 @@ exit_code.
 
 Usage: job_worker.py --ps ADDR [--model mlp|mlp_last_first|cnn] [--rank R] [--token T]
        [--data_id S] [--metrics_port P] [--tls_ca F --tls_cert F --tls_key F]
-       [--data_plane auto|grpc|shm] [--no_step_channel] [--retry_for_s S] [--pause_at_step N]
+       [--data_plane auto|grpc|shm] [--no_step_channel] [--spin_us US] [--retry_for_s S] [--pause_at_step N]
 """
 
 import argparse
@@ -52,6 +52,7 @@ def main():
     p.add_argument("--no_test_set", action="store_true")
     p.add_argument("--data_plane", default="auto", choices=["auto", "grpc", "shm"])
     p.add_argument("--no_step_channel", action="store_true")
+    p.add_argument("--spin_us", type=float, default=300)
     # The library's default: with four torch workers starting on two loaded
     # cores, dp-ps's first answer once took over 30 s (a test's deadline
     # is run_job's, not this).
@@ -71,7 +72,8 @@ def main():
                               test_set=None if a.no_test_set else dp_ps.IdxDataset(split="test"),
                               rank=a.rank, token=a.token, data_id=a.data_id,
                               metrics_port=a.metrics_port, tls=tls, retry_for_s=a.retry_for_s,
-                              data_plane=a.data_plane, step_channel=not a.no_step_channel)
+                              data_plane=a.data_plane, step_channel=not a.no_step_channel,
+                              spin_us=a.spin_us)
     except dp_ps.errors.DpError as e:
         print(f"error {type(e).__name__}: {e}", flush=True)
         return e.exit_code
