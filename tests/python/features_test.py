@@ -45,6 +45,20 @@ def buffers_refused(checks, d):
     checks.check(not os.path.exists(os.path.join(d, "bn.safetensors")), "save_init wrote no file")
 
 
+def bad_options_refused(checks):
+    """A Worker with an option out of its range is refused before it calls
+    anyone, the option named."""
+    model = nn.Linear(4, 2)
+    for option, value in (("spin_us", -1), ("spin_us", 10001), ("data_plane", "pcie")):
+        try:
+            dp_ps.Worker("127.0.0.1:1", model, (10, 0), **{option: value})
+            message = None
+        except dp_ps.errors.ConfigError as e:
+            message = str(e)
+        checks.check(message is not None and message.startswith(f"{option}: {value!r}"),
+                     f"Worker({option}={value!r}) is refused, naming it: {message}")
+
+
 def refused(checks, ps, flags, first, second, error):
     """A job of 2; worker `first` joins, worker `second` is refused with `error`."""
     p, address = harness.start_ps(ps, flags)
@@ -260,6 +274,7 @@ def main():
     checks = harness.Checks()
     with harness.temp_dir() as d:
         buffers_refused(checks, d)
+        bad_options_refused(checks)
         any_tensor_order(checks, a, d)
         join_race(checks, a, d)
         join_skew(checks, a, d)
