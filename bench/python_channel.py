@@ -6,9 +6,10 @@ the two alternated round by round; dp-ps's samples/s while training,
 median of the rounds, and the channel's rate over the call's. With
 --spins US,US,...: the channel alone, its waits spinning that long before
 they park (train()'s spin_us), the lengths alternated round by round; each
-one's rate over the first's.
+one's rate over the first's. With --shards K: dp-ps on K shards (each
+shard's push and pull through its own channel, or calls).
 
-Usage: bench/python_channel.py BUILD_DIR [ROUNDS] [STEPS] [--spins US,...]
+Usage: bench/python_channel.py BUILD_DIR [ROUNDS] [STEPS] [--spins US,...] [--shards K]
 """
 
 import os
@@ -21,21 +22,23 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 import harness  # noqa: E402
 
 
+SHARDS = 1  # --shards K: dp-ps on K shards
+
+
 def rate(ps_binary, steps, worker_flags):
-    ps, address = harness.start_ps(ps_binary, ["--workers=2", "--micro_batch=16", "--global_batch=32",
-                                               f"--max_steps={steps}", "--seed=3", "--min_workers=2",
-                                               "--exit_when_done"])
-    if address is None:
+    shards, addresses = harness.start_shards(
+        ps_binary, ["--workers=2", "--micro_batch=16", "--global_batch=32", f"--max_steps={steps}",
+                    "--seed=3", "--min_workers=2", "--exit_when_done"], SHARDS, "dp-ps")
+    if addresses is None:
         sys.exit("dp-ps did not start")
-    workers = [harness.start_python_worker(f"python worker {i}", address,
+    workers = [harness.start_python_worker(f"python worker {i}", ",".join(addresses),
                                            ["--data_plane", "shm", "--no_test_set"] + worker_flags)
                for i in range(2)]
-    line = ps.wait_line(r"([0-9.]+) samples/s while training", timeout=600)
-    for w in workers:
-        w.p.wait()
-    ps.p.wait()
+    line = shards[0].wait_line(r"([0-9.]+) samples/s while training", timeout=600)
+    for p in workers + shards:
+        p.p.wait()
     if line is None:
-        ps.show()
+        shards[0].show()
         sys.exit("dp-ps did not finish")
     return float(line.group(1))
 
@@ -56,10 +59,15 @@ def spins(ps_binary, rounds, steps, lengths):
 
 def main():
     args = sys.argv[1:]
+    global SHARDS
     lengths = None
     if "--spins" in args:
         at = args.index("--spins")
         lengths = [int(v) for v in args[at + 1].split(",")]
+        del args[at:at + 2]
+    if "--shards" in args:
+        at = args.index("--shards")
+        SHARDS = int(args[at + 1])
         del args[at:at + 2]
     build = args[0]
     rounds = int(args[1]) if len(args) > 1 else 5
