@@ -339,6 +339,18 @@ absl::StatusOr<StepCoordinator::Version> PsService::PublishInSharedMemory(
       version);
 }
 
+absl::StatusOr<ChannelResponse> PsService::WeightsAnswer(
+    int rank, std::optional<int64_t> version) {
+  ASSIGN_OR_RETURN(const StepCoordinator::Version v,
+                   PublishInSharedMemory(rank, version));
+  ChannelResponse response;
+  response.step = v.step;
+  response.block_first = v.block.first;
+  response.block_count = v.block.count;
+  response.done = coordinator_->done();
+  return response;
+}
+
 absl::StatusOr<grpc::ByteBuffer> PsService::RespondWithWeights(
     int rank, int64_t offset, int64_t length, std::optional<int64_t> version,
     bool in_shared_memory) {
@@ -495,16 +507,10 @@ void PsService::ServeStepChannel(int rank, uint64_t slot_id,
       // Pull with a version, the weights in shared memory. Any other
       // version than the current one goes over gRPC, which can send the
       // one before in a message.
-      absl::StatusOr<StepCoordinator::Version> v =
-          PublishInSharedMemory(rank, r.step);
-      if (!v.ok()) return refuse(v.status());
+      absl::StatusOr<ChannelResponse> weights = WeightsAnswer(rank, r.step);
+      if (!weights.ok()) return refuse(weights.status());
       metrics_->SawRank(rank);
-      ChannelResponse response;
-      response.step = v->step;
-      response.block_first = v->block.first;
-      response.block_count = v->block.count;
-      response.done = coordinator_->done();
-      return accept(response);
+      return accept(*weights);
     }
     default:
       return refuse(absl::InvalidArgumentError(absl::StrFormat(
@@ -543,17 +549,15 @@ void PsService::ServeStepChannel(int rank, uint64_t slot_id,
   auto respond = [this, rank, arrived, accept, refuse](int64_t step,
                                                        Block work) {
     metrics_->ObserveBarrierWait(rank, absl::Now() - arrived);
+    if (work.empty()) {
+      absl::StatusOr<ChannelResponse> weights =
+          WeightsAnswer(rank, std::nullopt);
+      if (!weights.ok()) return refuse(weights.status());
+      return accept(*weights);
+    }
     ChannelResponse response;
     response.step = step;
-    response.work_only = !work.empty();
-    if (work.empty()) {
-      absl::StatusOr<StepCoordinator::Version> v =
-          PublishInSharedMemory(rank, std::nullopt);
-      if (!v.ok()) return refuse(v.status());
-      response.step = v->step;
-      work = v->block;
-      response.done = coordinator_->done();
-    }
+    response.work_only = true;
     response.block_first = work.first;
     response.block_count = work.count;
     accept(response);

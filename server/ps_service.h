@@ -199,6 +199,11 @@ class PsService final : public ParameterServerBase {
   // one.
   absl::StatusOr<StepCoordinator::Version> PublishInSharedMemory(
       int rank, std::optional<int64_t> version);
+  // A step channel's answer that PublishInSharedMemory(rank, version) put
+  // the weights there: their version, the block `rank` computes next, and
+  // whether the job is done.
+  absl::StatusOr<ChannelResponse> WeightsAnswer(int rank,
+                                                std::optional<int64_t> version);
   // The PullResponse for the weights of version `step` at `offset`: saying
   // they are in shared memory when `sent` is null, else sending sent's bytes
   // from their memory.
