@@ -166,7 +166,10 @@ class PsClient {
   absl::Status Pull(int rank, std::optional<int64_t> version,
                     absl::Span<float> all, Received* received);
   // Push, Barrier and Pull; or PushPull: push, wait at the barrier, receive
-  // the new weights. Each returns the bytes it sent in *sent_bytes.
+  // the new weights. Each returns the bytes it sent in *sent_bytes. With a
+  // step channel, Push, PushPull and a Pull of a given version go through
+  // it instead of a call (a Pull of another version than dp-ps's current
+  // one is then asked again over gRPC).
   absl::Status Push(const Gradient& gradient, int64_t* sent_bytes);
   // *work: empty once `step` is applied; else a block of it to compute.
   absl::Status Barrier(int rank, int64_t step, Block* work);
